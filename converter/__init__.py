@@ -1,0 +1,1 @@
+"""qckpt: read, convert, validate and audit quantized checkpoints through an explicit layout."""

@@ -1,0 +1,122 @@
+"""Typed errors for qckpt.
+
+Every error raised on purpose derives from :class:`ConverterError`. Leaves also subclass the
+builtin that best describes them (``ValueError``, ``FileNotFoundError`` ...), so callers may
+catch either. Messages name the file, the tensor and the field, with expected vs found, so the
+CLI can print one line and exit non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ConverterError(Exception):
+    """Root of every error qckpt raises on purpose.
+
+    Parameters
+    ----------
+    message : str
+        What went wrong, in one sentence.
+    file : str or Path, optional
+        The file being read or written.
+    tensor : str, optional
+        The tensor name (as stored) involved.
+    field : str, optional
+        The header / config / array field involved (``"shape"``, ``"data_offsets"`` ...).
+    expected, found : object, optional
+        What the format requires and what was found.
+    hint : str, optional
+        What the user can do about it.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, file: str | Path | None = None, tensor: str | None = None,
+                 field: str | None = None, expected: object = None, found: object = None,
+                 hint: str | None = None) -> None:
+        self.message = message
+        self.file = str(file) if file is not None else None
+        self.tensor = tensor
+        self.field = field
+        self.expected = expected
+        self.found = found
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """One line: ``file: tensor 'x' field 'y': message (expected E, found F). hint``."""
+        parts = []
+        if self.file:
+            parts.append(f"{self.file}:")
+        if self.tensor:
+            parts.append(f"tensor {self.tensor!r}")
+        if self.field:
+            parts.append(f"field {self.field!r}:" if self.tensor else f"field {self.field!r}:")
+        elif self.tensor:
+            parts[-1] += ":"
+        parts.append(self.message)
+        text = " ".join(parts)
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected}, found {self.found})"
+        if self.hint:
+            text += f". {self.hint}"
+        return text
+
+    def with_context(self, *, file: str | Path | None = None, tensor: str | None = None) -> "ConverterError":
+        """Fill in file / tensor if not already set (context added at a boundary); returns self."""
+        if file is not None and self.file is None:
+            self.file = str(file)
+        if tensor is not None and self.tensor is None:
+            self.tensor = tensor
+        self.args = (self.render(),)
+        return self
+
+
+class InputNotFoundError(ConverterError, FileNotFoundError):
+    """A path given to qckpt, or a shard named by an index, does not exist."""
+
+
+class CorruptFileError(ConverterError, ValueError):
+    """A file's bytes do not follow its container format (safetensors header, GGUF, JSON)."""
+
+
+class UnsafeFormatError(ConverterError, ValueError):
+    """A pickle-based file (.bin, .pt, .pth, .ckpt) that qckpt refuses to read."""
+
+
+class UnknownFormatError(ConverterError, ValueError):
+    """No registered format recognises the input, or several do (the message lists candidates)."""
+
+
+class FormatError(ConverterError, ValueError):
+    """The container is fine, but tensors or config contradict the format's layout."""
+
+
+class MissingTensorError(FormatError, KeyError):
+    """A partner tensor the format requires (``scales`` for ``qweight``, ...) is absent."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.render()
+
+
+class LayoutError(ConverterError, ValueError):
+    """An axis map, group map or scheme violates an invariant (checked at construction)."""
+
+
+class QuantizationError(ConverterError, ValueError):
+    """Arithmetic cannot be done safely (scale overflow in the scale dtype, codes out of range)."""
+
+
+class UnsupportedError(ConverterError, NotImplementedError):
+    """A valid request qckpt does not support (a quant type, a target that cannot hold the scheme)."""
+
+
+class NotRepresentableError(UnsupportedError):
+    """An exact repack was asked for but the target cannot hold the source scheme; says which option requantizes."""
+
+
+class OutputExistsError(ConverterError, FileExistsError):
+    """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
+
+    exit_code = 2
