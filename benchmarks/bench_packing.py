@@ -1,0 +1,62 @@
+"""Throughput of converter.quant.packing on a 4096 x 11008 code matrix (one Llama-7B MLP weight).
+
+Run: ``python benchmarks/bench_packing.py [--repeat N]``. Prints G codes/s for pack and unpack,
+4-bit and 3-bit, packing along the last axis (compressed-tensors / MLX orientation) and axis 0
+(GPTQ ``qweight`` orientation), plus AWQ-ordered 4-bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from converter.quant.packing import AWQ_ORDER, pack_codes, unpack_codes
+
+SHAPE = (4096, 11008)
+
+
+def _best(fn, repeat: int) -> float:
+    """Best wall time of ``repeat`` calls, seconds."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench(bits: int, axis: int, repeat: int, order=None, label: str = "") -> None:
+    """Print pack / unpack throughput for one configuration and check the round trip."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1 << bits, size=SHAPE, dtype=np.uint8)
+    n = codes.size
+    words = pack_codes(codes, bits, axis=axis, order=order)
+    back = unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order)
+    assert np.array_equal(back, codes)
+    t_pack = _best(lambda: pack_codes(codes, bits, axis=axis, order=order), repeat)
+    t_unpack = _best(lambda: unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order),
+                     repeat)
+    print(f"{bits}-bit axis={axis:<2d}{label:<10s} pack {n / t_pack / 1e9:6.2f} G codes/s "
+          f"({t_pack * 1e3:7.1f} ms)   unpack {n / t_unpack / 1e9:6.2f} G codes/s "
+          f"({t_unpack * 1e3:7.1f} ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    print(f"matrix {SHAPE[0]}x{SHAPE[1]} = {SHAPE[0] * SHAPE[1] / 1e6:.1f} M codes (uint8 in), uint32 words")
+    for bits in (4, 3):
+        for axis in (-1, 0):
+            bench(bits, axis, args.repeat)
+    bench(4, -1, args.repeat, order=AWQ_ORDER, label=" AWQ")
+
+
+if __name__ == "__main__":
+    main()
