@@ -1,0 +1,632 @@
+"""A bounded, strict safetensors reader and a deterministic streaming writer.
+
+File layout (safetensors README "Format"): 8 bytes ``N`` (little-endian u64), ``N`` bytes of UTF-8
+JSON, then the byte buffer. Tensor ``data_offsets`` are relative to the buffer start (``8 + N``).
+
+The reader applies every check of safetensors 0.8.0 ``src/tensor.rs`` (``SafeTensors::read_metadata``,
+``Metadata::validate``) and adds the ones it skips (duplicate keys, unknown entry fields), always naming
+the file, tensor and field. It reads only the 8-byte prefix and the header; tensor data is memory-mapped
+on demand. The writer plans the whole header before any data is written, so tensors can be streamed in
+any order with ``os.pwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
+from converter.errors import (
+    ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
+)
+
+__all__ = [
+    "DTYPES", "MAX_HEADER_SIZE", "TensorInfo", "SafetensorsHeader", "SafetensorsFile",
+    "SafetensorsWriter", "plan_header", "read_header", "read_tensor", "open_safetensors", "write_safetensors",
+]
+
+#: Header size cap (safetensors ``MAX_HEADER_SIZE``).
+MAX_HEADER_SIZE = 100_000_000
+#: Largest offset / dimension a u64 (Rust ``usize``) can hold.
+_U64_MAX = 2**64 - 1
+_LFS_MAGIC = b"version https://git-lfs"
+_METADATA_KEY = "__metadata__"
+_ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry, validated.
+
+    Attributes
+    ----------
+    name : str
+    dtype : str
+        safetensors dtype string (a key of :data:`DTYPES`).
+    shape : tuple of int
+        Logical shape; ``()`` for a scalar.
+    begin, end : int
+        Byte offsets relative to the data buffer start; ``end`` exclusive.
+    nbytes : int
+        ``end - begin``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A validated safetensors header.
+
+    Attributes
+    ----------
+    path : Path
+    header_len : int
+        ``N``, the JSON length in bytes (padding included).
+    data_start : int
+        ``8 + N``; absolute file offset of the data buffer.
+    tensors : dict of str to TensorInfo
+        In the order of their offsets in the file.
+    metadata : dict of str to str
+        ``__metadata__``, or empty.
+    file_size : int
+        Size of the file when the header was read, in bytes.
+    """
+
+    path: Path
+    header_len: int
+    data_start: int
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    file_size: int
+
+
+# --------------------------------------------------------------------------------------------- reader
+
+class _DuplicateKey(Exception):
+    """Raised from the JSON object hook; carries the repeated key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``object_pairs_hook`` refusing repeated keys (the README disallows them; 0.8.0 does not check)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _reject_constant(token: str) -> object:
+    """``parse_constant`` hook: ``NaN``/``Infinity`` are not JSON."""
+    raise ValueError(f"non-JSON constant {token}")
+
+
+def _read_prefix(path: Path, fh, file_size: int) -> int:
+    """Read and bound ``N``. Errors: file < 8 bytes, ``N`` over the cap (git-LFS stub named), ``8+N`` past EOF."""
+    head = fh.read(8)
+    if len(head) < 8:
+        raise CorruptFileError("file too short to hold the 8-byte header length", file=path,
+                               field="header_length", expected=">= 8 bytes", found=f"{len(head)} bytes")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_SIZE:
+        if head + fh.read(len(_LFS_MAGIC) - 8) == _LFS_MAGIC:
+            raise CorruptFileError("file is a git-LFS pointer stub, not safetensors data", file=path,
+                                   field="header_length", expected=f"<= {MAX_HEADER_SIZE}", found=n,
+                                   hint="run `git lfs pull` to fetch the real file")
+        raise CorruptFileError("header length exceeds the cap", file=path, field="header_length",
+                               expected=f"<= {MAX_HEADER_SIZE}", found=n)
+    if 8 + n > file_size:
+        raise CorruptFileError("header length runs past the end of the file (truncated?)", file=path,
+                               field="header_length", expected=f"8 + N <= {file_size}", found=f"8 + {n}")
+    return n
+
+
+def _parse_json(path: Path, raw: bytes) -> dict[str, object]:
+    """Decode UTF-8 and JSON; the top level must be an object without duplicate keys."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError("header is not valid UTF-8", file=path, field="header",
+                               expected="UTF-8", found=f"invalid byte at offset {8 + exc.start}") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except _DuplicateKey as dup:
+        raise CorruptFileError("duplicate key in header JSON", file=path, field="header",
+                               tensor=dup.key, expected="unique keys", found=f"{dup.key!r} twice") from None
+    except (ValueError, RecursionError) as exc:
+        raise CorruptFileError("header is not valid JSON", file=path, field="header",
+                               expected="a JSON object", found=str(exc)[:200]) from None
+    if not isinstance(obj, dict):
+        raise CorruptFileError("header JSON is not an object", file=path, field="header",
+                               expected="object", found=type(obj).__name__)
+    return obj
+
+
+def _is_uint(x: object) -> bool:
+    """A JSON integer in ``[0, 2**64)`` (bools excluded)."""
+    return type(x) is int and 0 <= x <= _U64_MAX
+
+
+def _parse_metadata(path: Path, value: object) -> dict[str, str]:
+    """``__metadata__`` must be a str -> str map (0.8.0 rejects non-string values)."""
+    if not isinstance(value, dict):
+        raise CorruptFileError("__metadata__ is not an object", file=path, field=_METADATA_KEY,
+                               expected="object of str -> str", found=type(value).__name__)
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise CorruptFileError(f"__metadata__ value for {key!r} is not a string", file=path,
+                                   field=_METADATA_KEY, expected="str", found=type(item).__name__)
+    return dict(value)
+
+
+def _parse_entry(path: Path, name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
+    """Check one tensor entry's schema; returns ``(dtype, shape, begin, end)``."""
+    def bad(msg: str, field: str | None, expected: object, found: object) -> CorruptFileError:
+        return CorruptFileError(msg, file=path, tensor=name, field=field, expected=expected, found=found)
+
+    if not isinstance(entry, dict):
+        raise bad("header entry is not an object", None, "object", type(entry).__name__)
+    if set(entry) != _ENTRY_FIELDS:
+        raise bad("header entry has wrong fields", None, sorted(_ENTRY_FIELDS), sorted(entry))
+    dtype = entry["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise bad("unknown dtype", "dtype", f"one of {sorted(DTYPES)}", repr(dtype)[:80])
+    shape = entry["shape"]
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise bad("shape is not a list of non-negative integers", "shape", "list of int >= 0",
+                  repr(shape)[:80])
+    offsets = entry["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)):
+        raise bad("data_offsets is not two non-negative integers", "data_offsets", "[begin, end]",
+                  repr(offsets)[:80])
+    begin, end = offsets
+    if end < begin:
+        raise bad("data_offsets end before begin", "data_offsets", "begin <= end", f"[{begin}, {end}]")
+    return dtype, tuple(shape), begin, end
+
+
+def _bounded_count(shape: tuple[int, ...], bound: int) -> int | None:
+    """Element count, or ``None`` as soon as the product exceeds ``bound`` (never a huge product)."""
+    if 0 in shape:
+        return 0
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > bound:
+            return None
+    return count
+
+
+def _check_size(path: Path, info: TensorInfo) -> None:
+    """Element count x bitsize must be whole bytes and equal ``end - begin``.
+
+    Source: ``Metadata::validate`` (``MisalignedSlice``, ``TensorInvalidInfo``, ``ValidationOverflow``).
+    The product stops once it passes ``2**64`` (Rust ``usize``), so a hostile shape cannot blow up.
+    """
+    bits = DTYPES[info.dtype].bits
+    where = f"{info.dtype}{list(info.shape)}"
+    count = _bounded_count(info.shape, _U64_MAX)
+    if count is None:
+        raise CorruptFileError("element count overflows u64", file=path, tensor=info.name, field="shape",
+                               expected=f"<= {_U64_MAX} elements", found=f"{where} (more)")
+    nbytes = storage_nbytes(bits, count)
+    if nbytes is None:
+        raise CorruptFileError("element count x bitsize is not a whole number of bytes", file=path,
+                               tensor=info.name, field="shape", expected="multiple of 8 bits",
+                               found=f"{count} x {bits} bits")
+    if nbytes != info.nbytes:
+        raise CorruptFileError("shape and dtype do not match the data_offsets byte size", file=path,
+                               tensor=info.name, field="data_offsets",
+                               expected=f"{nbytes} bytes for {where}", found=f"{info.nbytes} bytes")
+
+
+def _check_layout(path: Path, infos: list[TensorInfo], data_len: int) -> None:
+    """Sorted by offsets: start at 0, contiguous, and end exactly at EOF.
+
+    Source: ``Metadata::validate`` (``InvalidOffset``) and ``read_metadata``
+    (``MetadataIncompleteBuffer``).
+    """
+    cursor = 0
+    for info in infos:
+        if info.begin != cursor:
+            what = "gap before tensor" if info.begin > cursor else "tensor overlaps the previous one"
+            raise CorruptFileError(what, file=path, tensor=info.name, field="data_offsets",
+                                   expected=f"begin == {cursor}", found=f"begin == {info.begin}")
+        cursor = info.end
+    if cursor != data_len:
+        what = "trailing bytes after the last tensor" if data_len > cursor else "data buffer is truncated"
+        raise CorruptFileError(what, file=path, field="data_offsets", expected=f"{cursor} data bytes",
+                               found=f"{data_len} data bytes", hint="the file may be truncated or corrupt")
+
+
+def read_header(path: str | os.PathLike) -> SafetensorsHeader:
+    """Read and validate a safetensors header without reading tensor data.
+
+    Parameters
+    ----------
+    path : str or PathLike
+
+    Returns
+    -------
+    SafetensorsHeader
+
+    Raises
+    ------
+    InputNotFoundError
+        ``path`` does not exist.
+    CorruptFileError
+        For every check of safetensors ``read_metadata`` / ``Metadata::validate``, plus duplicate keys
+        and unknown entry fields; names the file, tensor and field.
+    """
+    path = Path(path)
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise InputNotFoundError("no such file", file=path) from None
+    with fh:
+        file_size = os.fstat(fh.fileno()).st_size
+        n = _read_prefix(path, fh, file_size)
+        raw = fh.read(n)
+    if len(raw) != n:  # file shrank while reading
+        raise CorruptFileError("header is truncated", file=path, field="header", expected=n, found=len(raw))
+    obj = _parse_json(path, raw)
+    metadata: dict[str, str] = {}
+    infos = []
+    for name, entry in obj.items():
+        if name == _METADATA_KEY:
+            metadata = _parse_metadata(path, entry)
+            continue
+        dtype, shape, begin, end = _parse_entry(path, name, entry)
+        infos.append(TensorInfo(name, dtype, shape, begin, end, end - begin))
+    infos.sort(key=lambda t: (t.begin, t.end))
+    _check_layout(path, infos, file_size - 8 - n)
+    for info in infos:
+        _check_size(path, info)
+    return SafetensorsHeader(path, n, 8 + n, {t.name: t for t in infos}, metadata, file_size)
+
+
+def read_tensor(header: SafetensorsHeader, name: str) -> np.ndarray:
+    """A read-only view of one tensor, memory-mapped.
+
+    Parameters
+    ----------
+    header : SafetensorsHeader
+    name : str
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``info.shape`` and the table's numpy dtype, read-only. For F4 / F6_* (no numpy dtype):
+        raw ``uint8`` of shape ``(nbytes,)``, packed as stored.
+
+    Raises
+    ------
+    MissingTensorError
+        ``name`` is not in the header (the message lists a few known names).
+    CorruptFileError
+        The file changed size since the header was read.
+    """
+    info = header.tensors.get(name)
+    if info is None:
+        known = list(header.tensors)
+        raise MissingTensorError("no such tensor", file=header.path, tensor=name,
+                                 expected=f"one of {known[:10]}{' ...' if len(known) > 10 else ''}",
+                                 found="absent")
+    if os.stat(header.path).st_size != header.file_size:
+        raise CorruptFileError("file changed size since its header was read", file=header.path,
+                               tensor=name, expected=header.file_size, found=os.stat(header.path).st_size)
+    np_dtype = DTYPES[info.dtype].numpy
+    if info.nbytes == 0:
+        raw = np.empty(0, dtype=np.uint8)
+    else:
+        raw = np.memmap(header.path, dtype=np.uint8, mode="r", offset=header.data_start + info.begin,
+                        shape=(info.nbytes,))
+    arr = raw if np_dtype is None else raw.view(np_dtype).reshape(info.shape)
+    arr.flags.writeable = False
+    return arr
+
+
+class SafetensorsFile:
+    """A validated safetensors file: ``.header``, ``.metadata``, ``.keys()``, ``.get(name)``."""
+
+    def __init__(self, header: SafetensorsHeader) -> None:
+        self.header = header
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """``__metadata__`` (a copy)."""
+        return dict(self.header.metadata)
+
+    def keys(self) -> list[str]:
+        """Tensor names in file (offset) order."""
+        return list(self.header.tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        """See :func:`read_tensor`."""
+        return read_tensor(self.header, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.header.tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.header.tensors)
+
+    def __len__(self) -> int:
+        return len(self.header.tensors)
+
+    def __enter__(self) -> "SafetensorsFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def open_safetensors(path: str | os.PathLike) -> SafetensorsFile:
+    """Validate the header of ``path`` (:func:`read_header`) and return a :class:`SafetensorsFile`."""
+    return SafetensorsFile(read_header(path))
+
+
+# --------------------------------------------------------------------------------------------- writer
+
+@dataclass(frozen=True)
+class _Planned:
+    """A tensor's slot in the output: dtype string, shape, absolute byte offset and size."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _as_dims(shape: object) -> tuple[int, ...] | None:
+    """A shape as a tuple of Python ints in ``[0, 2**64)``, or ``None`` if it is not one."""
+    if not isinstance(shape, (tuple, list)):
+        return None
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not _is_uint(int(d)):
+            return None
+        dims.append(int(d))
+    return tuple(dims)
+
+
+def _plan_entry(name: object, dtype: object, shape: object) -> tuple[str, str, tuple[int, ...], int]:
+    """Validate one ``(name, dtype, shape)`` and return it with its byte size."""
+    if not isinstance(name, str) or name == _METADATA_KEY:
+        raise FormatError("invalid tensor name", tensor=str(name), field="name",
+                          expected=f"str other than {_METADATA_KEY!r}", found=repr(name))
+    try:
+        bits = lookup(dtype).bits  # type: ignore[arg-type]
+    except ConverterError as exc:
+        raise exc.with_context(tensor=name) from None
+    dims = _as_dims(shape)
+    if dims is None:
+        raise FormatError("shape must be a sequence of non-negative integers", tensor=name,
+                          field="shape", expected="tuple of int >= 0", found=repr(shape))
+    count = _bounded_count(dims, _U64_MAX)
+    if count is None:
+        raise FormatError("element count overflows u64", tensor=name, field="shape",
+                          expected=f"<= {_U64_MAX} elements", found=repr(dims))
+    nbytes = storage_nbytes(bits, count)
+    if nbytes is None:
+        raise FormatError("element count x bitsize is not a whole number of bytes", tensor=name,
+                          field="shape", expected="multiple of 8 bits", found=f"{count} x {bits} bits")
+    return name, dtype, dims, nbytes  # type: ignore[return-value]
+
+
+def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """``__metadata__`` must be str -> str."""
+    metadata = dict(metadata or {})
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise FormatError("metadata must map str to str", field=_METADATA_KEY, expected="str -> str",
+                              found=f"{type(key).__name__} -> {type(value).__name__}")
+    return metadata
+
+
+def plan_header(entries: Sequence[tuple[str, str, Sequence[int]]],
+                metadata: Mapping[str, str] | None = None) -> tuple[bytes, dict[str, _Planned]]:
+    """Lay out a safetensors file deterministically.
+
+    Order: descending dtype alignment rank, then name (safetensors ``prepare``). Header: JSON with
+    sorted keys and compact separators, right-padded with spaces to a multiple of 8 (so the buffer,
+    and every tensor in it, is naturally aligned).
+
+    Returns
+    -------
+    prefix : bytes
+        ``N`` (u64 LE) followed by the padded header; the data buffer starts at ``len(prefix)``.
+    plan : dict of str to _Planned
+        Absolute offsets, in layout order.
+
+    Raises
+    ------
+    FormatError
+        Duplicate names, unknown dtypes, bad shapes, sub-byte sizes, non-string metadata.
+    """
+    rows = [_plan_entry(*e) for e in entries]
+    names = [r[0] for r in rows]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise FormatError("tensor planned twice", tensor=dup, field="name", expected="unique names",
+                          found=f"{names.count(dup)} entries")
+    rows.sort(key=lambda r: (-DTYPES[r[1]].rank, r[0]))
+    header: dict[str, object] = {}
+    md = _check_metadata(metadata)
+    if md:
+        header[_METADATA_KEY] = md
+    cursor = 0
+    relative = {}
+    for name, dtype, shape, nbytes in rows:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [cursor, cursor + nbytes]}
+        relative[name] = (dtype, shape, cursor, nbytes)
+        cursor += nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    if len(text) > MAX_HEADER_SIZE:
+        raise FormatError("header would exceed the safetensors cap", field="header",
+                          expected=f"<= {MAX_HEADER_SIZE} bytes", found=len(text))
+    start = 8 + len(text)
+    plan = {n: _Planned(d, s, start + off, nb) for n, (d, s, off, nb) in relative.items()}
+    return struct.pack("<Q", len(text)) + text, plan
+
+
+def _as_bytes(name: str, slot: _Planned, array: np.ndarray) -> memoryview:
+    """Check ``array`` against its slot and return its C-contiguous little-endian bytes."""
+    array = np.asarray(array)
+    np_dtype = DTYPES[slot.dtype].numpy
+    if np_dtype is None:  # F4 / F6: raw packed bytes
+        if array.dtype != np.uint8 or array.size != slot.nbytes:
+            raise FormatError("packed sub-byte tensor must be given as raw uint8 bytes", tensor=name,
+                              field="dtype", expected=f"uint8[{slot.nbytes}]",
+                              found=f"{array.dtype}{list(array.shape)}")
+        data = np.ascontiguousarray(array)
+    else:
+        found = name_for_numpy(array.dtype)
+        if found != slot.dtype:
+            raise FormatError("dtype does not match the plan", tensor=name, field="dtype",
+                              expected=slot.dtype, found=found)
+        if tuple(array.shape) != slot.shape:
+            raise FormatError("shape does not match the plan", tensor=name, field="shape",
+                              expected=list(slot.shape), found=list(array.shape))
+        data = np.ascontiguousarray(array, dtype=np_dtype)
+    view = memoryview(data.reshape(-1).view(np.uint8))
+    if view.nbytes != slot.nbytes:
+        raise FormatError("byte size does not match the plan", tensor=name, field="data_offsets",
+                          expected=slot.nbytes, found=view.nbytes)
+    return view
+
+
+class SafetensorsWriter:
+    """Write a safetensors file whose header is fixed before any data, tensors in any order.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Output file (created or truncated). Pair with :func:`converter.io.atomic.atomic_output`.
+    entries : list of (name, dtype string, shape)
+        Every tensor that will be written.
+    metadata : dict of str to str, optional
+        ``__metadata__``.
+
+    Raises
+    ------
+    FormatError
+        From :func:`plan_header`; from :meth:`write` on a dtype / shape / size mismatch, an unplanned
+        or repeated tensor; from :meth:`close` if a planned tensor was never written.
+
+    Notes
+    -----
+    Output bytes depend only on ``entries`` (as a set), ``metadata`` and the array values.
+    """
+
+    def __init__(self, path: str | os.PathLike, entries: Sequence[tuple[str, str, Sequence[int]]],
+                 metadata: Mapping[str, str] | None = None) -> None:
+        self.path = Path(path)
+        prefix, self._plan = plan_header(entries, metadata)
+        self._written: set[str] = set()
+        self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._pwrite(memoryview(prefix), 0)
+            os.ftruncate(self._fd, self._size)
+        except BaseException:
+            self._abort()
+            raise
+
+    def _pwrite(self, view: memoryview, offset: int) -> None:
+        """``os.pwrite`` until every byte is written (pwrite may write less)."""
+        assert self._fd is not None
+        done = 0
+        while done < view.nbytes:
+            done += os.pwrite(self._fd, view[done:done + (1 << 30)], offset + done)
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Write one planned tensor at its precomputed offset.
+
+        Parameters
+        ----------
+        name : str
+        array : numpy.ndarray
+            Planned shape and dtype (``uint8[nbytes]`` for F4 / F6_*); any memory order / byte order.
+        """
+        if self._fd is None:
+            raise FormatError("writer is closed", file=self.path, tensor=name)
+        slot = self._plan.get(name)
+        if slot is None:
+            raise FormatError("tensor was not planned", file=self.path, tensor=name,
+                              expected=f"one of {list(self._plan)[:10]}", found="unplanned name")
+        if name in self._written:
+            raise FormatError("tensor written twice", file=self.path, tensor=name)
+        try:
+            view = _as_bytes(name, slot, array)
+        except ConverterError as exc:
+            raise exc.with_context(file=self.path) from None
+        self._pwrite(view, slot.offset)
+        self._written.add(name)
+
+    def _abort(self) -> None:
+        """Close the descriptor without validating."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Flush and close; raises :class:`FormatError` if a planned tensor is missing."""
+        if self._fd is None:
+            return
+        missing = [n for n in self._plan if n not in self._written]
+        try:
+            if missing:
+                raise FormatError("planned tensors were never written", file=self.path,
+                                  tensor=missing[0], expected=f"{len(self._plan)} tensors",
+                                  found=f"{len(missing)} missing: {missing[:10]}")
+            os.fsync(self._fd)
+        finally:
+            self._abort()
+
+    def __enter__(self) -> "SafetensorsWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._abort()
+
+
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tensors`` to ``path``; dtype strings come from the numpy dtypes (:data:`DTYPES`).
+
+    Raises
+    ------
+    FormatError
+        A numpy dtype with no safetensors equivalent, or any :class:`SafetensorsWriter` error.
+    """
+    arrays = {name: np.asarray(a) for name, a in tensors.items()}
+    entries = []
+    for name, arr in arrays.items():
+        try:
+            entries.append((name, name_for_numpy(arr.dtype), arr.shape))
+        except ConverterError as exc:
+            raise exc.with_context(file=path, tensor=name) from None
+    with SafetensorsWriter(path, entries, metadata) as writer:
+        for name, arr in arrays.items():
+            writer.write(name, arr)

@@ -1,0 +1,1 @@
+"""Output helpers: atomic writes, path checks, hashing."""

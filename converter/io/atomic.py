@@ -1,0 +1,225 @@
+"""Atomic output: write to a hidden sibling, rename into place only on success.
+
+A temporary sibling lives in the destination's directory (so the final rename never crosses a
+filesystem) and is named ``.<dstname>.qckpt-tmp-<pid>-<random>``; the pid lets a later run remove
+leftovers of a process that died (``kill -9``, power loss) without touching a live writer's files.
+Convention follows the write-then-``os.replace`` idiom (POSIX ``rename(2)`` is atomic within a
+filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from converter.errors import ConverterError, OutputExistsError
+
+__all__ = ["atomic_output", "check_not_inside", "sha256_file", "temp_sibling", "clean_stale_siblings"]
+
+_TAG = ".qckpt-tmp-"
+
+
+def _prefix(dst: Path) -> str:
+    """``.<dstname>.qckpt-tmp-``: every temp sibling of ``dst`` starts with this."""
+    return f".{dst.name}{_TAG}"
+
+
+def temp_sibling(dst: Path, suffix: str = "") -> Path:
+    """A fresh ``.<dstname>.qckpt-tmp-<pid>-<random><suffix>`` path next to ``dst`` (not created)."""
+    return dst.with_name(f"{_prefix(dst)}{os.getpid()}-{secrets.token_hex(6)}{suffix}")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if a process with ``pid`` exists (``kill(pid, 0)``; EPERM still means alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, symlink or directory tree; missing is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def clean_stale_siblings(dst: Path) -> list[Path]:
+    """Remove ``.<dstname>.qckpt-tmp-<pid>-*`` siblings whose ``pid`` is not alive.
+
+    Returns
+    -------
+    list of Path
+        What was removed. Names with an unparsable pid are left alone.
+    """
+    removed = []
+    prefix = _prefix(dst)
+    if not dst.parent.is_dir():
+        return removed
+    for entry in dst.parent.iterdir():
+        if not entry.name.startswith(prefix):
+            continue
+        pid_text = entry.name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if pid != os.getpid() and not _pid_alive(pid):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def _exists(path: Path) -> bool:
+    """``exists`` that also counts a dangling symlink."""
+    return path.exists() or path.is_symlink()
+
+
+def _refuse_existing(dst: Path) -> OutputExistsError:
+    return OutputExistsError("destination exists", file=dst, expected="a new path", found="existing",
+                             hint="pass --overwrite to replace it")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Best-effort fsync of a directory so a rename survives a crash."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _commit(tmp: Path, dst: Path, overwrite: bool) -> None:
+    """Move ``tmp`` to ``dst``.
+
+    Files over files use ``os.replace`` (atomic). When a directory is involved the old ``dst`` is
+    first renamed aside (also a temp sibling, so a crash leaves it cleanable), the new one renamed
+    in, and the old one deleted; if the second rename fails the old one is put back.
+    """
+    if not _exists(dst):
+        os.rename(tmp, dst)
+        return
+    if not overwrite:
+        raise _refuse_existing(dst)
+    if not tmp.is_dir() and not (dst.is_dir() and not dst.is_symlink()):
+        os.replace(tmp, dst)
+        return
+    aside = temp_sibling(dst, ".old")
+    os.rename(dst, aside)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        os.rename(aside, dst)
+        raise
+    _remove(aside)
+
+
+@contextlib.contextmanager
+def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``dst``; move it into place on success, delete it on failure.
+
+    Parameters
+    ----------
+    dst : str or PathLike
+        Final output path. Its parent directory is created if missing.
+    overwrite : bool
+        Replace an existing ``dst``.
+    is_dir : bool
+        The output is a directory: the temp directory is created before yielding. Otherwise the
+        yielded path does not exist yet and the body must create a file there.
+
+    Yields
+    ------
+    Path
+        ``.<dstname>.qckpt-tmp-<pid>-<random>`` in ``dst``'s directory.
+
+    Raises
+    ------
+    OutputExistsError
+        ``dst`` exists and ``overwrite`` is false (checked before and again at commit).
+    ConverterError
+        The body finished without creating the output.
+
+    Notes
+    -----
+    Any exception from the body, ``KeyboardInterrupt`` included, removes the temp and propagates.
+    Stale siblings of dead processes are removed on entry.
+    """
+    dst = Path(dst)
+    if _exists(dst) and not overwrite:
+        raise _refuse_existing(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_siblings(dst)
+    tmp = temp_sibling(dst)
+    if is_dir:
+        tmp.mkdir()
+    try:
+        yield tmp
+        if not _exists(tmp):
+            raise ConverterError("nothing was written to the temporary output", file=dst,
+                                 expected="an output", found="none")
+        if not is_dir:
+            _fsync_file(tmp)
+        _commit(tmp, dst, overwrite)
+        _fsync_dir(dst.parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _fsync_file(path: Path) -> None:
+    """Flush a finished file to disk before it is renamed into place (best effort)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    """``inner`` equals ``outer`` or lies under it (both already resolved)."""
+    return inner == outer or outer in inner.parents
+
+
+def check_not_inside(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Refuse a destination that would clobber or nest inside the source.
+
+    Raises
+    ------
+    OutputExistsError
+        ``dst`` resolves to ``src`` or to a path inside ``src``; or ``dst`` is an existing directory
+        (which an overwrite would replace) containing ``src``. Symlinks are resolved first.
+    """
+    s, d = Path(src).resolve(), Path(dst).resolve()
+    if _is_within(d, s):
+        what = "destination is the source" if d == s else "destination is inside the source"
+        raise OutputExistsError(what, file=dst, expected=f"a path outside {s}", found=str(d),
+                                hint="choose a different output path")
+    if d.is_dir() and _is_within(s, d):
+        raise OutputExistsError("source is inside the destination directory that would be replaced",
+                                file=dst, expected=f"a directory not containing {s}", found=str(d),
+                                hint="choose a different output path")
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in ``chunk_size``-byte chunks (constant memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
