@@ -140,3 +140,23 @@ def storage_nbytes(bits: int, n_elements: int) -> int | None:
     """
     total = n_elements * bits
     return None if total % 8 else total // 8
+
+
+def float_dtype(name: str) -> np.dtype:
+    """numpy dtype of a float storage dtype (``F32``, ``F16``, ``BF16``, ``F8_*``, ``F64``).
+
+    Raises
+    ------
+    FormatError
+        Not a float dtype with a numpy equivalent.
+    """
+    entry = lookup(name)
+    if entry.kind != "float" or entry.numpy is None:
+        raise FormatError("not a float dtype", field="dtype",
+                          expected=[k for k, v in DTYPES.items() if v.kind == "float" and v.numpy is not None],
+                          found=name)
+    return entry.numpy
+
+
+#: Alias used by the tensor model.
+dtype_name = name_for_numpy

@@ -1,0 +1,3 @@
+"""Imports every built-in format module so each registers itself (one line per format)."""
+
+from . import native, plain  # noqa: F401

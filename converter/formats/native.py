@@ -1,0 +1,218 @@
+"""qckpt's native format: a safetensors file that carries its own layout.
+
+For each quantized tensor ``W`` the file holds ``W.qcodes`` (codes packed LSB-first along ``in``
+into uint32 words, stream layout), ``W.scales`` (logical parameter orientation), optional
+``W.zero_points`` and ``W.g_idx``, and for two-level scales ``W.dq.*``. ``__metadata__`` holds
+``qckpt.format = "native"``, ``qckpt.version`` and one key ``qckpt.layout.W`` per quantized tensor
+whose value is a JSON layout descriptor (``schemas/layout.schema.json``): axes, shape, scheme,
+group map and the axis map of each stored array. Dense tensors are stored under their own names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import dtype_name
+from ..errors import FormatError, LayoutError
+from ..groups import GroupMap
+from ..layout import IN, AxisMap
+from ..scheme import QuantScheme
+from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
+from .plan import TensorPlan, dense_plan, write_single_file
+from .registry import Detection, FormatHandler, register
+from .source import Source
+
+FORMAT_KEY = "qckpt.format"
+VERSION = "1"
+LAYOUT_PREFIX = "qckpt.layout."
+DESCRIPTOR_SCHEMA = "qckpt.layout/1"
+
+
+def codes_axis_map(axes: tuple[str, ...], bits: int) -> AxisMap:
+    """Native code storage: logical order, packed along ``in`` into U32 words (stream)."""
+    return AxisMap(stored_axes=axes, packed_axis=IN, bits=bits, container="U32", packing="stream")
+
+
+def descriptor(t: QuantizedTensor | TensorSpec) -> dict[str, Any]:
+    """The layout descriptor of a quantized tensor (JSON object)."""
+    axes = tuple(t.axes)
+    scheme: QuantScheme = t.scheme
+    gm: GroupMap = t.group_map
+    has_g_idx = (t.group_map.g_idx is not None) if isinstance(t, QuantizedTensor) else t.act_order
+    zero = None
+    if scheme.zero_point.value != "none":
+        zero = {"tensor": f"{t.name}.zero_points", **AxisMap(axes).to_json()}
+    obj = {
+        "schema": DESCRIPTOR_SCHEMA,
+        "axes": list(axes),
+        "shape": [int(s) for s in t.shape],
+        "scheme": scheme.to_json(),
+        "group_map": {**gm.to_json(t.shape, axes), "g_idx": bool(has_g_idx)},
+        "codes": {"tensor": f"{t.name}.qcodes", **codes_axis_map(axes, scheme.bits).to_json()},
+        "scales": {"tensor": f"{t.name}.scales", **AxisMap(axes).to_json()},
+        "zero_points": zero,
+        "g_idx": {"tensor": f"{t.name}.g_idx"} if has_g_idx else None,
+        "double_quant": None,
+    }
+    if isinstance(t, QuantizedTensor) and t.double_quant is not None:
+        dq = t.double_quant
+        obj["double_quant"] = {"kind": dq.kind, "super_block": dq.super_block,
+                               "has_mins": dq.super_mins is not None}
+    return obj
+
+
+def _outputs(t: QuantizedTensor) -> dict[str, np.ndarray]:
+    d = descriptor(t)
+    out = {d["codes"]["tensor"]: codes_axis_map(t.axes, t.scheme.bits).to_stored(t.codes, t.axes),
+        d["scales"]["tensor"]: np.ascontiguousarray(t.scales)}
+    if t.zero_points is not None:
+        out[d["zero_points"]["tensor"]] = np.ascontiguousarray(t.zero_points)
+    if t.group_map.g_idx is not None:
+        out[d["g_idx"]["tensor"]] = np.ascontiguousarray(t.group_map.g_idx.astype(np.int32))
+    if t.double_quant is not None:
+        dq = t.double_quant
+        for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"):
+            a = getattr(dq, k)
+            if a is not None:
+                out[f"{t.name}.dq.{k}"] = np.ascontiguousarray(a)
+    return out
+
+
+def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
+    spec = ckpt.spec(name)
+    if spec.kind == "dense":
+        return dense_plan(spec), None
+    # Output shapes depend only on the spec, except for optional arrays (double quant); materialise
+    # those tensors once to plan them exactly (small: only GGUF K-quants carry them).
+    t = ckpt[name]
+    arrays = _outputs(t)
+    outs = [(k, dtype_name(v.dtype), tuple(v.shape)) for k, v in arrays.items()]
+    return TensorPlan(name, outs, lambda t2: _outputs(t2)), descriptor(t)
+
+
+def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str]]:
+    """Plans and ``__metadata__`` for writing ``ckpt`` natively."""
+    plans, meta = [], {"format": "pt", FORMAT_KEY: "native", "qckpt.version": VERSION,
+                       "qckpt.source_format": ckpt.format}
+    if ckpt.config:
+        meta["qckpt.config"] = json.dumps(ckpt.config, sort_keys=True)
+    for name in ckpt.names():
+        p, d = _plan(ckpt, name)
+        plans.append(p)
+        if d is not None:
+            meta[LAYOUT_PREFIX + name] = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return plans, meta
+
+
+def write_native(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, **_: Any) -> dict:
+    """Write ``ckpt`` as one native safetensors file at ``dst`` (atomically)."""
+    plans, meta = plan_native(ckpt)
+    return write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
+
+
+# -- reader -------------------------------------------------------------------------------------
+def _parse_descriptor(src: Source, name: str, text: str) -> dict[str, Any]:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"layout descriptor is not JSON: {exc}", file=src.path, tensor=name,
+                          field=LAYOUT_PREFIX + name) from None
+    from ..schemas import validate_document
+    validate_document(d, "layout", file=src.path, tensor=name)
+    return d
+
+
+def _stored(src: Source, name: str, role: str) -> StoredArray:
+    info = src.info(name)
+    return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
+
+
+def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
+    stored = [_stored(src, d["codes"]["tensor"], "codes"), _stored(src, d["scales"]["tensor"], "scales")]
+    if d["zero_points"]:
+        stored.append(_stored(src, d["zero_points"]["tensor"], "zero_points"))
+    if d["g_idx"]:
+        stored.append(_stored(src, d["g_idx"]["tensor"], "g_idx"))
+    for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"):
+        if src.has(f"{name}.dq.{k}"):
+            stored.append(_stored(src, f"{name}.dq.{k}", "scales"))
+    gm = GroupMap.from_json(d["group_map"])
+    return TensorSpec(name, "quantized", tuple(d["shape"]), tuple(stored), axes=tuple(d["axes"]),
+                      scheme=QuantScheme.from_json(d["scheme"]), group_map=gm, act_order=bool(d["group_map"]["g_idx"]))
+
+
+def _load_quantized(src: Source, name: str, d: dict[str, Any]) -> QuantizedTensor:
+    axes = tuple(d["axes"])
+    sizes = dict(zip(axes, d["shape"]))
+    scheme = QuantScheme.from_json(d["scheme"])
+    try:
+        cmap = AxisMap.from_json(d["codes"])
+        codes = cmap.to_logical(src.read(d["codes"]["tensor"]), axes, sizes, signed=scheme.signed)
+        g_idx = np.array(src.read(d["g_idx"]["tensor"])) if d["g_idx"] else None
+        zp = np.array(src.read(d["zero_points"]["tensor"])) if d["zero_points"] else None
+        dq = None
+        if d.get("double_quant"):
+            arr = {k: (np.array(src.read(f"{name}.dq.{k}")) if src.has(f"{name}.dq.{k}") else None)
+                   for k in ("super_scales", "sub_scales", "super_mins", "sub_mins")}
+            dq = DoubleQuant(d["double_quant"]["kind"], d["double_quant"]["super_block"], **arr)
+        return QuantizedTensor(name=name, axes=axes, codes=codes, scales=np.array(src.read(d["scales"]["tensor"])),
+                               scheme=scheme, group_map=GroupMap.from_json(d["group_map"], g_idx=g_idx),
+                               zero_points=zp, double_quant=dq)
+    except LayoutError as exc:
+        raise exc.with_context(file=src.file_of(d["codes"]["tensor"]), tensor=name)
+
+
+def read_native(src: Source) -> Checkpoint:
+    """Read a native file into a lazily loaded :class:`Checkpoint`."""
+    meta = src.st_metadata
+    if meta.get(FORMAT_KEY) != "native":
+        raise FormatError("not a qckpt native file", file=src.path, field="__metadata__." + FORMAT_KEY,
+                          expected="native", found=meta.get(FORMAT_KEY))
+    if meta.get("qckpt.version") != VERSION:
+        raise FormatError("unsupported native format version", file=src.path, field="qckpt.version",
+                          expected=VERSION, found=meta.get("qckpt.version"))
+    descs = {k[len(LAYOUT_PREFIX):]: _parse_descriptor(src, k[len(LAYOUT_PREFIX):], v)
+             for k, v in meta.items() if k.startswith(LAYOUT_PREFIX)}
+    owned: set[str] = set()
+    for name, d in descs.items():
+        for role in ("codes", "scales", "zero_points", "g_idx"):
+            if d.get(role):
+                owned.add(d[role]["tensor"])
+        owned.update(f"{name}.dq.{k}" for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"))
+    specs: dict[str, TensorSpec] = {}
+    order = []
+    for stored_name in src.tensor_names():
+        if stored_name in owned:
+            continue
+        info = src.info(stored_name)
+        specs[stored_name] = TensorSpec(stored_name, "dense", info.shape, (_stored(src, stored_name, "dense"),),
+                                        dtype=info.dtype)
+        order.append(stored_name)
+    for name, d in descs.items():
+        specs[name] = _spec(src, name, d)
+    specs = dict(sorted(specs.items()))
+
+    def load(name: str):
+        if name in descs:
+            return _load_quantized(src, name, descs[name])
+        return DenseTensor(name, np.array(src.read(name)))
+
+    config = json.loads(meta["qckpt.config"]) if "qckpt.config" in meta else None
+    return Checkpoint(specs, load, format="native", path=str(src.path), config=config,
+                      metadata={"source_format": meta.get("qckpt.source_format")}, files=[str(f) for f in src.files])
+
+
+def detect_native(src: Source) -> Detection | None:
+    if src.kind != "safetensors":
+        return None
+    if src.st_metadata.get(FORMAT_KEY) == "native":
+        return Detection("native", 100, "__metadata__ qckpt.format = native")
+    return None
+
+
+HANDLER = register(FormatHandler("native", "qckpt native safetensors (self-describing layout)",
+                                 detect_native, read_native, write_native, check_target=lambda spec: None))

@@ -1,0 +1,88 @@
+"""Plain float safetensors: every tensor dense (F32/F16/BF16), one file or a sharded directory.
+
+Writing dequantizes quantized tensors (float32 arithmetic, one cast at the end) to the chosen
+dtype; dense tensors pass through bit-exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import float_dtype
+from ..errors import FormatError
+from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
+from .plan import TensorPlan, dense_plan, write_model_dir, write_single_file
+from .registry import Detection, FormatHandler, register
+from .source import Source
+
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+DTYPE_CHOICES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+
+
+def read_plain(src: Source) -> Checkpoint:
+    specs = {}
+    for name in src.tensor_names():
+        info = src.info(name)
+        specs[name] = TensorSpec(name, "dense", info.shape,
+                                 (StoredArray(name, "dense", info.dtype, info.shape, info.nbytes, src.file_of(name).name),),
+                                 dtype=info.dtype)
+    return Checkpoint(specs, lambda n: DenseTensor(n, np.array(src.read(n))), format="plain", path=str(src.path),
+                      config=src.config, metadata={}, files=[str(f) for f in src.files],
+                      extra_files=[str(p) for p in src.extra_files()])
+
+
+def detect_plain(src: Source) -> Detection | None:
+    if src.kind == "gguf" or src.quantization_config or src.st_metadata.get("qckpt.format"):
+        return None
+    names = src.tensor_names()
+    if names and all(src.info(n).dtype in FLOAT_DTYPES for n in names):
+        return Detection("plain", 20, "only float tensors and no quantization config")
+    return None
+
+
+def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
+    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through."""
+    np_dt = float_dtype(dtype)
+    plans = []
+    for spec in ckpt.specs():
+        if spec.kind == "dense":
+            plans.append(dense_plan(spec))
+        else:
+            plans.append(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
+                                    lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
+                                    [f"dequantized to {dtype}"]))
+    return plans
+
+
+def _plain_config(config: dict | None) -> dict | None:
+    if not config:
+        return None
+    cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "quantization")}
+    return cfg
+
+
+def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: bool = False,
+                max_shard_bytes: int | None = None, **_: Any) -> dict:
+    """Write ``ckpt`` as plain float safetensors.
+
+    ``dst`` ending in ``.safetensors`` gives one file; otherwise a model directory (sharded when
+    ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed) and the
+    source directory's other files copied.
+    """
+    dtype = DTYPE_CHOICES.get(dtype, dtype)
+    if dtype not in ("F32", "F16", "BF16"):
+        raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
+    plans = plain_plans(ckpt, dtype)
+    meta = {"format": "pt"}
+    dst = Path(dst)
+    if dst.suffix == ".safetensors":
+        return write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
+    return write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config),
+                           extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+
+
+HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",
+                                 detect_plain, read_plain, write_plain, check_target=lambda spec: None))

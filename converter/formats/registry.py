@@ -1,0 +1,113 @@
+"""The one registry of formats: each format registers a handler (detect, read, optionally write).
+
+Detection reads headers and config files only, never tensor data. A lookup miss lists what is
+known; an ambiguous detection lists the candidates (DESIGN.md section 7, habit 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..errors import UnknownFormatError
+from .source import Source
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A format's claim on an input: ``confidence`` 0-100 and the evidence."""
+
+    format: str
+    confidence: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FormatHandler:
+    """One registered format.
+
+    Attributes
+    ----------
+    name : str
+        Registry key, used by ``--to`` (``"gptq"``, ``"awq"``, ``"compressed-tensors"`` ...).
+    description : str
+    detect : callable(Source) -> Detection or None
+    read : callable(Source) -> Checkpoint
+    write : callable(Checkpoint, Path, **options) -> dict, optional
+        Writes atomically; returns a summary dict (files written, per-tensor notes).
+    check_target : callable(TensorSpec) -> str or None, optional
+        Before any data moves: ``None`` if the spec's scheme is representable exactly in this
+        format, else a reason (used to refuse a silent requantize).
+    """
+
+    name: str
+    description: str
+    detect: Callable[[Source], Optional[Detection]]
+    read: Callable[[Source], Any]
+    write: Optional[Callable[..., dict]] = None
+    check_target: Optional[Callable[[Any], Optional[str]]] = None
+
+
+_REGISTRY: dict[str, FormatHandler] = {}
+
+
+def register(handler: FormatHandler) -> FormatHandler:
+    """Add a handler; the name must be new."""
+    if handler.name in _REGISTRY:
+        raise ValueError(f"format {handler.name!r} registered twice")
+    _REGISTRY[handler.name] = handler
+    return handler
+
+
+def _ensure_loaded() -> None:
+    from . import _builtin  # noqa: F401  (registers the built-in formats)
+
+
+def formats() -> dict[str, FormatHandler]:
+    """All registered handlers by name."""
+    _ensure_loaded()
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> FormatHandler:
+    """The handler called ``name``; raises UnknownFormatError listing the known names."""
+    _ensure_loaded()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownFormatError("unknown format", field="format", expected=sorted(_REGISTRY), found=name) from None
+
+
+def writable() -> list[str]:
+    """Names of formats with a writer."""
+    return sorted(n for n, h in formats().items() if h.write is not None)
+
+
+def detect(source: Source) -> Detection:
+    """The single best detection for ``source``.
+
+    Raises
+    ------
+    UnknownFormatError
+        When no format claims the input, or when the top claims tie (candidates listed).
+    """
+    _ensure_loaded()
+    claims = [d for h in _REGISTRY.values() if (d := h.detect(source)) is not None]
+    if not claims:
+        raise UnknownFormatError("no registered format recognises this input", file=source.path,
+                                 expected=sorted(_REGISTRY), found=source.describe())
+    claims.sort(key=lambda d: -d.confidence)
+    top = [d for d in claims if d.confidence == claims[0].confidence]
+    if len(top) > 1:
+        raise UnknownFormatError("ambiguous format", file=source.path,
+                                 expected="one format", found="; ".join(f"{d.format} ({d.reason})" for d in top),
+                                 hint="pass the format explicitly")
+    return top[0]
+
+
+def load(path: str | Path, *, format: str | None = None):
+    """Read a checkpoint, auto-detecting its format unless ``format`` is given."""
+    source = Source(path)
+    name = format or detect(source).format
+    return get(name).read(source)

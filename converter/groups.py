@@ -1,0 +1,269 @@
+"""Group maps: which elements share one scale (and zero point).
+
+Granularities (no ``group_size = -1`` sentinel; compressed-tensors' ``strategy`` and GPTQ's
+``group_size`` are translated at the reader boundary):
+
+- ``tensor``: one scale for the whole matrix (one per expert for stacked tensors).
+- ``channel``: one scale per index along ``axis`` (``"out"``: per row / output channel;
+  ``"in"``: per column).
+- ``group``: groups of ``group_size`` consecutive elements along ``axis``, separately for every
+  index of the other axes (``axis="in"`` is the usual per-group scheme). The final group may be
+  partial (``ceil(n / group_size)`` groups, all counted). With ``g_idx`` (GPTQ act-order), element
+  ``i`` along ``axis`` belongs to group ``g_idx[i]`` instead of ``i // group_size``
+  (AutoGPTQ ``GPTQ.fasterquant``; FORMATS.md section 1.5).
+- ``flat_block``: blocks of ``group_size`` over the row-major flattened tensor, straddling rows
+  (bitsandbytes 4-bit, FORMATS.md section 6.2).
+
+A parameter array (scales, zero points) has the *parameter shape*: the logical shape with the
+group axis replaced by the number of groups, and collapsed axes replaced by 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import LayoutError
+from .layout import EXPERT, check_axes
+
+
+class Granularity(str, Enum):
+    """How elements share quantization parameters."""
+
+    TENSOR = "tensor"
+    CHANNEL = "channel"
+    GROUP = "group"
+    FLAT_BLOCK = "flat_block"
+
+
+@dataclass(frozen=True, eq=False)
+class GroupMap:
+    """Which elements share a scale.
+
+    Parameters
+    ----------
+    granularity : Granularity
+    axis : str, optional
+        ``channel``: the axis with one scale per index. ``group``: the axis groups run along.
+        ``None`` for ``tensor`` and ``flat_block``.
+    group_size : int, optional
+        Elements per group (``group`` and ``flat_block`` only).
+    g_idx : ndarray of int32, shape ``(n_axis,)``, optional
+        Group of each index along ``axis`` (``group`` only); ``None`` means ``i // group_size``.
+
+    Raises
+    ------
+    LayoutError
+        On inconsistent fields (checked at construction; ``g_idx`` range checked by
+        :meth:`check_shape`).
+    """
+
+    granularity: Granularity
+    axis: str | None = None
+    group_size: int | None = None
+    g_idx: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        g = Granularity(self.granularity)
+        object.__setattr__(self, "granularity", g)
+        if g in (Granularity.CHANNEL, Granularity.GROUP):
+            if self.axis is None:
+                raise LayoutError(f"{g.value} granularity needs an axis", field="group_map.axis")
+            if self.axis == EXPERT:
+                raise LayoutError("the expert axis cannot carry groups", field="group_map.axis", found=self.axis)
+        elif self.axis is not None:
+            raise LayoutError(f"{g.value} granularity takes no axis", field="group_map.axis", found=self.axis)
+        if g in (Granularity.GROUP, Granularity.FLAT_BLOCK):
+            if not isinstance(self.group_size, (int, np.integer)) or self.group_size < 1:
+                raise LayoutError("group size must be a positive integer", field="group_map.group_size",
+                                  expected=">= 1", found=self.group_size)
+        elif self.group_size is not None:
+            raise LayoutError(f"{g.value} granularity takes no group size", field="group_map.group_size",
+                              found=self.group_size)
+        if self.g_idx is not None:
+            if g is not Granularity.GROUP:
+                raise LayoutError("g_idx needs group granularity", field="g_idx", found=g.value)
+            gi = np.asarray(self.g_idx)
+            if gi.ndim != 1 or gi.dtype.kind not in "iu":
+                raise LayoutError("g_idx must be a 1-D integer array", field="g_idx",
+                                  found=f"{gi.dtype} {list(gi.shape)}")
+            object.__setattr__(self, "g_idx", gi.astype(np.int32, copy=False))
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def per_tensor(cls) -> "GroupMap":
+        return cls(Granularity.TENSOR)
+
+    @classmethod
+    def per_channel(cls, axis: str = "out") -> "GroupMap":
+        return cls(Granularity.CHANNEL, axis=axis)
+
+    @classmethod
+    def per_group(cls, group_size: int, axis: str = "in", g_idx: np.ndarray | None = None) -> "GroupMap":
+        return cls(Granularity.GROUP, axis=axis, group_size=int(group_size), g_idx=g_idx)
+
+    # -- shapes -------------------------------------------------------------------------------
+    def n_groups(self, shape: Sequence[int], axes: Sequence[str]) -> int:
+        """Number of groups along the group axis (``ceil(n / group_size)``; partial tail counted)."""
+        if self.granularity is Granularity.GROUP:
+            n = int(shape[list(axes).index(self.axis)])
+            if self.g_idx is not None and self.g_idx.size:
+                return max(-(-n // self.group_size), int(self.g_idx.max()) + 1)
+            return -(-n // self.group_size)
+        if self.granularity is Granularity.FLAT_BLOCK:
+            return -(-int(np.prod(shape, dtype=object)) // self.group_size)
+        return 1
+
+    def partial_tail(self, shape: Sequence[int], axes: Sequence[str]) -> int:
+        """Length of a partial final group, 0 when every group is full."""
+        if self.granularity is Granularity.GROUP:
+            n = int(shape[list(axes).index(self.axis)])
+        elif self.granularity is Granularity.FLAT_BLOCK:
+            n = int(np.prod(shape, dtype=object))
+        else:
+            return 0
+        return n % self.group_size
+
+    def param_shape(self, shape: Sequence[int], axes: Sequence[str]) -> tuple[int, ...]:
+        """Shape of the scale / zero-point array for a tensor of logical ``shape``."""
+        axes = tuple(axes)
+        g = self.granularity
+        if g is Granularity.FLAT_BLOCK:
+            return (self.n_groups(shape, axes),)
+        out = []
+        for a, n in zip(axes, shape):
+            if a == EXPERT:
+                out.append(int(n))
+            elif g is Granularity.TENSOR:
+                out.append(1)
+            elif g is Granularity.CHANNEL:
+                out.append(int(n) if a == self.axis else 1)
+            else:  # GROUP: every other axis keeps its size, the group axis has n_groups
+                out.append(self.n_groups(shape, axes) if a == self.axis else int(n))
+        return tuple(out)
+
+    def group_count(self, shape: Sequence[int], axes: Sequence[str]) -> int:
+        """Total number of parameter sets (elements of the parameter array)."""
+        return int(np.prod(self.param_shape(shape, axes), dtype=np.int64))
+
+    def check_shape(self, shape: Sequence[int], axes: Sequence[str]) -> None:
+        """Check the map fits a tensor: axis present, ``g_idx`` length and range.
+
+        Raises
+        ------
+        LayoutError
+        """
+        axes = check_axes(axes)
+        if self.axis is not None and self.axis not in axes:
+            raise LayoutError("group axis is not an axis of the tensor", field="group_map.axis",
+                              expected=list(axes), found=self.axis)
+        if self.g_idx is not None:
+            n = int(shape[axes.index(self.axis)])
+            if self.g_idx.shape != (n,):
+                raise LayoutError("g_idx length differs from the group axis", field="g_idx",
+                                  expected=n, found=self.g_idx.shape[0])
+            if n and (int(self.g_idx.min()) < 0):
+                raise LayoutError("g_idx has negative group indices", field="g_idx",
+                                  expected=">= 0", found=int(self.g_idx.min()))
+
+    def is_trivial_g_idx(self, n: int) -> bool:
+        """True when ``g_idx`` is absent or equals ``arange(n) // group_size``."""
+        if self.g_idx is None:
+            return True
+        return bool(np.array_equal(self.g_idx, np.arange(n, dtype=np.int32) // self.group_size))
+
+    # -- element <-> parameter ----------------------------------------------------------------
+    def expand(self, params: np.ndarray, shape: Sequence[int], axes: Sequence[str]) -> np.ndarray:
+        """Broadcast a parameter array to element shape (read-only view where possible).
+
+        Parameters
+        ----------
+        params : ndarray, shape ``param_shape(shape, axes)``
+        shape, axes : logical shape and axis names of the tensor.
+
+        Returns
+        -------
+        ndarray, shape ``shape``, dtype of ``params``.
+        """
+        axes = tuple(axes)
+        shape = tuple(int(s) for s in shape)
+        g = self.granularity
+        if g is Granularity.FLAT_BLOCK:
+            n = int(np.prod(shape, dtype=np.int64))
+            return np.repeat(params, self.group_size)[:n].reshape(shape)
+        if g is Granularity.GROUP:
+            ax = axes.index(self.axis)
+            if self.g_idx is not None:
+                return np.take(params, self.g_idx, axis=ax)
+            rep = np.repeat(params, self.group_size, axis=ax)
+            return rep.take(np.arange(shape[ax]), axis=ax) if rep.shape[ax] != shape[ax] else rep
+        return np.broadcast_to(params, shape)
+
+    def reduce(self, values: np.ndarray, ufunc: np.ufunc, axes: Sequence[str]) -> np.ndarray:
+        """Reduce element values to the parameter shape with ``ufunc`` (``np.maximum`` ...).
+
+        Groups follow ``g_idx`` when present (act-order membership, not column order).
+
+        Returns
+        -------
+        ndarray, shape ``param_shape(values.shape, axes)``.
+        """
+        axes = tuple(axes)
+        g = self.granularity
+        if g is Granularity.FLAT_BLOCK:
+            flat = values.reshape(-1)
+            return ufunc.reduceat(flat, np.arange(0, flat.size, self.group_size)) if flat.size else flat[:0]
+        keep = [i for i, a in enumerate(axes) if a == EXPERT or (g is Granularity.CHANNEL and a == self.axis)
+                or (g is Granularity.GROUP and a != self.axis)]
+        if g is Granularity.GROUP:
+            ax = axes.index(self.axis)
+            n = values.shape[ax]
+            if n == 0:
+                return np.zeros(self.param_shape(values.shape, axes), dtype=values.dtype)
+            if self.g_idx is None:
+                return ufunc.reduceat(values, np.arange(0, n, self.group_size), axis=ax)
+            order = np.argsort(self.g_idx, kind="stable")
+            counts = np.bincount(self.g_idx, minlength=self.n_groups(values.shape, axes))
+            if (counts == 0).any():
+                raise LayoutError("g_idx leaves a group without members", field="g_idx",
+                                  found=f"empty groups {np.flatnonzero(counts == 0)[:8].tolist()}")
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            return ufunc.reduceat(np.take(values, order, axis=ax), starts, axis=ax)
+        red = tuple(i for i in range(values.ndim) if i not in keep)
+        if values.size == 0:
+            return np.zeros(self.param_shape(values.shape, axes), dtype=values.dtype)
+        return ufunc.reduce(values, axis=red, keepdims=True)
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_json(self, shape: Sequence[int] | None = None, axes: Sequence[str] | None = None) -> dict[str, Any]:
+        """JSON object (``group_map`` in ``schemas/layout.schema.json``); counts added when shape given."""
+        obj: dict[str, Any] = {"granularity": self.granularity.value, "axis": self.axis,
+                               "group_size": self.group_size, "g_idx": self.g_idx is not None}
+        if shape is not None and axes is not None:
+            obj["n_groups"] = self.n_groups(shape, axes)
+            obj["partial_tail"] = self.partial_tail(shape, axes)
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], g_idx: np.ndarray | None = None) -> "GroupMap":
+        try:
+            return cls(Granularity(obj["granularity"]), axis=obj.get("axis"),
+                       group_size=obj.get("group_size"), g_idx=g_idx)
+        except (KeyError, ValueError, TypeError) as exc:
+            if isinstance(exc, LayoutError):
+                raise
+            raise LayoutError(f"malformed group map: {exc}", field="group_map") from None
+
+    def describe(self) -> str:
+        """Short human label: ``tensor``, ``channel(out)``, ``group(in, 128)``, ``+g_idx``."""
+        g = self.granularity
+        if g is Granularity.TENSOR:
+            return "tensor"
+        if g is Granularity.CHANNEL:
+            return f"channel({self.axis})"
+        if g is Granularity.FLAT_BLOCK:
+            return f"flat_block({self.group_size})"
+        return f"group({self.axis}, {self.group_size})" + ("+g_idx" if self.g_idx is not None else "")

@@ -1,0 +1,47 @@
+"""JSON Schemas of every JSON document qckpt reads or emits (``schemas/*.schema.json``).
+
+The schema files live in the repository's ``schemas/`` folder (also shipped inside the package
+as ``converter/_schemas`` when installed non-editable).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from .errors import FormatError
+
+_CANDIDATES = (Path(__file__).resolve().parent.parent / "schemas", Path(__file__).resolve().parent / "_schemas")
+
+
+def schema_dir() -> Path:
+    for d in _CANDIDATES:
+        if d.is_dir():
+            return d
+    raise FileNotFoundError("qckpt schemas folder not found")
+
+
+@lru_cache(maxsize=None)
+def load_schema(name: str) -> dict[str, Any]:
+    """The schema ``schemas/<name>.schema.json`` as a dict."""
+    return json.loads((schema_dir() / f"{name}.schema.json").read_text())
+
+
+def validate_document(doc: Any, name: str, *, file: str | Path | None = None, tensor: str | None = None) -> None:
+    """Validate ``doc`` against schema ``name``.
+
+    Raises
+    ------
+    FormatError
+        With the JSON path of the first violation.
+    """
+    validator = jsonschema.Draft202012Validator(load_schema(name))
+    err = next(iter(sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))), None)
+    if err is not None:
+        path = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        raise FormatError(f"does not conform to {name}.schema.json: {err.message}", file=file, tensor=tensor,
+                          field=path)

@@ -1,0 +1,322 @@
+"""The logical tensor model: QuantizedTensor, DenseTensor, TensorSpec and Checkpoint.
+
+Three shapes, three names: ``shape`` (logical, e.g. ``(out, in)``), the storage shape (as on
+disk, after packing; see :class:`converter.layout.AxisMap`) and ``param_shape`` (scales and zero
+points; see :class:`converter.groups.GroupMap`). Invariants are checked at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
+
+import numpy as np
+
+from .dtypes import dtype_name
+from .errors import LayoutError, MissingTensorError
+from .groups import GroupMap
+from .layout import AxisMap, check_axes
+from .scheme import QuantScheme, ZeroPoint
+
+
+@dataclass(frozen=True, eq=False)
+class DoubleQuant:
+    """Two-level scales (GGUF K-quants): sub-block scales and mins quantized against a super-block scale.
+
+    The effective per-group scale is ``super_scales[sb] * sub_scales[g]`` and the bias
+    ``-(super_mins[sb] * sub_mins[g])``, computed in float32 in ggml's order
+    (``ggml-quants.c`` ``dequantize_row_q4_K``); those effective values are the tensor's
+    ``scales`` / ``zero_points``. This record keeps the stored integers so the encoding is
+    represented honestly and can be re-emitted exactly.
+
+    Arrays are in logical orientation: ``super_*`` shape ``(..., out, n_super)`` float16,
+    ``sub_*`` shape ``(..., out, n_groups)`` integer.
+    """
+
+    kind: str
+    super_block: int
+    super_scales: np.ndarray
+    sub_scales: np.ndarray
+    super_mins: np.ndarray | None = None
+    sub_mins: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class DenseTensor:
+    """An unquantized tensor passed through bit-exact (biases, norms, embeddings, float weights).
+
+    Parameters
+    ----------
+    name : str
+    data : ndarray, any shape, any storage dtype (F32/F16/BF16/int ...).
+    """
+
+    name: str
+    data: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self.data.dtype)
+
+    def dequantize(self) -> np.ndarray:
+        """The values as float32 (a float tensor widened; other dtypes converted)."""
+        return np.asarray(self.data, dtype=np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """A quantized tensor in logical orientation.
+
+    Parameters
+    ----------
+    name : str
+        Logical (Hugging Face style) name of the weight, e.g. ``model.layers.0.mlp.up_proj.weight``.
+    axes : tuple of str
+        Logical axes, e.g. ``("out", "in")`` or ``("expert", "out", "in")``.
+    codes : ndarray, shape ``shape``, int8 (signed scheme) or uint8 (unsigned scheme)
+        One code per element, unpacked.
+    scales : ndarray, shape ``group_map.param_shape(shape, axes)``, dtype ``scheme.scale_dtype``
+    scheme : QuantScheme
+    group_map : GroupMap
+    zero_points : ndarray, shape like ``scales``, optional
+        Integer zero points in the code domain (``integer`` schemes, int16) or additive biases
+        (``float`` schemes, dtype of scales). ``None`` for symmetric and codebook schemes.
+    double_quant : DoubleQuant, optional
+        Two-level scale record (GGUF K-quants).
+    stored : dict, optional
+        How the source stored it (role -> AxisMap); informational, for validators and audits.
+
+    Raises
+    ------
+    LayoutError
+        When shapes, dtypes or code ranges break the invariants above.
+    """
+
+    name: str
+    axes: tuple[str, ...]
+    codes: np.ndarray
+    scales: np.ndarray
+    scheme: QuantScheme
+    group_map: GroupMap
+    zero_points: np.ndarray | None = None
+    double_quant: DoubleQuant | None = None
+    stored: Mapping[str, AxisMap] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            self._check()
+        except LayoutError as exc:
+            raise exc.with_context(tensor=self.name)
+
+    def _check(self) -> None:
+        axes = check_axes(self.axes)
+        object.__setattr__(self, "axes", axes)
+        if self.codes.ndim != len(axes):
+            raise LayoutError("codes rank differs from the axes", field="codes", expected=len(axes),
+                              found=self.codes.ndim)
+        s = self.scheme
+        if self.codes.dtype != s.code_dtype:
+            raise LayoutError("codes dtype does not match the scheme", field="codes",
+                              expected=str(s.code_dtype), found=str(self.codes.dtype))
+        if self.codes.size and s.bits < 8:
+            lo, hi = int(self.codes.min()), int(self.codes.max())
+            if lo < s.qmin or hi > s.qmax:
+                raise LayoutError("codes outside the scheme's range", field="codes",
+                                  expected=f"[{s.qmin}, {s.qmax}]", found=f"[{lo}, {hi}]")
+        self.group_map.check_shape(self.codes.shape, axes)
+        pshape = self.group_map.param_shape(self.codes.shape, axes)
+        if tuple(self.scales.shape) != pshape:
+            raise LayoutError("scales shape does not match the group map", field="scales",
+                              expected=list(pshape), found=list(self.scales.shape))
+        if self.scales.dtype != s.scale_np_dtype:
+            raise LayoutError("scales dtype does not match the scheme", field="scales",
+                              expected=s.scale_dtype, found=str(self.scales.dtype))
+        zp = self.zero_points
+        if s.zero_point is ZeroPoint.NONE:
+            if zp is not None:
+                raise LayoutError("symmetric scheme with zero points", field="zero_points",
+                                  expected="none", found=list(zp.shape))
+        else:
+            if zp is None:
+                raise LayoutError("scheme needs zero points", field="zero_points", expected=list(pshape),
+                                  found="none")
+            if tuple(zp.shape) != pshape:
+                raise LayoutError("zero points shape does not match the group map", field="zero_points",
+                                  expected=list(pshape), found=list(zp.shape))
+            if s.zero_point is ZeroPoint.INTEGER:
+                if zp.dtype.kind not in "iu":
+                    raise LayoutError("integer zero points must be integers", field="zero_points",
+                                      found=str(zp.dtype))
+                if zp.size and (int(zp.min()) < s.qmin or int(zp.max()) > s.qmax):
+                    raise LayoutError("zero points outside the code range", field="zero_points",
+                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(zp.min())}, {int(zp.max())}]")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    @property
+    def numel(self) -> int:
+        return int(self.codes.size)
+
+    def dequantize(self) -> np.ndarray:
+        """Reconstructed values, float32, logical shape (see :func:`converter.quant.dequantize`)."""
+        from .quant.quantize import dequantize
+        return dequantize(self)
+
+    def replace(self, **changes: Any) -> "QuantizedTensor":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+
+Tensor = Union[QuantizedTensor, DenseTensor]
+
+ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other")
+
+
+@dataclass(frozen=True)
+class StoredArray:
+    """One array as stored on disk, and its role (for audits: bytes by role)."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise LayoutError("unknown role", field="role", expected=list(ROLES), found=self.role)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorSpec:
+    """What a tensor is, known from headers alone (no data read).
+
+    ``kind`` is ``"quantized"`` or ``"dense"``; quantized specs carry ``axes``, ``scheme`` and
+    ``group_map`` (``act_order`` says a non-trivial ``g_idx`` is stored); ``stored`` lists the
+    arrays that hold it, with roles and byte sizes.
+    """
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    stored: tuple[StoredArray, ...]
+    dtype: str | None = None
+    axes: tuple[str, ...] | None = None
+    scheme: QuantScheme | None = None
+    group_map: GroupMap | None = None
+    act_order: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpec:
+    """Spec of an in-memory tensor (stored arrays default to its logical arrays)."""
+    if isinstance(t, DenseTensor):
+        st = stored or (StoredArray(t.name, "dense", t.dtype, t.shape, int(t.data.nbytes)),)
+        return TensorSpec(t.name, "dense", t.shape, tuple(st), dtype=t.dtype)
+    if stored is None:
+        bits = t.numel * t.scheme.bits
+        st = [StoredArray(t.name + ".codes", "codes", f"U{t.scheme.bits}", t.shape, -(-bits // 8)),
+              StoredArray(t.name + ".scales", "scales", t.scheme.scale_dtype, tuple(t.scales.shape),
+                          int(t.scales.nbytes))]
+        if t.zero_points is not None:
+            st.append(StoredArray(t.name + ".zero_points", "zero_points", dtype_name(t.zero_points.dtype),
+                                  tuple(t.zero_points.shape), int(t.zero_points.nbytes)))
+        if t.group_map.g_idx is not None:
+            st.append(StoredArray(t.name + ".g_idx", "g_idx", "I32", tuple(t.group_map.g_idx.shape),
+                                  int(t.group_map.g_idx.nbytes)))
+        stored = st
+    gm = t.group_map
+    return TensorSpec(t.name, "quantized", t.shape, tuple(stored), axes=t.axes, scheme=t.scheme,
+                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size),
+                      act_order=gm.g_idx is not None)
+
+
+class Checkpoint:
+    """A set of tensors (quantized and dense) with their source format and metadata.
+
+    Tensors are materialised on demand, one at a time (``ckpt[name]``), so a reader can stream a
+    large checkpoint: specs come from headers, data from memory maps.
+
+    Parameters
+    ----------
+    specs : mapping of name -> TensorSpec, in a stable order.
+    loader : callable(name) -> QuantizedTensor | DenseTensor
+    format : str
+        Registered format name of the source (``"gptq"``, ``"native"``, ``"plain"`` ...).
+    path : str, optional
+        The file or directory read.
+    config : dict, optional
+        The model's ``config.json`` (or equivalent), unmodified.
+    metadata : dict, optional
+        Format-level facts (``checkpoint_format``, versions, GGUF key/values ...).
+    files : tuple of str
+        Data files read (shards), for audits.
+    extra_files : tuple of str
+        Other files of a model directory (tokenizer ...), copied by directory writers.
+    """
+
+    def __init__(self, specs: Mapping[str, TensorSpec], loader: Callable[[str], Tensor], *, format: str,
+                 path: str | None = None, config: Mapping[str, Any] | None = None,
+                 metadata: Mapping[str, Any] | None = None, files: Sequence[str] = (),
+                 extra_files: Sequence[str] = ()) -> None:
+        self._specs = dict(specs)
+        self._loader = loader
+        self.format = format
+        self.path = path
+        self.config = dict(config or {})
+        self.metadata = dict(metadata or {})
+        self.files = tuple(files)
+        self.extra_files = tuple(extra_files)
+
+    @classmethod
+    def from_tensors(cls, tensors: Sequence[Tensor], *, format: str = "memory", **kwargs: Any) -> "Checkpoint":
+        """An in-memory checkpoint of already materialised tensors."""
+        by_name = {t.name: t for t in tensors}
+        if len(by_name) != len(tensors):
+            raise LayoutError("duplicate tensor names", field="name")
+        specs = {t.name: spec_of(t) for t in tensors}
+        return cls(specs, by_name.__getitem__, format=format, **kwargs)
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def spec(self, name: str) -> TensorSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise MissingTensorError("no such tensor", file=self.path, tensor=name) from None
+
+    def specs(self) -> list[TensorSpec]:
+        return list(self._specs.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __getitem__(self, name: str) -> Tensor:
+        self.spec(name)
+        return self._loader(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def items(self) -> Iterator[tuple[str, Tensor]]:
+        """Yield ``(name, tensor)`` one at a time, loading each on demand."""
+        for name in self._specs:
+            yield name, self._loader(name)
+
+    def quantized_names(self) -> list[str]:
+        return [n for n, s in self._specs.items() if s.kind == "quantized"]
