@@ -1,0 +1,116 @@
+"""Exact re-expressions of one quantization scheme in another (no requantization).
+
+Formats disagree on the code domain and zero-point family while holding the same grid:
+compressed-tensors stores signed codes ``q_s``; GPTQ/AWQ unsigned ``q_u = q_s + 2^(b-1)`` with an
+integer zero point; MLX and GGUF ``_1`` types an additive float bias ``b = -z * s``
+(FORMATS.md section 0: A -> B: ``beta = -s z``; B -> A exact only when ``-beta/s`` is an integer in
+range). Each function returns a new QuantizedTensor whose dequantized values are identical to the
+input's (bit-for-bit in float32), or raises :class:`NotRepresentableError`; :func:`as_float_bias`
+reports whether casting the bias to the scale dtype rounded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NotRepresentableError
+from ..scheme import ZeroPoint
+
+
+def as_unsigned(t):
+    """Signed codes -> unsigned codes ``q + 2^(b-1)``; the centre / zero points shift with them.
+
+    Returns ``t`` unchanged when already unsigned. Codebook schemes are never shifted.
+    """
+    s = t.scheme
+    if not s.signed:
+        return t
+    off = 1 << (s.bits - 1)
+    codes = (t.codes.astype(np.int16) + off).astype(np.uint8)
+    zp = t.zero_points
+    if s.zero_point is ZeroPoint.INTEGER:
+        zp = (zp.astype(np.int16) + off).astype(np.uint8)
+    return t.replace(codes=codes, zero_points=zp, scheme=s.replace(signed=False))
+
+
+def as_signed(t):
+    """Unsigned codes -> signed ``q - 2^(b-1)`` (zero points shift with them).
+
+    Raises
+    ------
+    NotRepresentableError
+        For codebook schemes (indices, not integers on a grid).
+    """
+    s = t.scheme
+    if s.signed:
+        return t
+    if s.codebook is not None:
+        raise NotRepresentableError("codebook indices have no signed form", tensor=t.name, field="scheme.codebook")
+    off = 1 << (s.bits - 1)
+    codes = (t.codes.astype(np.int16) - off).astype(np.int8)
+    zp = t.zero_points
+    if s.zero_point is ZeroPoint.INTEGER:
+        zp = (zp.astype(np.int16) - off).astype(np.int8)
+    return t.replace(codes=codes, zero_points=zp, scheme=s.replace(signed=True))
+
+
+def as_integer_zero(t):
+    """Express ``t`` with explicit integer zero points (``x = s * (q - z)``).
+
+    Symmetric schemes get ``z`` = the centre everywhere. Float biases become ``z = -b / s`` when that
+    is an integer within the code range for every group (MLX ``affine_quantize`` makes it so before
+    the fp16 cast, FORMATS.md section 4.2), checked in float32.
+
+    Raises
+    ------
+    NotRepresentableError
+        When some ``-b / s`` is not an integer in range (names the first group), or for codebooks.
+    """
+    s = t.scheme
+    if s.zero_point is ZeroPoint.INTEGER:
+        return t
+    if s.codebook is not None:
+        raise NotRepresentableError("a codebook scheme has no integer zero point", tensor=t.name, field="scheme.codebook")
+    if s.zero_point is ZeroPoint.NONE:
+        zp = np.full(t.scales.shape, s.center, dtype=s.code_dtype)
+        return t.replace(zero_points=zp, scheme=s.replace(zero_point=ZeroPoint.INTEGER))
+    sc = t.scales.astype(np.float32)
+    b = t.zero_points.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = -b / sc
+    zr = np.rint(z)
+    ok = np.isfinite(z) & (zr == z) & (zr >= s.qmin) & (zr <= s.qmax)
+    # exactness: the integer form must reproduce s*q + b exactly, i.e. -z*s == b in float32
+    ok &= (-(zr * sc)).astype(np.float32) == b
+    if not ok.all():
+        idx = np.unravel_index(int(np.argmin(ok)), ok.shape)
+        raise NotRepresentableError("float bias is not an integer zero point", tensor=t.name, field="zero_points",
+                                    expected=f"-bias/scale an integer in [{s.qmin}, {s.qmax}]",
+                                    found=f"{float(z[idx]):.6g} at group {list(map(int, idx))}",
+                                    hint="requantize with --asym to a target that stores integer zero points")
+    return t.replace(zero_points=zr.astype(s.code_dtype), scheme=s.replace(zero_point=ZeroPoint.INTEGER))
+
+
+def as_float_bias(t) -> tuple[object, bool]:
+    """Express ``t`` with an additive bias ``b = -z * s`` (``x = s * q + b``) in the scale dtype.
+
+    Returns
+    -------
+    (tensor, exact)
+        ``exact`` is False when casting some ``-z * s`` to the scale dtype rounded it (the result
+        then differs from the source by at most half an ulp of the bias per element).
+    """
+    s = t.scheme
+    if s.zero_point is ZeroPoint.FLOAT:
+        return t, True
+    if s.codebook is not None:
+        raise NotRepresentableError("a codebook scheme has no float bias", tensor=t.name, field="scheme.codebook")
+    t = as_unsigned(t)
+    s = t.scheme
+    sc = t.scales.astype(np.float32)
+    z = np.float32(s.center) if s.zero_point is ZeroPoint.NONE else t.zero_points.astype(np.float32)
+    b32 = -(z * sc)
+    b = np.asarray(b32, dtype=np.float32).astype(s.scale_np_dtype)
+    exact = bool(np.array_equal(b.astype(np.float32), np.broadcast_to(b32, b.shape)))
+    return t.replace(zero_points=np.broadcast_to(b, t.scales.shape).copy(),
+                     scheme=s.replace(zero_point=ZeroPoint.FLOAT)), exact
