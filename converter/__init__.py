@@ -1,1 +1,55 @@
-"""qckpt: read, convert, validate and audit quantized checkpoints through an explicit layout."""
+"""qckpt: read, convert, validate and audit quantized checkpoints through an explicit, checked layout.
+
+Public API::
+
+    import converter
+    ckpt = converter.load("path/to/checkpoint")      # auto-detects the format
+    w = ckpt["model.layers.0.mlp.up_proj.weight"]     # QuantizedTensor or DenseTensor
+    x = w.dequantize()                                # float32, logical (out, in)
+    converter.save(ckpt, "out.safetensors", format="native")
+    converter.quantize_codes([[2, 6], [4, 8]], [2, 4], axis="in")   # -> [[1, 2], [2, 2]]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import ConverterError
+from .groups import Granularity, GroupMap
+from .layout import EXPERT, IN, OUT, AxisMap
+from .quant.quantize import dequantize, quantize, quantize_codes
+from .scheme import QuantScheme, ZeroPoint
+from .tensor import Checkpoint, DenseTensor, QuantizedTensor
+
+__all__ = ["load", "save", "quantize_codes", "quantize", "dequantize", "Checkpoint", "QuantizedTensor",
+           "DenseTensor", "QuantScheme", "ZeroPoint", "GroupMap", "Granularity", "AxisMap", "ConverterError",
+           "OUT", "IN", "EXPERT"]
+
+
+def load(path: str | Path, *, format: str | None = None) -> Checkpoint:
+    """Read a checkpoint (file or model directory), auto-detecting its format.
+
+    Raises
+    ------
+    ConverterError
+        Missing, corrupt, unknown/ambiguous or inconsistent input (a typed subclass).
+    """
+    from .formats.registry import load as _load
+    return _load(path, format=format)
+
+
+def save(ckpt: Checkpoint, path: str | Path, *, format: str = "native", overwrite: bool = False,
+         **options: Any) -> dict:
+    """Write ``ckpt`` in ``format`` (``native``, ``plain`` or a registered format), atomically.
+
+    Raises
+    ------
+    ConverterError
+        Unknown format, a tensor the format cannot hold, or an existing ``path`` without ``overwrite``.
+    """
+    from .formats.registry import get
+    from .ops.convert import plan_exact
+    handler = get(format)
+    plan_exact(ckpt, format)
+    return handler.write(ckpt, Path(path), overwrite=overwrite, **options)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from referencing import Registry, Resource
 
 from .errors import FormatError
 
@@ -31,6 +32,16 @@ def load_schema(name: str) -> dict[str, Any]:
     return json.loads((schema_dir() / f"{name}.schema.json").read_text())
 
 
+@lru_cache(maxsize=None)
+def _registry() -> Registry:
+    """Every schema in the folder, by ``$id``, so ``$ref`` between them resolves offline."""
+    resources = []
+    for f in sorted(schema_dir().glob("*.schema.json")):
+        doc = json.loads(f.read_text())
+        resources.append((doc["$id"], Resource.from_contents(doc)))
+    return Registry().with_resources(resources)
+
+
 def validate_document(doc: Any, name: str, *, file: str | Path | None = None, tensor: str | None = None) -> None:
     """Validate ``doc`` against schema ``name``.
 
@@ -39,7 +50,7 @@ def validate_document(doc: Any, name: str, *, file: str | Path | None = None, te
     FormatError
         With the JSON path of the first violation.
     """
-    validator = jsonschema.Draft202012Validator(load_schema(name))
+    validator = jsonschema.Draft202012Validator(load_schema(name), registry=_registry())
     err = next(iter(sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))), None)
     if err is not None:
         path = "/".join(str(p) for p in err.absolute_path) or "(root)"

@@ -212,6 +212,7 @@ class TensorSpec:
     scheme: QuantScheme | None = None
     group_map: GroupMap | None = None
     act_order: bool = False
+    double_quant: str | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -239,7 +240,8 @@ def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpe
     gm = t.group_map
     return TensorSpec(t.name, "quantized", t.shape, tuple(stored), axes=t.axes, scheme=t.scheme,
                       group_map=GroupMap(gm.granularity, gm.axis, gm.group_size),
-                      act_order=gm.g_idx is not None)
+                      act_order=gm.g_idx is not None,
+                      double_quant=t.double_quant.kind if t.double_quant is not None else None)
 
 
 class Checkpoint:

@@ -70,7 +70,10 @@ def _outputs(t: QuantizedTensor) -> dict[str, np.ndarray]:
     out = {d["codes"]["tensor"]: codes_axis_map(t.axes, t.scheme.bits).to_stored(t.codes, t.axes),
         d["scales"]["tensor"]: np.ascontiguousarray(t.scales)}
     if t.zero_points is not None:
-        out[d["zero_points"]["tensor"]] = np.ascontiguousarray(t.zero_points)
+        zp = t.zero_points
+        if t.scheme.zero_point.value == "integer":
+            zp = zp.astype(t.scheme.code_dtype)
+        out[d["zero_points"]["tensor"]] = np.ascontiguousarray(zp)
     if t.group_map.g_idx is not None:
         out[d["g_idx"]["tensor"]] = np.ascontiguousarray(t.group_map.g_idx.astype(np.int32))
     if t.double_quant is not None:
@@ -86,12 +89,24 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
     spec = ckpt.spec(name)
     if spec.kind == "dense":
         return dense_plan(spec), None
-    # Output shapes depend only on the spec, except for optional arrays (double quant); materialise
-    # those tensors once to plan them exactly (small: only GGUF K-quants carry them).
-    t = ckpt[name]
-    arrays = _outputs(t)
-    outs = [(k, dtype_name(v.dtype), tuple(v.shape)) for k, v in arrays.items()]
-    return TensorPlan(name, outs, lambda t2: _outputs(t2)), descriptor(t)
+    if spec.double_quant is not None:
+        # Two-level scale arrays have format-specific shapes: materialise once to plan them exactly
+        # (only GGUF K-quants carry them).
+        t = ckpt[name]
+        arrays = _outputs(t)
+        outs = [(k, dtype_name(v.dtype), tuple(v.shape)) for k, v in arrays.items()]
+        return TensorPlan(name, outs, _outputs), descriptor(t)
+    d = descriptor(spec)
+    axes, s = tuple(spec.axes), spec.scheme
+    pshape = spec.group_map.param_shape(spec.shape, axes)
+    outs = [(d["codes"]["tensor"], "U32", codes_axis_map(axes, s.bits).stored_shape(dict(zip(axes, spec.shape)))),
+            (d["scales"]["tensor"], s.scale_dtype, pshape)]
+    if d["zero_points"]:
+        zdt = s.scale_dtype if s.zero_point.value == "float" else ("I8" if s.signed else "U8")
+        outs.append((d["zero_points"]["tensor"], zdt, pshape))
+    if d["g_idx"]:
+        outs.append((d["g_idx"]["tensor"], "I32", (spec.shape[axes.index(spec.group_map.axis)],)))
+    return TensorPlan(name, outs, _outputs), d
 
 
 def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str]]:

@@ -22,7 +22,7 @@ REAL_QUANT_FILES = (
     "minilm_gguf_Q8_0.gguf", "minilm_gguf_Q4_0.gguf", "minilm_gguf_Q4_1.gguf", "minilm_gguf_Q5_0.gguf",
     "minilm_llamacpp_Q4_K_M.gguf", "minilm_llamacpp_Q6_K.gguf",
 )
-REAL_PLAIN_FILES = ("minilm_gguf_F16.gguf", "minilm_gguf_BF16.gguf")  # no block types inside
+REAL_PLAIN_FILES = ("minilm_gguf_F16.gguf",)  # no block types inside
 REAL_FILES = REAL_QUANT_FILES + REAL_PLAIN_FILES
 # Byte offsets of the float16 d / dmin fields inside each K-quant block (ggml-common.h).
 KQUANT_F16_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}

@@ -1,0 +1,158 @@
+"""The ``qckpt`` command (click). Thin: parse options, call the library, render or print JSON.
+
+Bad input prints one line naming file, tensor and field (expected vs found) and exits with the
+status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows one).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from . import exit_codes, render
+from .errors import ConverterError
+
+
+def _handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        ctx = click.get_current_context()
+        try:
+            return fn(*args, **kwargs)
+        except ConverterError as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            click.echo(f"qckpt: error: {exc.render()}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("qckpt: interrupted; no partial output left", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
+    if as_json:
+        if schema:
+            from .schemas import validate_document
+            validate_document(doc, schema)
+        click.echo(render.dumps(doc))
+    else:
+        renderer(doc)
+
+
+@click.group(epilog=exit_codes.epilog(), context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show a traceback on errors.")
+@click.version_option(package_name="qckpt")
+def main(debug: bool) -> None:
+    """qckpt: read, convert, validate and audit quantized checkpoints through an explicit layout."""
+
+
+@main.command(epilog=exit_codes.epilog())
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/inspect.schema.json).")
+@_handle_errors
+def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
+    """Format, and each tensor's logical shape, storage, scheme and groups."""
+    from .formats.registry import load
+    from .ops.inspect import inspect as do_inspect
+    _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
+
+
+@main.command(epilog=exit_codes.epilog())
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--bits", type=click.IntRange(2, 8), required=True, help="Bits per code.")
+@click.option("--per-tensor", "granularity", flag_value="tensor", help="One scale per tensor.")
+@click.option("--per-channel", "granularity", flag_value="channel", help="One scale per output channel.")
+@click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
+@click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
+@click.option("--scale-dtype", type=click.Choice(["f16", "bf16", "f32"]), default="f16", show_default=True)
+@click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
+@click.option("--exclude", default=None, help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
+@_handle_errors
+def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include, exclude, overwrite, as_json):
+    """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
+    from .formats.native import write_native
+    from .formats.registry import load
+    from .io.atomic import check_not_inside
+    from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
+    if group_size is not None:
+        if granularity:
+            raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
+        granularity = "group"
+    if not granularity:
+        raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
+    check_not_inside(src, dst)
+    opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
+                           scale_dtype={"f16": "F16", "bf16": "BF16", "f32": "F32"}[scale_dtype],
+                           include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
+    ckpt, stats = quantize_checkpoint(load(src), opts)
+    write_native(ckpt, dst, overwrite=overwrite)
+    _emit(summarize(stats, opts, str(src), dst), as_json, render.render_quantize, "quantize-report")
+
+
+@main.command(epilog=exit_codes.epilog())
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--what-if", is_flag=True, help="Add the same tensors under other layouts (theoretical).")
+@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/audit.schema.json).")
+@_handle_errors
+def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
+    """Bytes by role, bits per weight, theoretical vs measured size."""
+    from .audit import audit as do_audit
+    from .formats.registry import load
+    _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
+
+
+@main.command(epilog=exit_codes.epilog())
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--dtype", type=click.Choice(["f32", "f16", "bf16"]), default="f32", show_default=True)
+@click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON.")
+@_handle_errors
+def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
+    """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
+    from .formats.plain import write_plain
+    from .formats.registry import load
+    from .io.atomic import check_not_inside
+    check_not_inside(src, dst)
+    ckpt = load(src)
+    res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
+    doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
+    if as_json:
+        click.echo(render.dumps(doc))
+    else:
+        click.echo(f"dequantized {res['tensors']} tensors from {ckpt.format} to {dtype}: {dst} ({', '.join(res['files'])})")
+
+
+@main.command(epilog=exit_codes.epilog())
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", "to", default=None, help="Target format (default: the source's).")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/convert-report.schema.json).")
+@_handle_errors
+def convert(src, dst, to, overwrite, report, as_json):
+    """Convert SRC into format --to at DST: an exact repack, proven by reading DST back."""
+    from .formats.registry import load
+    from .ops.convert import convert_exact
+    to = to or load(src).format
+    doc = convert_exact(src, dst, to, overwrite=overwrite)
+    if report:
+        from .io.atomic import atomic_output
+        with atomic_output(report, overwrite=True) as tmp:
+            Path(tmp).write_text(render.dumps(doc) + "\n")
+    _emit(doc, as_json, render.render_convert, "convert-report")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

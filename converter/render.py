@@ -1,0 +1,106 @@
+"""Human renderings of reports (rich tables) and JSON output."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _json_default(o: Any):
+    import numpy as np
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def dumps(doc: Any) -> str:
+    """Deterministic JSON (sorted keys; NaN/inf never emitted: callers use null)."""
+    return json.dumps(doc, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=False, width=160)
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "inf"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def render_inspect(doc: dict) -> None:
+    c = console()
+    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{doc['format']}[/bold]  "
+            f"tensors: {doc['n_tensors']} ({doc['n_quantized']} quantized)")
+    t = Table("tensor", "kind", "shape", "storage", "scheme", "groups")
+    for r in doc["tensors"]:
+        storage = ", ".join(f"{s['role']}:{s['dtype']}{s['shape']}" for s in r["stored"])
+        t.add_row(r["name"], r["kind"], "x".join(map(str, r["shape"])), storage,
+                  r.get("scheme_label") or r.get("dtype", ""), r.get("groups_label", ""))
+    c.print(t)
+
+
+def render_quantize(doc: dict) -> None:
+    c = console()
+    t = Table("tensor", "shape", "groups", "MSE", "max |err|", "SQNR dB", "scale range", "ideal x vs FP32",
+              "x with metadata", title=f"quantize -> {doc['destination']} (worst SQNR first)")
+    for r in doc["tensors"]:
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), r["groups"], fmt(r["mse"]), fmt(r["max_abs_error"]),
+                  fmt(r["sqnr_db"]) if not r["exact"] else "exact", f"{fmt(r['scale_min'])}..{fmt(r['scale_max'])}",
+                  fmt(r["ideal_compression_vs_fp32"]), fmt(r["compression_vs_fp32_with_metadata"]))
+    c.print(t)
+    o = doc["overall"]
+    c.print(f"overall: {o['quantized_tensors']} tensors, {o['quantized_weights']} weights, MSE {fmt(o['mse'])}, "
+            f"max |err| {fmt(o['max_abs_error'])}, ideal compression vs FP32 {fmt(o['ideal_compression_vs_fp32'])}x, "
+            f"with metadata (theoretical) {fmt(o['compression_vs_fp32_with_metadata'])}x")
+
+
+def render_audit(doc: dict) -> None:
+    c = console()
+    roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
+    t = Table("tensor", "shape", *roles, "bits/weight", "theoretical bytes", title=f"audit of {doc['path']} ({doc['format']})")
+    for r in doc["tensors"]:
+        th = r.get("theoretical")
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"][k]) for k in roles),
+                  fmt(r.get("bits_per_weight")), fmt(th["total_bytes"]) + " (theoretical)" if th else "-")
+    c.print(t)
+    tot = doc["totals"]
+    br = tot["bytes_by_role"]
+    c.print("bytes by role: " + ", ".join(f"{k} {v}" for k, v in br.items()))
+    c.print(f"accounted {tot['accounted_bytes']} bytes = file sizes {tot['file_bytes']} bytes; "
+            f"quantized weights {tot['quantized_weights']}, measured {fmt(tot['quantized_bits_per_weight'])} bits/weight; "
+            f"theoretical {fmt(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
+    wi = [r for r in doc["tensors"] if "what_if" in r]
+    if wi:
+        agg: dict[str, float] = {}
+        for r in wi:
+            for w in r["what_if"]:
+                agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
+        numel = sum(r["numel"] for r in wi)
+        t2 = Table("what-if layout (same bits)", "theoretical bytes", "bits/weight", title="what-if (theoretical)")
+        for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
+            t2.add_row(k, fmt(v, 8), fmt(8 * v / numel))
+        c.print(t2)
+
+
+def render_convert(doc: dict) -> None:
+    c = console()
+    t = Table("tensor", "mode", "codes identical", "scales identical", "max |diff|",
+              title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']}")
+    for r in doc["tensors"]:
+        t.add_row(r["name"], r["mode"], fmt(r.get("codes_identical")), fmt(r.get("scales_identical")),
+                  fmt(r.get("max_abs_diff")))
+    c.print(t)
+    s = doc["summary"]
+    c.print(f"{s['tensors']} tensors: {s['exact']} exact, {s['exact_up_to_rounding']} exact up to rounding, "
+            f"{s['changed']} changed")

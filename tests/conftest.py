@@ -1,0 +1,4 @@
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "sample_checkpoints"

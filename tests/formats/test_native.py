@@ -1,0 +1,87 @@
+"""Native format: read -> write -> read is bit-exact; the descriptor validates against the schema."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import converter
+from converter import DenseTensor, GroupMap, QuantScheme, ZeroPoint
+from converter.errors import ConverterError, FormatError
+from converter.formats.safetensors_io import read_header
+from converter.quant.quantize import quantize
+from converter.schemas import validate_document
+from converter.tensor import Checkpoint
+
+RNG = np.random.default_rng(7)
+
+
+def _ckpt():
+    tensors = [
+        quantize(RNG.standard_normal((7, 20)).astype(np.float32), QuantScheme(3, False, ZeroPoint.INTEGER, "BF16"),
+                 GroupMap.per_group(8), name="a.weight"),
+        quantize(RNG.standard_normal((5, 12)).astype(np.float32), QuantScheme(4, True), GroupMap.per_group(
+            4, g_idx=np.array([2, 0, 1] * 4)), name="b.weight"),
+        quantize(RNG.standard_normal((3, 33)).astype(np.float32), QuantScheme(5, False, ZeroPoint.FLOAT, "F32"),
+                 GroupMap.per_channel("out"), name="c.weight"),
+        quantize(RNG.standard_normal((2, 3, 16)).astype(np.float32), QuantScheme(8, True, scale_dtype="F32"),
+                 GroupMap.per_tensor(), name="experts.weight", axes=("expert", "out", "in")),
+        DenseTensor("a.bias", RNG.standard_normal(7).astype(ml_dtypes.bfloat16)),
+    ]
+    return Checkpoint.from_tensors(tensors)
+
+
+def test_round_trip_bit_exact(tmp_path):
+    ck = _ckpt()
+    p = tmp_path / "m.safetensors"
+    converter.save(ck, p, format="native")
+    back = converter.load(p)
+    assert back.format == "native" and sorted(back.names()) == sorted(ck.names())
+    for name in ck.names():
+        a, b = ck[name], back[name]
+        if isinstance(a, DenseTensor):
+            assert a.data.dtype == b.data.dtype and np.array_equal(a.data.view(np.uint16), b.data.view(np.uint16))
+            continue
+        np.testing.assert_array_equal(a.codes, b.codes)
+        assert a.scales.dtype == b.scales.dtype
+        np.testing.assert_array_equal(a.scales.astype(np.float32), b.scales.astype(np.float32))
+        assert a.scheme == b.scheme and a.axes == b.axes
+        np.testing.assert_array_equal(a.dequantize(), b.dequantize())
+    # the same input written twice gives byte-identical files (deterministic header)
+    p2, p3 = tmp_path / "m2.safetensors", tmp_path / "m3.safetensors"
+    converter.save(back, p2, format="native")
+    converter.save(converter.load(p), p3, format="native")
+    assert p2.read_bytes() == p3.read_bytes()
+
+
+def test_descriptors_validate_against_schema(tmp_path):
+    p = tmp_path / "m.safetensors"
+    converter.save(_ckpt(), p, format="native")
+    meta = read_header(p).metadata
+    keys = [k for k in meta if k.startswith("qckpt.layout.")]
+    assert len(keys) == 4
+    for k in keys:
+        validate_document(json.loads(meta[k]), "layout")
+    d = json.loads(meta["qckpt.layout.b.weight"])
+    assert d["group_map"] == {"granularity": "group", "axis": "in", "group_size": 4, "g_idx": True,
+                              "n_groups": 3, "partial_tail": 0}
+    assert d["codes"]["packed_axis"] == "in" and d["codes"]["container"] == "U32"
+
+
+def test_bad_descriptor_is_a_typed_error(tmp_path):
+    from converter.formats.safetensors_io import write_safetensors
+    p = tmp_path / "bad.safetensors"
+    write_safetensors(p, {"w.qcodes": np.zeros((2, 1), np.uint32), "w.scales": np.ones((2, 1), np.float16)},
+                      {"qckpt.format": "native", "qckpt.version": "1", "qckpt.layout.w": json.dumps({"schema": "x"})})
+    with pytest.raises(FormatError, match="layout.schema.json") as e:
+        converter.load(p)
+    assert "'w'" in str(e.value)
+
+
+def test_existing_destination_untouched(tmp_path):
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(b"keep me")
+    with pytest.raises(ConverterError, match="exists"):
+        converter.save(_ckpt(), p, format="native")
+    assert p.read_bytes() == b"keep me"
