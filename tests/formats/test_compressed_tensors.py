@@ -332,3 +332,18 @@ def test_ignored_module_with_quantized_tensors(tmp_path):
     qc["ignore"] = ["re:.*l$"]
     with pytest.raises(FormatError, match="no config group"):
         load(_good(tmp_path, qc=qc))
+
+
+@pytest.mark.parametrize("fmt", ["pack-quantized", "int-quantized"])
+@pytest.mark.parametrize("zp", [ZeroPoint.NONE, ZeroPoint.INTEGER])
+def test_tensor_strategy_round_trip(tmp_path, fmt, zp):
+    x = np.random.default_rng(5).normal(size=(5, 12)).astype(np.float32) + 0.2
+    t = quantize(x, QuantScheme(8, signed=True, zero_point=zp, scale_dtype="BF16"), GroupMap.per_tensor(), name="l.weight")
+    CT.write(Checkpoint.from_tensors([t]), tmp_path / "w", ct_format=fmt)
+    arrays = load_file(str(tmp_path / "w" / "model.safetensors")) if zp is ZeroPoint.NONE else None
+    back = load(tmp_path / "w")["l.weight"]
+    _same(t, back)
+    qc = json.loads((tmp_path / "w" / "config.json").read_text())["quantization_config"]
+    assert qc["config_groups"]["group_0"]["weights"]["strategy"] == "tensor"
+    if arrays is not None:
+        assert arrays["l.weight_scale"].shape == (1,)
