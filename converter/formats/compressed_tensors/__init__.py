@@ -1,0 +1,20 @@
+"""compressed-tensors (Neural Magic / vLLM, ``quant_method: "compressed-tensors"``): reader and writer.
+
+- :mod:`.config`: parse / emit ``quantization_config`` (groups, targets, ignore, version).
+- :mod:`.reader`: ``pack-quantized`` (dense >= 0.18 and padded <= 0.17 packing), ``int-quantized``,
+  ``naive-quantized``; signed codes, ``s * (q - zp)``.
+- :mod:`.writer`: the same formats, config keys exactly as compressed-tensors 0.20.1 writes them.
+
+FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.
+"""
+
+from __future__ import annotations
+
+from ..registry import FormatHandler, register
+from .config import parse_config  # noqa: F401
+from .reader import detect_ct, read_ct
+from .writer import check_target, write_ct
+
+HANDLER = register(FormatHandler("compressed-tensors",
+                                 "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",
+                                 detect_ct, read_ct, write_ct, check_target=check_target))

@@ -1,0 +1,250 @@
+"""compressed-tensors ``quantization_config``: parse it into typed weight arguments, and emit it.
+
+The reader trusts nothing in the config until it is parsed here; everything downstream gets
+:class:`WeightArgs` (bits, symmetric, strategy, group size, act-order) and :class:`ConfigGroup`
+(targets, format). FORMATS.md section 3.1; sources:
+``compressed_tensors/quantization/quant_config.py`` ``QuantizationConfig``,
+``quantization/quant_args.py`` ``QuantizationArgs`` (``validate_model_after`` strategy inference),
+``config/base.py`` ``CompressionFormat``, ``utils/match.py`` (``re:`` targets, module names).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ...errors import FormatError, UnsupportedError
+
+QUANT_METHOD = "compressed-tensors"
+#: Formats this module reads and writes.
+READ_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+#: Formats that are valid compressed-tensors but not read here (honest refusal).
+REFUSED_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
+                   "mxfp8-quantized", "marlin-24", "sparse-bitmask", "sparse-24-bitmask")
+KNOWN_FORMATS = READ_FORMATS + REFUSED_FORMATS + ("dense", "mixed-precision")
+STRATEGIES = ("tensor", "channel", "group")
+#: Version written by default (the one that made sample_checkpoints/ct_*).
+DEFAULT_VERSION = "0.20.1"
+#: First version with dense (stream) packing of 3/5/6/7-bit codes (PR #732; FORMATS.md section 3.4).
+DENSE_SINCE = (0, 18)
+#: Last version family that stored ``weight_g_idx`` for ``actorder: "group"`` (FORMATS.md section 3.2).
+G_IDX_UNTIL = (0, 12)
+ACTORDER_MSG = "actorder requires strategy=group and a g_idx of length I"
+
+
+def parse_version(text: Any) -> tuple[int, ...] | None:
+    """``"0.20.1"`` -> ``(0, 20, 1)``; ``"0.9.4.dev3"`` -> ``(0, 9, 4)``; None when absent/unparsable."""
+    if not isinstance(text, str):
+        return None
+    m = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not m:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def packing_for(version: tuple[int, ...] | None, bits: int) -> str | None:
+    """Packing layout of ``pack_to_int32`` for ``bits`` under a package version.
+
+    ``"stream"`` (dense, >= 0.18) or ``"padded"`` (``32 // bits`` per word, <= 0.17). Widths that
+    divide 32 pack identically either way (``"stream"``). ``None`` when the version is unknown and
+    the layouts differ (the caller decides from the shape, FORMATS.md pitfall 8).
+    """
+    if 32 % bits == 0:
+        return "stream"
+    if version is None:
+        return None
+    return "stream" if version[:2] >= DENSE_SINCE else "padded"
+
+
+@dataclass(frozen=True)
+class WeightArgs:
+    """The ``weights`` arguments of one config group (integer weights only).
+
+    Attributes
+    ----------
+    bits : int (1..8); symmetric : bool
+    strategy : ``"tensor" | "channel" | "group"``
+    group_size : int or None (group strategy only)
+    actorder : str or None (``"group"``, ``"weight"``, ``"static"``, ``"dynamic"``; ``True`` -> ``"group"``)
+    """
+
+    bits: int
+    symmetric: bool
+    strategy: str
+    group_size: int | None
+    actorder: str | None = None
+
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    """One entry of ``config_groups``: targets and the weight arguments (None: weights unquantized)."""
+
+    name: str
+    targets: tuple[str, ...]
+    weights: WeightArgs | None
+    format: str | None
+
+
+@dataclass(frozen=True)
+class CTConfig:
+    """A parsed ``quantization_config``."""
+
+    format: str | None
+    version: str | None
+    groups: tuple[ConfigGroup, ...]
+    ignore: tuple[str, ...]
+    raw: Mapping[str, Any]
+
+    @property
+    def version_tuple(self) -> tuple[int, ...] | None:
+        return parse_version(self.version)
+
+    def group_for(self, module: str) -> ConfigGroup | None:
+        """The first config group whose targets match ``module`` (None when ignored / unmatched).
+
+        A target is ``"Linear"`` (class name: any module holding a 2-D weight qualifies, as class
+        names are not in the file), ``"re:<regex>"`` (``re.match`` on the module name) or a module
+        name (exact, or as a dotted suffix).
+        """
+        if any(_matches(p, module) for p in self.ignore):
+            return None
+        for g in self.groups:
+            if any(_matches(t, module, class_ok=True) for t in g.targets):
+                return g
+        return None
+
+
+def _matches(pattern: str, module: str, *, class_ok: bool = False) -> bool:
+    if pattern.startswith("re:"):
+        try:
+            return re.match(pattern[3:], module) is not None
+        except re.error:
+            return False
+    if class_ok and pattern == "Linear":
+        return True
+    return module == pattern or module.endswith("." + pattern)
+
+
+def _weight_args(obj: Any, *, file: Any, field: str) -> WeightArgs:
+    if not isinstance(obj, Mapping):
+        raise FormatError("weights arguments must be an object", file=file, field=field, found=type(obj).__name__)
+    qtype = obj.get("type", "int")
+    bits = obj.get("num_bits", 8)
+    if qtype != "int":
+        raise UnsupportedError(f"{qtype} weight quantization is not read by the compressed-tensors reader",
+                               file=file, field=field + ".type", expected="int", found=qtype)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise FormatError("num_bits must be an integer in 1..8", file=file, field=field + ".num_bits",
+                          expected="1..8", found=bits)
+    gs = obj.get("group_size")
+    strategy = obj.get("strategy")
+    if strategy is None:  # QuantizationArgs.validate_model_after
+        strategy = "tensor" if gs is None else ("channel" if gs == -1 else "group")
+    if strategy in ("block", "tensor_group", "token", "attn_head"):
+        raise UnsupportedError(f"strategy {strategy!r} is not supported for weights", file=file,
+                               field=field + ".strategy", expected=list(STRATEGIES), found=strategy)
+    if strategy not in STRATEGIES:
+        raise FormatError("unknown strategy", file=file, field=field + ".strategy", expected=list(STRATEGIES),
+                          found=strategy)
+    if strategy == "group":
+        if isinstance(gs, bool) or not isinstance(gs, int) or gs < 1:
+            raise FormatError("group strategy needs a positive group_size", file=file,
+                              field=field + ".group_size", expected=">= 1", found=gs)
+    else:
+        gs = None
+    actorder = obj.get("actorder")
+    if actorder is True:
+        actorder = "group"
+    if actorder is False:
+        actorder = None
+    if actorder is not None and strategy != "group":  # CASES.md B12
+        raise FormatError(ACTORDER_MSG, file=file, field=field + ".actorder", expected="null for strategy "
+                          f"{strategy!r}", found=actorder, hint="remove actorder (act-order has no meaning "
+                          "without groups; llm-compressor PR #1815)")
+    symmetric = obj.get("symmetric", True)
+    if not isinstance(symmetric, bool):
+        raise FormatError("symmetric must be a boolean", file=file, field=field + ".symmetric", found=symmetric)
+    return WeightArgs(bits=bits, symmetric=symmetric, strategy=strategy, group_size=gs, actorder=actorder)
+
+
+def _check_format(fmt: Any, *, file: Any, field: str) -> None:
+    if fmt is None:
+        return
+    if fmt not in KNOWN_FORMATS:
+        raise FormatError("unknown compressed-tensors format", file=file, field=field,
+                          expected=list(KNOWN_FORMATS), found=fmt)
+    if fmt in REFUSED_FORMATS:
+        raise UnsupportedError(f"compressed-tensors format {fmt!r} is not supported", file=file, field=field,
+                               expected=list(READ_FORMATS), found=fmt)
+
+
+def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
+    """Parse and validate a compressed-tensors ``quantization_config``.
+
+    Raises
+    ------
+    FormatError
+        Not compressed-tensors, malformed groups, actorder on a non-group strategy (B12).
+    UnsupportedError
+        A format or strategy this reader does not decode (named in the message).
+    """
+    if not isinstance(qc, Mapping) or qc.get("quant_method") != QUANT_METHOD:
+        raise FormatError("not a compressed-tensors quantization_config", file=file,
+                          field="quantization_config.quant_method", expected=QUANT_METHOD,
+                          found=qc.get("quant_method") if isinstance(qc, Mapping) else qc)
+    fmt = qc.get("format")
+    _check_format(fmt, file=file, field="quantization_config.format")
+    status = qc.get("quantization_status")
+    if status not in (None, "compressed"):
+        raise UnsupportedError("only compressed checkpoints are read", file=file,
+                               field="quantization_config.quantization_status", expected="compressed", found=status)
+    if qc.get("sparsity_config") and qc["sparsity_config"].get("format") not in (None, "dense"):
+        raise UnsupportedError("sparse compressed-tensors checkpoints are not supported", file=file,
+                               field="quantization_config.sparsity_config.format", found=qc["sparsity_config"]["format"])
+    groups_obj = qc.get("config_groups") or {}
+    if not isinstance(groups_obj, Mapping):
+        raise FormatError("config_groups must be an object", file=file, field="quantization_config.config_groups")
+    groups = []
+    for gname, g in groups_obj.items():
+        field = f"quantization_config.config_groups.{gname}"
+        if not isinstance(g, Mapping):
+            raise FormatError("config group must be an object", file=file, field=field)
+        targets = g.get("targets") or []
+        if isinstance(targets, str):
+            targets = [targets]
+        gfmt = g.get("format")
+        _check_format(gfmt, file=file, field=field + ".format")
+        w = g.get("weights")
+        groups.append(ConfigGroup(gname, tuple(targets),
+                                  _weight_args(w, file=file, field=field + ".weights") if w else None,
+                                  gfmt if gfmt is not None else fmt))
+    ignore = qc.get("ignore") or []
+    if isinstance(ignore, str):
+        ignore = [ignore]
+    return CTConfig(format=fmt, version=qc.get("version"), groups=tuple(groups), ignore=tuple(ignore), raw=qc)
+
+
+# -- emit -----------------------------------------------------------------------------------------
+def weights_json(args: WeightArgs) -> dict[str, Any]:
+    """``weights`` object with exactly the keys compressed-tensors 0.20.1 writes (sample_checkpoints/ct_*)."""
+    obj: dict[str, Any] = {"dynamic": False, "group_size": args.group_size, "num_bits": args.bits,
+                           "strategy": args.strategy, "symmetric": args.symmetric, "type": "int"}
+    if args.actorder is not None:
+        obj["actorder"] = args.actorder
+    return obj
+
+
+def emit_config(groups: Sequence[tuple[WeightArgs, Sequence[str]]], *, fmt: str, version: str,
+                ignore: Sequence[str]) -> dict[str, Any]:
+    """A ``quantization_config`` as ``ModelCompressor.update_config`` writes it (0.20.1 key set).
+
+    ``groups`` pairs each weight-args set with its targets (``["Linear"]`` when one set covers
+    every quantized module; module names otherwise).
+    """
+    cg = {f"group_{i}": {"format": fmt, "input_activations": None, "output_activations": None,
+                         "targets": list(targets), "weights": weights_json(args)}
+          for i, (args, targets) in enumerate(groups)}
+    return {"config_groups": cg, "format": fmt, "global_compression_ratio": None, "ignore": list(ignore),
+            "kv_cache_scheme": None, "moe_sparsity_config": None, "quant_method": QUANT_METHOD,
+            "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {}, "version": version}

@@ -1,0 +1,229 @@
+"""Write compressed-tensors ``pack-quantized`` (default) or ``int-quantized`` / ``naive-quantized``.
+
+Output follows what compressed-tensors 0.20.1 ``ModelCompressor.compress_model`` wrote for
+sample_checkpoints/ct_*: arrays ``weight_packed`` (int32, ``q + 2^(b-1)`` LSB-first along ``in``),
+``weight_scale`` (``[O, nG]`` / ``[O, 1]`` / ``[1]``, scale dtype kept), ``weight_shape`` (int64
+``[O, I]``), asymmetric ``weight_zero_point`` (int32 packed along ``out`` for group/channel, int8
+``[1]`` for tensor); ``config.json`` gets the ``quantization_config`` of
+:func:`~converter.formats.compressed_tensors.config.emit_config`.
+
+Options
+-------
+ct_version : str, default ``"0.20.1"``
+    Version written to the config. Below 0.18, 3/5/6/7-bit codes use the padded ``32 // b`` layout
+    (FORMATS.md section 3.4). At or below 0.12, a non-trivial act-order ``g_idx`` is written as
+    ``weight_g_idx`` with ``actorder: "group"``; newer versions cannot hold it.
+ct_format : ``"pack-quantized"`` (default), ``"int-quantized"`` or ``"naive-quantized"``
+    The latter two store int8 ``weight`` ``[O, I]`` and unpacked int8 zero points.
+
+Unsigned-code schemes (GPTQ, AWQ, MLX, GGUF legacy) are re-expressed exactly as signed codes
+(``recode.as_signed``); float biases must be ``-z * s`` with an integer ``z`` (``recode.as_integer_zero``),
+else :class:`~converter.errors.NotRepresentableError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import FormatError, NotRepresentableError
+from ...groups import Granularity
+from ...layout import IN, OUT
+from ...quant.packing import packed_length
+from ...scheme import ZeroPoint
+from ...tensor import Checkpoint, QuantizedTensor, TensorSpec
+from ..plan import TensorPlan, dense_plan, write_model_dir
+from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
+from .reader import AXES, codes_map, zero_map
+
+
+def _recode():
+    """``as_signed`` / ``as_integer_zero`` from converter.quant.recode, or the local fallback."""
+    try:
+        from ...quant import recode  # type: ignore[attr-defined]
+        return recode.as_signed, recode.as_integer_zero
+    except ImportError:  # recode not merged yet: minimal exact equivalents (same contracts)
+        from . import _recode_fallback as fb
+        return fb.as_signed, fb.as_integer_zero
+
+
+def _options(ct_version: str | None, ct_format: str | None) -> tuple[str, tuple[int, ...], str]:
+    version = ct_version or DEFAULT_VERSION
+    vt = parse_version(version)
+    if vt is None:
+        raise FormatError("ct_version is not a version string", field="ct_version", expected="e.g. 0.20.1",
+                          found=ct_version)
+    fmt = ct_format or "pack-quantized"
+    if fmt not in READ_FORMATS:
+        raise FormatError("unsupported ct_format", field="ct_format", expected=list(READ_FORMATS), found=fmt)
+    return version, vt, fmt
+
+
+def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: str | None = None) -> str | None:
+    """``None`` when ``spec`` can be written exactly as compressed-tensors, else the reason.
+
+    Float-bias schemes pass here and are checked per value at write time (an integer ``-bias/scale``
+    is exact; anything else raises NotRepresentableError).
+    """
+    if spec.kind != "quantized":
+        return None
+    s, gm = spec.scheme, spec.group_map
+    if s.codebook is not None:
+        return "compressed-tensors int formats have no codebook (NF4/FP4 need requantization)"
+    if s.bits > 8:
+        return f"{s.bits}-bit codes exceed compressed-tensors int (1..8 bits)"
+    if s.scale_dtype not in ("F16", "BF16", "F32"):
+        return f"scale dtype {s.scale_dtype} is not an int-format weight_scale dtype (F16/BF16/F32)"
+    if tuple(spec.axes) != AXES:
+        return f"axes {list(spec.axes)}: only 2-D [out, in] weights are written"
+    if gm.granularity is Granularity.FLAT_BLOCK:
+        return "flat blocks (bitsandbytes) straddle rows; compressed-tensors groups run along in"
+    if gm.granularity is Granularity.CHANNEL and gm.axis != OUT:
+        return "per-column (channel along in) scales have no compressed-tensors strategy"
+    if gm.granularity is Granularity.GROUP and gm.axis != IN:
+        return "groups along out have no compressed-tensors strategy"
+    if spec.act_order:
+        try:
+            _, vt, _ = _options(ct_version, ct_format)
+        except FormatError as exc:
+            return str(exc)
+        if vt[:2] > G_IDX_UNTIL:
+            return ("act-order g_idx: compressed-tensors >= 0.13 stores no weight_g_idx (0.20 rejects "
+                    "actorder=group); write with ct_version='0.12.2' or requantize")
+    return None
+
+
+def _args_of(t: QuantizedTensor | TensorSpec, g_idx: bool) -> WeightArgs:
+    gm = t.group_map
+    strategy = {Granularity.TENSOR: "tensor", Granularity.CHANNEL: "channel", Granularity.GROUP: "group"}[gm.granularity]
+    return WeightArgs(bits=t.scheme.bits, symmetric=t.scheme.zero_point is ZeroPoint.NONE, strategy=strategy,
+                      group_size=gm.group_size if strategy == "group" else None,
+                      actorder="group" if g_idx else None)
+
+
+def to_ct(t: QuantizedTensor) -> QuantizedTensor:
+    """Exact re-expression of ``t`` as signed codes with no or integer zero points."""
+    as_signed, as_integer_zero = _recode()
+    if t.scheme.zero_point is ZeroPoint.FLOAT:
+        t = as_integer_zero(t)
+    return as_signed(t)
+
+
+def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> dict:
+    """Stored arrays of one module (names ``<prefix>.weight_*``)."""
+    t = to_ct(t)
+    b = t.scheme.bits
+    off = 1 << (b - 1)
+    o, i = t.shape
+    pshape = t.group_map.param_shape(t.shape, t.axes)
+    strategy = t.group_map.granularity
+    out: dict[str, np.ndarray] = {}
+    if fmt == "pack-quantized":
+        u = (t.codes.astype(np.int16) + off).astype(np.uint8)
+        out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).to_stored(u, AXES)
+    else:
+        out[prefix + ".weight"] = np.ascontiguousarray(t.codes.astype(np.int8))
+    scales = np.ascontiguousarray(t.scales)
+    out[prefix + ".weight_scale"] = scales.reshape(1) if strategy is Granularity.TENSOR else scales
+    if fmt == "pack-quantized":
+        out[prefix + ".weight_shape"] = np.array([o, i], dtype=np.int64)
+    if t.zero_points is not None:
+        z = t.zero_points.astype(np.int16)
+        if fmt == "pack-quantized" and strategy is not Granularity.TENSOR:
+            zu = (z + off).astype(np.uint8)
+            out[prefix + ".weight_zero_point"] = zero_map(b, packing_for(version, b)).to_stored(zu, AXES)
+        else:
+            zz = z.astype(np.int8)
+            out[prefix + ".weight_zero_point"] = zz.reshape(1) if strategy is Granularity.TENSOR else zz
+    if keep_g_idx:  # legacy (<= 0.12) actorder=group; -1 = "not initialised", i.e. column order
+        g = t.group_map.g_idx
+        out[prefix + ".weight_g_idx"] = (np.full(i, -1, dtype=np.int32) if g is None
+                                         else np.ascontiguousarray(g.astype(np.int32)))
+    return out
+
+
+def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> list:
+    """(name, dtype, shape) of every array :func:`encode` returns, from the spec alone."""
+    s, gm = spec.scheme, spec.group_map
+    o, i = spec.shape
+    b = s.bits
+    pshape = gm.param_shape(spec.shape, spec.axes)
+    tensor = gm.granularity is Granularity.TENSOR
+    outs = []
+    if fmt == "pack-quantized":
+        outs.append((prefix + ".weight_packed", "I32", (o, packed_length(i, b, layout=packing_for(version, b)))))
+    else:
+        outs.append((prefix + ".weight", "I8", (o, i)))
+    outs.append((prefix + ".weight_scale", s.scale_dtype, (1,) if tensor else tuple(pshape)))
+    if fmt == "pack-quantized":
+        outs.append((prefix + ".weight_shape", "I64", (2,)))
+    if s.zero_point is not ZeroPoint.NONE:
+        if fmt == "pack-quantized" and not tensor:
+            outs.append((prefix + ".weight_zero_point", "I32",
+                         (packed_length(o, b, layout=packing_for(version, b)), pshape[1])))
+        else:
+            outs.append((prefix + ".weight_zero_point", "I8", (1,) if tensor else tuple(pshape)))
+    if keep_g_idx:
+        outs.append((prefix + ".weight_g_idx", "I32", (i,)))
+    return outs
+
+
+def _module(name: str) -> str:
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version: str | None = None,
+             ct_format: str | None = None, max_shard_bytes: int | None = None, **_: Any) -> dict:
+    """Write ``ckpt`` as a compressed-tensors model directory (atomically).
+
+    Raises
+    ------
+    NotRepresentableError
+        A tensor :func:`check_target` refuses, or a float bias that is not an integer zero.
+    FormatError
+        Bad options.
+    """
+    version, vt, fmt = _options(ct_version, ct_format)
+    plans: list[TensorPlan] = []
+    by_args: dict[WeightArgs, list[str]] = {}
+    ignore: list[str] = []
+    notes: dict[str, list[str]] = {}
+    for spec in ckpt.specs():
+        if spec.kind == "dense":
+            plans.append(dense_plan(spec))
+            if spec.name.endswith(".weight") and len(spec.shape) == 2:
+                ignore.append(_module(spec.name))  # a Linear-like weight left unquantized
+            continue
+        reason = check_target(spec, ct_version=version, ct_format=fmt)
+        if reason:
+            raise NotRepresentableError(f"cannot write as compressed-tensors: {reason}", tensor=spec.name,
+                                        field="scheme", hint="requantize to an int scheme first")
+        if not spec.name.endswith(".weight"):
+            raise NotRepresentableError("compressed-tensors stores quantized weights as <module>.weight_*",
+                                        tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
+        prefix = _module(spec.name)
+        keep = bool(spec.act_order) and vt[:2] <= G_IDX_UNTIL
+        by_args.setdefault(_args_of(spec, keep), []).append(prefix)
+        mnotes = []
+        if spec.group_map.granularity is Granularity.GROUP and spec.shape[1] % spec.group_map.group_size:
+            mnotes.append("partial final group: compressed-tensors >= 0.20 kernels require I % G == 0")
+        if not spec.scheme.signed:
+            mnotes.append("unsigned codes re-expressed as signed (q - 2^(b-1)), exact")
+        notes[spec.name] = mnotes
+
+        def enc(t, prefix=prefix, keep=keep):
+            return encode(t, prefix, fmt=fmt, version=vt, keep_g_idx=keep)
+        plans.append(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes))
+    if len(by_args) == 1:
+        groups = [(next(iter(by_args)), ["Linear"])]
+    else:
+        groups = [(a, sorted(mods)) for a, mods in sorted(by_args.items(), key=lambda kv: kv[1][0])]
+    qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore))
+    config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
+    config["quantization_config"] = qc
+    summary = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
+                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    summary["notes"] = {k: v for k, v in notes.items() if v}
+    return summary
