@@ -1,3 +1,5 @@
 """Imports every built-in format module so each registers itself (one line per format)."""
 
-from . import compressed_tensors, native, plain  # noqa: F401
+from . import native, plain  # noqa: F401
+from . import compressed_tensors  # noqa: F401
+from . import awq  # noqa: F401
