@@ -49,10 +49,7 @@ from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
-try:  # exact scheme re-expressions shared by every writer (converter/quant/recode.py)
-    from ..quant.recode import as_integer_zero, as_unsigned
-except ImportError:  # pragma: no cover - until recode lands on main; see _local_* below
-    as_integer_zero = as_unsigned = None  # type: ignore[assignment]
+from ..quant.recode import as_integer_zero, as_unsigned
 
 FORMAT = "awq"
 BITS = 4
@@ -444,12 +441,10 @@ def _group_size_for(ckpt: Checkpoint) -> int:
 
 def _unsigned_integer(t: QuantizedTensor) -> QuantizedTensor:
     """Re-express ``t`` exactly as unsigned codes with integer zero points (AWQ's model)."""
-    to_unsigned = as_unsigned or _local_as_unsigned
-    to_integer = as_integer_zero or _local_as_integer_zero
     if t.scheme.signed:
-        t = to_unsigned(t)
+        t = as_unsigned(t)
     if t.scheme.zero_point is not ZeroPoint.INTEGER:
-        t = to_integer(t)
+        t = as_integer_zero(t)
     return t
 
 
@@ -569,49 +564,6 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
                               extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     summary["notes"] = {p.source: p.notes for p in plans if p.notes}
     return summary
-
-
-# -- local stand-ins for converter.quant.recode (used only until it lands on main) --------------
-def _local_as_unsigned(t: QuantizedTensor) -> QuantizedTensor:
-    """Signed codes -> unsigned: ``q + 2^(b-1)``, integer zero ``z + 2^(b-1)`` (values unchanged)."""
-    shift = 1 << (t.scheme.bits - 1)
-    codes = (t.codes.astype(np.int16) + shift).astype(np.uint8)
-    zp = t.zero_points
-    if t.scheme.zero_point is ZeroPoint.INTEGER:
-        zp = (zp.astype(np.int16) + shift).astype(np.int16)
-    elif t.scheme.zero_point is ZeroPoint.FLOAT:  # s*q + b = s*(q+8) + (b - 8s): not exact in general
-        zp = _local_float_shift(t, shift)
-    return t.replace(codes=codes, zero_points=zp, scheme=t.scheme.replace(signed=False))
-
-
-def _local_float_shift(t: QuantizedTensor, shift: int) -> np.ndarray:
-    bias = t.zero_points.astype(np.float32) - np.float32(shift) * t.scales.astype(np.float32)
-    cast = bias.astype(t.scales.dtype)
-    if not np.array_equal(cast.astype(np.float32), bias):
-        raise NotRepresentableError("shifting signed codes changes the float bias inexactly", tensor=t.name,
-                                    field="zero_points")
-    return cast
-
-
-def _local_as_integer_zero(t: QuantizedTensor) -> QuantizedTensor:
-    """NONE -> explicit integer zero = centre; FLOAT bias -> ``z = -bias/scale`` when an exact in-range integer."""
-    s = t.scheme
-    if s.zero_point is ZeroPoint.NONE:
-        zp = np.full(t.scales.shape, s.center, dtype=np.int16)
-    elif s.zero_point is ZeroPoint.FLOAT:
-        sc = t.scales.astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = -t.zero_points.astype(np.float32) / sc
-        zi = np.rint(z)
-        ok = np.isfinite(z) & (zi == z) & (zi >= s.qmin) & (zi <= s.qmax)
-        if not ok.all():
-            raise NotRepresentableError("float bias is not an exact integer zero point", tensor=t.name,
-                                        field="zero_points", expected="-bias/scale integer in code range",
-                                        found=f"{int((~ok).sum())} groups", hint="requantize")
-        zp = zi.astype(np.int16)
-    else:
-        return t
-    return t.replace(zero_points=zp, scheme=s.replace(zero_point=ZeroPoint.INTEGER))
 
 
 HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM", detect_awq, read_awq, write_awq,

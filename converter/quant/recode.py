@@ -30,6 +30,12 @@ def as_unsigned(t):
     zp = t.zero_points
     if s.zero_point is ZeroPoint.INTEGER:
         zp = (zp.astype(np.int16) + off).astype(np.uint8)
+    elif s.zero_point is ZeroPoint.FLOAT:  # s*q + b = s*(q + off) + (b - off*s): exact only if the cast is
+        b32 = zp.astype(np.float32) - np.float32(off) * t.scales.astype(np.float32)
+        zp = b32.astype(zp.dtype)
+        if not np.array_equal(zp.astype(np.float32), b32):
+            raise NotRepresentableError("shifting signed codes changes the float bias inexactly", tensor=t.name,
+                                        field="zero_points", hint="requantize to an unsigned scheme")
     return t.replace(codes=codes, zero_points=zp, scheme=s.replace(signed=False))
 
 

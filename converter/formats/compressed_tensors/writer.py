@@ -40,13 +40,9 @@ from .reader import AXES, codes_map, zero_map
 
 
 def _recode():
-    """``as_signed`` / ``as_integer_zero`` from converter.quant.recode, or the local fallback."""
-    try:
-        from ...quant import recode  # type: ignore[attr-defined]
-        return recode.as_signed, recode.as_integer_zero
-    except ImportError:  # recode not merged yet: minimal exact equivalents (same contracts)
-        from . import _recode_fallback as fb
-        return fb.as_signed, fb.as_integer_zero
+    """``as_signed`` / ``as_integer_zero`` (converter.quant.recode)."""
+    from ...quant import recode
+    return recode.as_signed, recode.as_integer_zero
 
 
 def _options(ct_version: str | None, ct_format: str | None) -> tuple[str, tuple[int, ...], str]:
