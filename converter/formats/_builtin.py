@@ -1,3 +1,5 @@
 """Imports every built-in format module so each registers itself (one line per format)."""
 
 from . import native, plain  # noqa: F401
+from . import mlx  # noqa: F401
+from . import bnb  # noqa: F401
