@@ -3,3 +3,5 @@
 from . import native, plain  # noqa: F401
 from . import compressed_tensors  # noqa: F401
 from . import awq  # noqa: F401
+from . import mlx  # noqa: F401
+from . import bnb  # noqa: F401
