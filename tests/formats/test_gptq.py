@@ -496,3 +496,19 @@ def test_dynamic_override_per_module(tmp_path):
     ck = load(d)
     assert ck["a.weight"].scheme.bits == 4 and ck["b.weight"].scheme.bits == 8
     assert ck["b.weight"].dequantize().tolist() == [[36.0] * 4, [18.0] * 4]
+
+
+def test_sharded_write_and_extra_files_round_trip(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("config.json", "quantize_config.json", "model.safetensors"):
+        (src / f).write_bytes((SAMPLES / "gptq_w4_g128_sym" / f).read_bytes())
+    (src / "tokenizer.json").write_text("{}")
+    ck = load(src)
+    res = get("gptq").write(ck, tmp_path / "sh", max_shard_bytes=200_000)
+    assert "model.safetensors.index.json" in res["files"] and "tokenizer.json" in res["files"]
+    back = load(tmp_path / "sh")
+    assert len(Source(tmp_path / "sh").files) > 1
+    for name in ck.quantized_names():
+        assert np.array_equal(ck[name].codes, back[name].codes)
+        assert np.array_equal(f16_bits(ck[name].scales), f16_bits(back[name].scales))
