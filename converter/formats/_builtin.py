@@ -5,3 +5,4 @@ from . import compressed_tensors  # noqa: F401
 from . import awq  # noqa: F401
 from . import mlx  # noqa: F401
 from . import bnb  # noqa: F401
+from . import gptq  # noqa: F401
