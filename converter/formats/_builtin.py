@@ -1,3 +1,3 @@
 """Imports every built-in format module so each registers itself (one line per format)."""
 
-from . import native, plain  # noqa: F401
+from . import gguf, native, plain  # noqa: F401
