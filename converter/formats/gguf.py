@@ -320,7 +320,7 @@ def _validate(reader, path: Path, file_size: int) -> list[tuple[str, str, tuple[
         for d in ne:
             if d < 0 or d >= _MAX_ELEMENTS:
                 raise CorruptFileError("dimension out of range", file=path, tensor=name, field="ne",
-                                       expected=f"0..2^62", found=list(ne))
+                                       expected="0..2^62", found=list(ne))
             n *= d
             if n >= _MAX_ELEMENTS:
                 raise CorruptFileError("element count overflows", file=path, tensor=name, field="ne",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from converter.errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,  # noqa: E402
                               OutputExistsError, UnsupportedError)
-from converter.formats.gguf import check_target, quantize_to_gguf, read_gguf, write_gguf  # noqa: E402
+from converter.formats.gguf import check_target, quantize_to_gguf, write_gguf  # noqa: E402
 from converter.formats.gguf_names import gguf_to_hf, hf_to_gguf, llama_row_permutation  # noqa: E402
 from converter.formats.registry import detect, get, load  # noqa: E402
 from converter.formats.source import Source  # noqa: E402
