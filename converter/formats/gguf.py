@@ -361,12 +361,16 @@ def _stored_arrays(e: _Entry, file: str) -> tuple[StoredArray, ...]:
     n = int(np.prod(e.shape, dtype=np.int64))
     code_bytes = n * codec.bits // 8
     rest = e.nbytes - code_bytes
+    # block fields interleave with the codes on disk; shapes here are per block (legacy) or per
+    # super-block (K-quants: d, dmin and the packed sub-block scales/mins), in logical orientation
+    per_block = tuple(e.shape[:-1]) + (e.shape[-1] // codec.block_size,)
     if isinstance(codec, LegacyCodec) and codec.affine:
         return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
-                StoredArray(e.gguf_name, "scales", "F16", e.shape, rest // 2, file),
-                StoredArray(e.gguf_name, "zero_points", "F16", e.shape, rest - rest // 2, file))
+                StoredArray(e.gguf_name + ":d", "scales", "F16", per_block, rest // 2, file),
+                StoredArray(e.gguf_name + ":m", "zero_points", "F16", per_block, rest - rest // 2, file))
     return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
-            StoredArray(e.gguf_name, "scales", "F16", e.shape, rest, file))
+            StoredArray(e.gguf_name + (":d" if isinstance(codec, LegacyCodec) else ":scales"), "scales",
+                        "F16" if isinstance(codec, LegacyCodec) else "U8", per_block, rest, file))
 
 
 def _spec(e: _Entry, file: str) -> TensorSpec:
@@ -379,6 +383,7 @@ def _spec(e: _Entry, file: str) -> TensorSpec:
                           notes=notes + (f"unsupported ggml type {e.type_name}",))
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=_axes_for(len(e.shape)),
                       scheme=scheme_for(e.type_name), group_map=GroupMap.per_group(_group_size(e.type_name), IN),
+                      double_quant=None if isinstance(codec_for(e.type_name), LegacyCodec) else e.type_name,
                       notes=notes)
 
 
