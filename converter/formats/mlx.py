@@ -317,7 +317,7 @@ def read_mlx(src: Source) -> Checkpoint:
         spec = specs[name]
         if spec.kind == "quantized":
             return _load(src, spec, modes[name])
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config,
                       metadata={"quantization": qcfg, "modes": modes}, files=[str(f) for f in src.files],

@@ -214,7 +214,7 @@ def read_native(src: Source) -> Checkpoint:
     def load(name: str):
         if name in descs:
             return _load_quantized(src, name, descs[name])
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     config = json.loads(meta["qckpt.config"]) if "qckpt.config" in meta else None
     return Checkpoint(specs, load, format="native", path=str(src.path), config=config,

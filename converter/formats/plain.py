@@ -29,7 +29,7 @@ def read_plain(src: Source) -> Checkpoint:
         specs[name] = TensorSpec(name, "dense", info.shape,
                                  (StoredArray(name, "dense", info.dtype, info.shape, info.nbytes, src.file_of(name).name),),
                                  dtype=info.dtype)
-    return Checkpoint(specs, lambda n: DenseTensor(n, np.array(src.read(n))), format="plain", path=str(src.path),
+    return Checkpoint(specs, lambda n: DenseTensor(n, src.read(n)), format="plain", path=str(src.path),
                       config=src.config, metadata={}, files=[str(f) for f in src.files],
                       extra_files=[str(p) for p in src.extra_files()])
 

@@ -117,8 +117,9 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     strategy = t.group_map.granularity
     out: dict[str, np.ndarray] = {}
     if fmt == "pack-quantized":
-        u = (t.codes.astype(np.int16) + off).astype(np.uint8)
-        out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).to_stored(u, AXES)
+        # stored fields are q + 2^(b-1); codes still packed move as words (a top-bit flip)
+        u = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) + off).astype(np.uint8)
+        out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).store_codes(u, AXES)
     else:
         out[prefix + ".weight"] = np.ascontiguousarray(t.codes.astype(np.int8))
     scales = np.ascontiguousarray(t.scales)
