@@ -39,7 +39,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, IN, OUT, AxisMap
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
-from .plan import TensorPlan, dense_plan, write_model_dir
+from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
@@ -439,7 +439,9 @@ def _plan(spec: TensorSpec) -> TensorPlan:
         codes, scales, biases, _exact = as_affine(t)
         return {f"{p}.weight": cmap.to_stored(codes, t.axes), f"{p}.scales": np.ascontiguousarray(scales),
                 f"{p}.biases": np.ascontiguousarray(biases)}
-    return TensorPlan(spec.name, outs, encode, notes)
+    plan = TensorPlan(spec.name, outs, encode, notes)
+    # weight [out, in*b/32], scales / biases [out, n_groups]: every array is a block of rows
+    return rows_plan(plan) if tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group" else plan
 
 
 def mlx_config(ckpt: Checkpoint) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 from ..dtypes import float_dtype
 from ..errors import FormatError
 from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
-from .plan import TensorPlan, dense_plan, write_model_dir, write_single_file
+from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
@@ -51,9 +51,9 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
         else:
-            plans.append(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                    lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
-                                    [f"dequantized to {dtype}"]))
+            plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
+                                              lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
+                                              [f"dequantized to {dtype}"])))
     return plans
 
 

@@ -22,6 +22,10 @@ from .safetensors_io import SafetensorsWriter
 from .source import INDEX_NAME
 
 
+#: Output size from which the default worker count (all cores) is used; smaller writes run inline.
+AUTO_PARALLEL_BYTES = 32 * 2**20
+
+
 @dataclass(frozen=True)
 class RowSplit:
     """How a plan's outputs can be produced for a block of rows of its tensor.
@@ -166,7 +170,10 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
         dup = sorted({n for n in names if names.count(n) > 1})
         raise FormatError("two output arrays share a name", file=path, tensor=dup[0])
     opts = current()
-    workers = min(opts.n_workers, max(1, len(plans)))
+    total = sum(p.nbytes for p in plans)
+    # default (no --workers): a process pool only when there is enough work to repay the forks
+    workers = opts.n_workers if opts.workers or total >= AUTO_PARALLEL_BYTES else 1
+    workers = min(workers, max(1, len(plans)))
     budget = max(1, opts.memory // workers)
     own = progress is None
     if own:
@@ -270,5 +277,9 @@ def write_single_file(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata:
 def dense_plan(spec, name: str | None = None) -> TensorPlan:
     """Pass a dense tensor through bit-exact."""
     out = name or spec.name
-    return TensorPlan(spec.name, [(out, spec.dtype, tuple(spec.shape))],
+    plan = TensorPlan(spec.name, [(out, spec.dtype, tuple(spec.shape))],
                       lambda t, out=out: {out: np.ascontiguousarray(t.data)}, ["passed through"])
+    from ..dtypes import DTYPES
+    if spec.shape and DTYPES.get(spec.dtype) is not None and DTYPES[spec.dtype].numpy is not None:
+        rows_plan(plan)
+    return plan

@@ -34,7 +34,7 @@ from ...layout import IN, OUT
 from ...quant.packing import packed_length
 from ...scheme import ZeroPoint
 from ...tensor import Checkpoint, QuantizedTensor, TensorSpec
-from ..plan import TensorPlan, dense_plan, write_model_dir
+from ..plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from .reader import AXES, codes_map, zero_map
 
@@ -167,6 +167,24 @@ def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], 
     return outs
 
 
+def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> TensorPlan:
+    """Mark a plan row-splittable: every array is ``[out, ...]`` except ``weight_shape`` (fixed from
+    the spec), ``weight_g_idx`` and per-tensor parameters (row-independent). Zero points packed
+    along ``out`` (asymmetric pack-quantized) would split words: such plans stay whole."""
+    tensor = spec.group_map.granularity is Granularity.TENSOR
+    names = [o[0] for o in plan.outputs]
+    zname = prefix + ".weight_zero_point"
+    if zname in names and fmt == "pack-quantized" and not tensor:
+        return plan
+    once = [n for n in names if n.endswith(".weight_g_idx")]
+    if tensor:
+        once += [n for n in names if n in (prefix + ".weight_scale", zname)]
+    fixed = {}
+    if prefix + ".weight_shape" in names:
+        fixed[prefix + ".weight_shape"] = np.array(spec.shape, dtype=np.int64)
+    return rows_plan(plan, once=once, fixed=fixed)
+
+
 def _module(name: str) -> str:
     return name[: -len(".weight")] if name.endswith(".weight") else name
 
@@ -212,7 +230,8 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
 
         def enc(t, prefix=prefix, keep=keep):
             return encode(t, prefix, fmt=fmt, version=vt, keep_g_idx=keep)
-        plans.append(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes))
+        plans.append(_row_split(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes), spec, prefix,
+                                fmt))
     if len(by_args) == 1:
         groups = [(next(iter(by_args)), ["Linear"])]
     else:
