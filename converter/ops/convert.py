@@ -1,5 +1,11 @@
 """``qckpt convert --to FORMAT``: exact repack between formats, proven by reading the output back.
 
+Per tensor ``mode``: ``exact`` (codes identical in the unsigned domain and dequantized values
+bit-identical in float32), ``exact_up_to_rounding`` (codes identical, values differ only by the
+target's rounding of a derived parameter, e.g. an MLX bias ``-z*s`` cast to fp16),
+``passthrough`` (dense, bytes identical), ``dequantized`` (target ``plain``: float32 values equal
+the source's dequantization bit-for-bit), ``changed`` / ``missing`` (a failure).
+
 Before any data moves, every quantized tensor's scheme is checked against the target
 (``FormatHandler.check_target``); if one is not representable, nothing is written and the error
 names the tensors and the requantize options (never a silent requantize). After writing, the
@@ -19,6 +25,9 @@ from ..formats import registry
 from ..quant.recode import as_unsigned
 from ..tensor import Checkpoint, QuantizedTensor
 
+#: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
+FLOAT_CAPABLE = ("plain", "native")
+
 REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | --per-channel | --group-size G, "
                    "--bits B, --sym | --asym, --scale-dtype")
 
@@ -28,6 +37,12 @@ def plan_exact(ckpt: Checkpoint, to: str) -> list[dict[str, Any]]:
     handler = registry.get(to)
     if handler.write is None:
         raise UnsupportedError("format has no writer", field="--to", expected=registry.writable(), found=to)
+    if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
+        raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
+                                    file=ckpt.path, field="--to", expected="a quantized source",
+                                    found=f"{ckpt.format} with {len(ckpt)} dense tensors",
+                                    hint="quantize it first: qckpt quantize SRC DST --bits B "
+                                         "(--per-channel | --group-size G)")
     problems = []
     for spec in ckpt.specs():
         if spec.kind != "quantized":
@@ -50,6 +65,13 @@ def compare_tensors(a, b) -> dict[str, Any]:
                                                 np.asarray(b.data).view(np.uint8)) and a.data.shape == b.data.shape
         return {"name": a.name, "kind": "dense", "mode": "passthrough" if same else "changed",
                 "bit_exact": bool(same)}
+    if b is not None and not isinstance(b, QuantizedTensor):  # a float target: values, not codes
+        da = a.dequantize()
+        db = np.asarray(b.data).astype(np.float32)
+        same = da.shape == db.shape and bool(np.array_equal(da, db))
+        diff = float(np.max(np.abs(da - db))) if same or da.shape == db.shape and da.size else None
+        return {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
+                "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
     if not isinstance(b, QuantizedTensor):
         return {"name": a.name, "kind": "quantized", "mode": "changed", "codes_identical": False,
                 "scales_identical": False, "max_abs_diff": None, "bit_exact": False}
@@ -74,7 +96,14 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     ckpt = registry.load(src)
     plan_exact(ckpt, to)
     handler = registry.get(to)
-    written = handler.write(ckpt, Path(dst), overwrite=overwrite, **(options or {}))
+    try:
+        written = handler.write(ckpt, Path(dst), overwrite=overwrite, **(options or {}))
+    except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
+        exc.with_context(file=ckpt.path)
+        if not exc.hint or "requantize" not in exc.hint:
+            exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
+        exc.args = (exc.render(),)
+        raise
     out = registry.load(dst, format=to)
     rows = []
     for name in ckpt.names():
@@ -87,6 +116,6 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
             "mode": "repack", "written": written, "tensors": rows,
             "summary": {"tensors": len(rows),
-                        "exact": sum(r["mode"] in ("exact", "passthrough") for r in rows),
+                        "exact": sum(r["mode"] in ("exact", "passthrough", "dequantized") for r in rows),
                         "exact_up_to_rounding": sum(r["mode"] == "exact_up_to_rounding" for r in rows),
                         "changed": len(changed), "all_exact": not changed}}

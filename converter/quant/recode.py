@@ -120,3 +120,46 @@ def as_float_bias(t) -> tuple[object, bool]:
     exact = bool(np.array_equal(b.astype(np.float32), np.broadcast_to(b32, b.shape)))
     return t.replace(zero_points=np.broadcast_to(b, t.scales.shape).copy(),
                      scheme=s.replace(zero_point=ZeroPoint.FLOAT)), exact
+
+
+def as_groups(t, group_size: int):
+    """Per-tensor or per-output-channel parameters -> groups of ``group_size`` along ``in``.
+
+    The scale (and zero point / bias) of a row is repeated for each of its ``in / group_size``
+    groups, so every element keeps exactly the parameters it had: codes untouched, values
+    bit-identical. Used by writers whose format only has groups along ``in`` (MLX affine,
+    ``mlx/ops.cpp`` ``affine_quantize``: groups of 32/64/128 along the last axis).
+
+    Parameters
+    ----------
+    t : QuantizedTensor
+        Axes ``(out, in)`` or ``(expert, out, in)``; granularity tensor, channel along ``out``, or
+        already groups along ``in`` (returned unchanged when the size matches).
+    group_size : int
+        Must divide ``in_features``.
+
+    Raises
+    ------
+    NotRepresentableError
+        ``in % group_size != 0``, another granularity or group size, or no ``in`` axis.
+    """
+    from ..groups import Granularity, GroupMap
+    from ..layout import IN, OUT
+    gm = t.group_map
+    if gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size == group_size and gm.g_idx is None:
+        return t
+    if IN not in t.axes:
+        raise NotRepresentableError("no 'in' axis to group along", tensor=t.name, field="axes",
+                                    expected="an 'in' axis", found=list(t.axes))
+    n_in = int(t.shape[t.axes.index(IN)])
+    ok = gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
+    if not ok or group_size <= 0 or n_in % group_size:
+        raise NotRepresentableError("parameters cannot be regrouped along 'in' exactly", tensor=t.name,
+                                    field="group_map", expected=f"per-tensor or per-channel(out) with in % {group_size} == 0",
+                                    found=f"{gm.describe()}, in={n_in}")
+    new = GroupMap.per_group(group_size, axis=IN)
+    pshape = new.param_shape(t.shape, t.axes)
+
+    def spread(a):
+        return None if a is None else np.ascontiguousarray(np.broadcast_to(a, pshape))
+    return t.replace(scales=spread(t.scales), zero_points=spread(t.zero_points), group_map=new)
