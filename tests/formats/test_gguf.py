@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (a declared runtime dependency)
 from safetensors.numpy import load_file  # noqa: E402
 
 from converter.errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,  # noqa: E402
