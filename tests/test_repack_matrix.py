@@ -42,6 +42,7 @@ CODEBOOK_MLX = "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine
 GPTQ_F32 = "GPTQ stores fp16 scales; F32 scales round"
 MLX_BIAS = "float bias is not an integer zero point"
 NO_QUANT = "the source has no quantized tensors"
+GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
 
 EXPECTED = {
     # --- GPTQ 4-bit sym, G=128 along in, fp16 scales (FORMATS 1.1-1.4) ------------------------
@@ -135,6 +136,25 @@ EXPECTED = {
     ("bnb_nf4_bs64", "mlx"): REFUSE,
     ("bnb_nf4_bs64", "native"): EXACT,
     ("bnb_nf4_bs64", "plain"): DEQ,
+    # --- GGUF legacy blocks (FORMATS 5.3): 32 consecutive elements along in, fp16 d (and m) ----------
+    # A group of 32k (or a row / the tensor) is written as blocks that repeat its fp16 scale; the
+    # symmetric centre 8 (128) is Q4_0's (Q8_0 stores signed codes): y = d*(q-8) is s*(q-z).
+    ("gptq_w4_g128_sym", "gguf"): EXACT,
+    ("gptq_w4_gchan_sym", "gguf"): EXACT,
+    ("ct_pack_w4a16_group128_sym", "gguf"): EXACT,
+    ("ct_pack_w4a16_channel_sym", "gguf"): EXACT,
+    ("ct_pack_w8a16_channel_sym", "gguf"): EXACT,  # Q8_0: int8 codes, d = the row scale
+    # Integer zeros: Q4_1 stores m = -z*s as fp16, which rounds (as for MLX); the GGUF writer
+    # refuses rather than round (section 0, A -> B).
+    ("awq_gemm_w4_g128_zp", "gguf"): REFUSE,
+    ("ct_pack_w4a16_group128_asym", "gguf"): REFUSE,
+    # MLX affine 4-bit: d = fp16 scale, m = fp16 bias: Q4_1 is exactly MLX's d*q + m (4.4 notes MLX's
+    # own GGUF import maps Q4_1 to affine with bias = m).
+    ("mlx_affine_g64_b4", "gguf"): EXACT,
+    ("mlx_affine_g32_b8", "gguf"): REFUSE,  # no affine 8-bit legacy type (Q4_1, Q5_1 only)
+    ("bnb_int8", "gguf"): REFUSE,  # Q8_0 d is fp16; SCB/127 float32 scales are not fp16 values
+    ("bnb_nf4_bs64", "gguf"): REFUSE,  # codebook
+    ("minilm_fp16.safetensors", "gguf"): REFUSE,
     # --- float reference: nothing to repack into a quantized format -------------------------------
     ("minilm_fp16.safetensors", "awq"): REFUSE,
     ("minilm_fp16.safetensors", "compressed-tensors"): REFUSE,
@@ -158,7 +178,12 @@ REASONS = {
     ("bnb_nf4_bs64", "compressed-tensors"): CODEBOOK_CT,
     ("bnb_nf4_bs64", "gptq"): CODEBOOK_GPTQ,
     ("bnb_nf4_bs64", "mlx"): CODEBOOK_MLX,
-    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx")},
+    ("awq_gemm_w4_g128_zp", "gguf"): GGUF_INT_ZERO,
+    ("ct_pack_w4a16_group128_asym", "gguf"): GGUF_INT_ZERO,
+    ("mlx_affine_g32_b8", "gguf"): "no affine GGUF legacy type has 8-bit codes",
+    ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
+    ("bnb_nf4_bs64", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
+    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf")},
 }
 
 REAL = sorted({s for s, _ in EXPECTED})
@@ -172,7 +197,7 @@ def test_table_covers_every_sample_and_writable_format():
     on_disk = sorted(p.name for p in SAMPLES.iterdir()
                      if p.name not in ("MANIFEST.json", "README.md", "SHA256SUMS", "gguf"))
     assert REAL == on_disk
-    assert set(EXPECTED) == {(s, t) for s in on_disk for t in registry.writable() if t != "gguf"}
+    assert set(EXPECTED) == {(s, t) for s in on_disk for t in registry.writable()}
     assert {k for k, v in EXPECTED.items() if v == REFUSE} == set(REASONS)
 
 
