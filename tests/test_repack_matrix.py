@@ -24,6 +24,7 @@ import pytest
 
 from converter.errors import NotRepresentableError
 from converter.formats import registry
+from converter.formats.source import Source
 from converter.ops.convert import convert_exact
 from converter.quant.recode import as_unsigned
 from converter.scheme import ZeroPoint
@@ -232,6 +233,8 @@ def test_repack(sample, target, sources, tmp_path):
         return
     report = convert_exact(SAMPLES / sample, dst, target)
     src = sources[sample]
+    # the output is detected as the target, unambiguously (no stale quantization keys of the source)
+    assert registry.detect(Source(dst)).format == target
     out = registry.load(dst, format=target)
     assert sorted(out.names()) == sorted(src.names())
     modes = {r["name"]: r["mode"] for r in report["tensors"]}

@@ -591,7 +591,10 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     qc = {**base, "quant_method": "gptq", "method": "gptq", "bits": bits, "group_size": group, "desc_act": act,
           "sym": sym, "checkpoint_format": checkpoint_format, "format": checkpoint_format, "pack_dtype": "int32",
           "lm_head": lm_head, "meta": meta}
-    config = {**(ckpt.config or {}), "quantization_config": qc}
+    # drop any other format's quantization keys (an MLX source's "quantization" would make the
+    # output claim to be MLX as well)
+    config = {**{k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")},
+              "quantization_config": qc}
     result = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
                              extra_json={"quantize_config.json": qc}, extra_files=ckpt.extra_files,
                              max_shard_bytes=max_shard_bytes, overwrite=overwrite)
