@@ -163,7 +163,7 @@ def test_rtn_error_at_most_half_scale(seed, bits, src_g, dst, sym):
     assert np.all(err <= s / 2 * (1 + 1e-5) + 1e-7)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**16), bits=st.integers(2, 8), gran=st.sampled_from(["tensor", "channel", 16, 40]),
        sym=st.booleans(), sd=st.sampled_from(["F16", "BF16", "F32"]), carry_ok=st.booleans())
 def test_requantize_same_scheme_is_idempotent(seed, bits, gran, sym, sd, carry_ok):
@@ -172,7 +172,7 @@ def test_requantize_same_scheme_is_idempotent(seed, bits, gran, sym, sd, carry_o
     tgt = Target(bits=bits, symmetric=sym, scale_dtype=sd,
                  **({"granularity": gran} if isinstance(gran, str) else {"group_size": gran}))
     src = quantize(x, QuantScheme(8, True, scale_dtype="F32"), GroupMap.per_channel("out"))
-    once, _ = requantize(src, tgt)
+    once, _ = requantize(src, tgt, allow_carry=False)  # an RTN result in the target scheme
     twice, info = requantize(once, tgt, allow_carry=carry_ok)
     if carry_ok:
         assert info["route"] == "carried"
