@@ -49,6 +49,7 @@ from typing import Any, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
+from ..quant.recode import as_groups
 from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,
                       UnsupportedError)
 from ..groups import Granularity, GroupMap
@@ -521,9 +522,14 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
                       "encoder) and d*sc is generally not one fp16 block scale; requantize to a legacy type")
     if s.codebook is not None:
         return None, "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
-    if gm.granularity is not Granularity.GROUP or gm.axis != IN or gm.group_size != 32 or spec.act_order:
-        return None, (f"GGUF legacy blocks are 32 consecutive elements along 'in'; the tensor has "
-                      f"{gm.describe()}{' with act-order g_idx' if spec.act_order else ''}")
+    # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
+    # (converter.quant.recode.as_groups), an exact re-expression
+    regroupable = (gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
+                   or (gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size % 32 == 0))
+    if not regroupable or spec.act_order:
+        return None, (f"GGUF legacy blocks are 32 consecutive elements along 'in' (or a parameter shared by "
+                      f"whole 32-blocks); the tensor has {gm.describe()}"
+                      f"{' with act-order g_idx' if spec.act_order else ''}")
     axes = tuple(spec.axes)
     if axes not in ((OUT, IN), (EXPERT, OUT, IN)):
         return None, f"GGUF quantized tensors are (out, in) or (expert, out, in); found axes {list(axes)}"
@@ -675,7 +681,7 @@ def _encode(t, p: _Plan) -> np.ndarray:
         return data.view(np.uint8) if p.type_name == "BF16" else data
     if isinstance(t, QuantizedTensor):
         codec = codec_for(p.type_name)
-        raw = codec.pack(_legacy_fields(t, p.type_name))
+        raw = codec.pack(_legacy_fields(as_groups(t, 32), p.type_name))
         return raw.reshape(*p.shape[:-1], -1)
     raise FormatError("unknown tensor kind", tensor=p.name, found=type(t).__name__)
 

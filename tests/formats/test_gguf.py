@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (a declared runtime dependency)
 from safetensors.numpy import load_file  # noqa: E402
 
 from converter.errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,  # noqa: E402
@@ -266,7 +266,17 @@ def test_check_target_reasons():
     rng = np.random.default_rng(4)
     base = _ct_like_signed_int4(rng, inn=128)
     g128 = base.replace(scales=base.scales[:, :1], group_map=GroupMap.per_group(128, "in"))
-    assert "32 consecutive" in check_target(spec_of(g128))
+    # groups of 32k along in, per channel, per tensor: each 32-block repeats its scale (exact)
+    assert check_target(spec_of(g128)) is None
+    assert check_target(spec_of(base.replace(scales=base.scales[:, :1], group_map=GroupMap.per_channel()))) is None
+    g16 = QuantizedTensor("w", ("out", "in"), base.codes, np.repeat(base.scales, 2, axis=1), base.scheme,
+                          GroupMap.per_group(16, "in"))
+    assert "32 consecutive" in check_target(spec_of(g16))
+    g48 = QuantizedTensor("w", ("out", "in"), base.codes[:, :96], np.ones((base.shape[0], 2), np.float16),
+                          base.scheme, GroupMap.per_group(48, "in"))
+    assert "32 consecutive" in check_target(spec_of(g48))
+    gidx = base.replace(group_map=GroupMap.per_group(32, "in", g_idx=np.arange(128, dtype=np.int32)[::-1] // 32))
+    assert "act-order" in check_target(spec_of(gidx))
     asym = QuantizedTensor("w", ("out", "in"), (base.codes.astype(np.int16) + 8).astype(np.uint8), base.scales,
                            QuantScheme(4, False, ZeroPoint.INTEGER), GroupMap.per_group(32, "in"),
                            zero_points=np.full(base.scales.shape, 8, np.uint8))
@@ -281,6 +291,18 @@ def test_check_target_reasons():
     assert check_target(spec_of(base)) is None
     with pytest.raises(NotRepresentableError, match="Q8_0"):
         write_gguf(Checkpoint.from_tensors([base]), Path("/nonexistent/x.gguf"), arch="llama", gguf_type="Q8_0")
+
+
+def test_group128_written_as_q4_0_blocks(tmp_path):
+    """Groups of 128 (GPTQ/CT) -> Q4_0: the block scale d repeats 4 times per group; values identical."""
+    rng = np.random.default_rng(6)
+    base = _ct_like_signed_int4(rng, inn=256)
+    g = base.replace(scales=base.scales[:, ::4].copy(), group_map=GroupMap.per_group(128, "in"))
+    out = tmp_path / "g.gguf"
+    write_gguf(Checkpoint.from_tensors([g]), out, arch="llama")
+    back = load(out)[g.name]
+    assert back.group_map.group_size == 32 and np.array_equal(back.dequantize(), g.dequantize())
+    assert np.array_equal(back.scales, np.repeat(g.scales, 4, axis=1))
 
 
 def test_expert_stacked_tensor_round_trip(tmp_path):
