@@ -145,7 +145,8 @@ def _reduce(x3: np.ndarray, tail: np.ndarray | None, ufunc) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
-def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str | None = None):
+def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str | None = None,
+                     stats: dict | None = None):
     """Round-to-nearest ``(scales, zero_points, codes)`` of a 2-D ``(out, in)`` float matrix in row
     blocks, or None when not applicable (the caller takes the whole-array path, which also
     produces the precise error for non-finite inputs or overflowing scales).
@@ -153,7 +154,8 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     Same formulas and operation order as :func:`converter.quant.quantize.choose_params` and
     :func:`~converter.quant.quantize.codes_for` (bit-identical results); applies to symmetric
     and integer-zero-point schemes without codebook, grouped per ``out`` channel or along ``in``
-    without ``g_idx``.
+    without ``g_idx``. ``stats``, when given, receives ``degenerate_groups`` (groups whose
+    values are all zero).
     """
     from .quantize import _safe_cast_scales  # noqa: PLC0415 - shared safeguard
     from .rounding import round_values
@@ -180,6 +182,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     qpos = np.float32((1 << (s.bits - 1)) - 1)
     levels = np.float32((1 << s.bits) - 1)
+    degenerate = 0
     try:
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
@@ -196,6 +199,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                 amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
                 if not np.isfinite(amax).all():
                     return None
+                degenerate += int(np.count_nonzero(amax == 0))
             else:
                 x3 = x[:, :full].reshape(k, nfull, G)
                 tail = x[:, full:] if full < n else None
@@ -203,6 +207,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                 mn = _reduce(x3, tail, np.minimum)
                 if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
                     return None
+                degenerate += int(np.count_nonzero((mx == 0) & (mn == 0)))
             if s.symmetric:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)
@@ -239,6 +244,8 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
         return None
     if zps is not None:
         zps = zps.astype(s.code_dtype)
+    if stats is not None:
+        stats["degenerate_groups"] = degenerate
     return scales, zps, codes
 
 

@@ -480,17 +480,24 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
         alt = _carry_rounded_zero(t, scheme, gm)
     gm.check_shape(x.shape, t.axes)
     info: dict = {"route": "requantized"}
-    if target.scale_search == "mse":
-        scales, zps, search = mse_scale_search(x, scheme, gm, t.axes, tensor=t.name)
-        info["scale_search"] = search
+    from .kernels import quantize_blocked
+    fast = quantize_blocked(x, scheme, gm, t.axes, tensor=t.name, stats=info) \
+        if target.scale_search != "mse" else None
+    if fast is not None:  # choose_params + codes_for in cache-sized row blocks (bit-identical)
+        scales, zps, codes = fast
     else:
-        scales, zps = choose_params(x, scheme, gm, t.axes, tensor=t.name)
-    if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:
-        zps = zps.astype(scheme.code_dtype)
-    codes = codes_for(x, scales, zps, scheme, gm, t.axes)
+        if target.scale_search == "mse":
+            scales, zps, search = mse_scale_search(x, scheme, gm, t.axes, tensor=t.name)
+            info["scale_search"] = search
+        else:
+            scales, zps = choose_params(x, scheme, gm, t.axes, tensor=t.name)
+        if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:
+            zps = zps.astype(scheme.code_dtype)
+        codes = codes_for(x, scales, zps, scheme, gm, t.axes)
     out = QuantizedTensor(t.name, t.axes, codes, scales, scheme, gm, zero_points=zps, stored={})
-    amax = gm.reduce(np.abs(x), np.maximum, t.axes)
-    info["degenerate_groups"] = int(np.count_nonzero(amax == 0))
+    if fast is None:
+        amax = gm.reduce(np.abs(x), np.maximum, t.axes)
+        info["degenerate_groups"] = int(np.count_nonzero(amax == 0))
     if alt is not None:
         e_rtn = float(np.sum((out.dequantize() - x).astype(np.float64) ** 2))
         e_alt = float(np.sum((alt.dequantize() - x).astype(np.float64) ** 2))

@@ -283,3 +283,47 @@ def test_blocked_dequantize_is_bit_exact(granularity, zp):
             got = dequantize_blocked(t)
             assert got is not None and np.array_equal(got, want), (bits, signed)
             assert np.array_equal(t.dequantize(), want)
+
+
+# -- GGUF legacy fast paths ---------------------------------------------------------------------------
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+def test_gguf_fast_paths_bit_exact_with_gguf_py(type_name):
+    gguf = pytest.importorskip("gguf")
+    from converter.formats.gguf_blocks import codec_for
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((40, 512)) * 0.05).astype(np.float32)
+    x[0, :32] = 0.0                        # all-zero block
+    x[1, :32] = -0.0                       # all negative zero
+    x[2, :32] = 0.0
+    x[2, 5], x[2, 9] = -3.0, 3.0           # magnitude tie: the first wins (-3)
+    x[3, 32:64] = 1.0
+    x[3, 40] = -1.0                        # tie, positive first
+    x[4] = np.round(x[4] * 1000)           # many exact ties
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    codec = codec_for(type_name)
+    raw = codec.encode(x)
+    assert np.array_equal(raw, gguf.quants.quantize(x, qtype))
+    ours = codec.dequantize_raw(raw)
+    assert np.array_equal(ours.view(np.uint32), gguf.quants.dequantize(raw, qtype).view(np.uint32))
+    assert np.array_equal(ours.view(np.uint32), codec.dequantize(codec.decode(raw)).view(np.uint32))
+
+
+def test_blocked_comparison_matches_whole_array_formulas():
+    from converter.quant import error_report as er
+    from converter.quant.metrics import error_stats, output_error, worst_channel, worst_group
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((301, 200)).astype(np.float32)
+    b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
+    b[7] = a[7]
+    for gm in (GroupMap.per_group(64), GroupMap.per_channel(), GroupMap.per_tensor()):
+        got = er._comparison_blocked(a, b, gm, (OUT, IN))
+        st = error_stats(a, b)
+        for k in ("mse", "rmse", "max_abs", "rel_frobenius", "sqnr_db", "changed_fraction"):
+            assert got[k] == pytest.approx(getattr(st, k), rel=1e-9), k
+        assert got["worst_channel"] == {"index": worst_channel(a, b, (OUT, IN))["index"],
+                                        "mse": pytest.approx(worst_channel(a, b, (OUT, IN))["mse"], rel=1e-9)}
+        wg = worst_group(a, b, gm, (OUT, IN))
+        assert got["worst_group"]["index"] == wg["index"] and got["worst_group"]["elements"] == wg["elements"]
+        assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-9)
+        assert got["output_rel_error"] == pytest.approx(
+            output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)
