@@ -92,7 +92,13 @@ def dequantize_blocked(t) -> np.ndarray | None:
     if out.size == 0:
         return out
     dec = _decoder(t)
-    raw, table = dec if dec is not None else _codes_table(t)
+    direct = None
+    if dec is not None:
+        raw, table = dec
+    else:  # unpacked int8 / uint8 codes: the cast itself is the table
+        direct = np.ascontiguousarray(t.codes)
+        center = np.float32(t.scheme.center if s.zero_point.value == "none" else 0)
+        raw, table = direct, np.zeros((256, 1), np.float32)
     per = table.shape[1]
     if per > 1:
         table = table.view(np.dtype((np.void, 4 * per))).reshape(256)
@@ -107,8 +113,13 @@ def dequantize_blocked(t) -> np.ndarray | None:
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         o = out[r0:r1]
-        dst = o.view(table.dtype) if per > 1 else o
-        np.take(table, raw[r0:r1], out=dst.reshape(raw[r0:r1].shape))
+        if direct is not None:
+            np.copyto(o, direct[r0:r1], casting="unsafe")  # exact: |q| <= 255
+            if center:
+                o -= center
+        else:  # mode="wrap": byte indices are always in range, and it skips numpy's checked copy
+            dst = o.view(table.dtype) if per > 1 else o
+            np.take(table, raw[r0:r1], out=dst.reshape(raw[r0:r1].shape), mode="wrap")
         sc = scales if g == "tensor" else scales[r0:r1]
         zz = None if zp is None else (zp if g == "tensor" else zp[r0:r1])
         if zkind == "integer":

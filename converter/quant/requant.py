@@ -255,6 +255,10 @@ def _regroup_params(params: np.ndarray, src: GroupMap, dst: GroupMap, shape, axe
     """Source parameters on the target groups, or None when some target group holds two values."""
     p32 = params.astype(np.float32) if params.dtype.kind == "f" or params.dtype.name == "bfloat16" \
         else params.astype(np.float64)
+    fast = _regroup_along_in(p32, src, dst, shape, axes)
+    if fast is not None:  # (hi, lo) from the parameter array itself, without expanding to every element
+        hi, lo = fast
+        return hi.astype(params.dtype) if np.array_equal(hi, lo) else None
     full = src.expand(p32, shape, axes)
     if full.size == 0:
         return np.zeros(dst.param_shape(shape, axes), dtype=params.dtype)
@@ -263,6 +267,24 @@ def _regroup_params(params: np.ndarray, src: GroupMap, dst: GroupMap, shape, axe
     if not np.array_equal(hi, lo):
         return None
     return hi.astype(params.dtype)
+
+
+def _regroup_along_in(p: np.ndarray, src: GroupMap, dst: GroupMap, shape, axes):
+    """Per-target-group (max, min) of ``(out, n_groups)`` parameters grouped along ``in`` (no ``g_idx``),
+    for targets that are unions of whole source groups (per channel, per tensor, or groups of a
+    multiple of the source size); None otherwise. Equal to reducing the expanded parameters."""
+    if (tuple(axes) != (OUT, IN) or src.granularity is not Granularity.GROUP or src.axis != IN
+            or src.g_idx is not None or p.ndim != 2 or p.size == 0):
+        return None
+    if dst.granularity is Granularity.CHANNEL and dst.axis == OUT:
+        return p.max(axis=1, keepdims=True), p.min(axis=1, keepdims=True)
+    if dst.granularity is Granularity.TENSOR:
+        return p.max(keepdims=True), p.min(keepdims=True)
+    if (dst.granularity is Granularity.GROUP and dst.axis == IN and dst.g_idx is None
+            and dst.group_size % src.group_size == 0):
+        starts = np.arange(0, p.shape[1], dst.group_size // src.group_size)
+        return np.maximum.reduceat(p, starts, axis=1), np.minimum.reduceat(p, starts, axis=1)
+    return None
 
 
 def carry(t, scheme: QuantScheme, group_map: GroupMap):
@@ -495,6 +517,7 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
             zps = zps.astype(scheme.code_dtype)
         codes = codes_for(x, scales, zps, scheme, gm, t.axes)
     out = QuantizedTensor(t.name, t.axes, codes, scales, scheme, gm, zero_points=zps, stored={})
+    info["_values"] = x  # for the error report (converter.quant.error_report.tensor_report pops it)
     if fast is None:
         amax = gm.reduce(np.abs(x), np.maximum, t.axes)
         info["degenerate_groups"] = int(np.count_nonzero(amax == 0))
