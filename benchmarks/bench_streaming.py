@@ -17,7 +17,8 @@ It builds a synthetic GPTQ checkpoint (``benchmarks/synthetic.py``: 32 layers, h
 - GGUF Q4_0 write (``convert --to gguf --group-size 32 --bits 4``).
 
 Peak RSS is sampled over the whole process tree (the command and its workers, summed; every 20 ms
-from ``/proc``) and also read from ``wait4`` (the largest single process). With ``--rss-check`` the
+from ``/proc``; pages shared by forked workers count once per process, so this over-states) and
+per process from ``VmHWM`` (the kernel's own peak of the largest single process). With ``--rss-check`` the
 commands run again on a checkpoint with twice the layers, and the peak RSS ratio is printed.
 
 Then kernels on one MLP matrix (11008 x 4096, ``mlp.up_proj`` of layer 0): dequantize 4-bit
@@ -57,8 +58,9 @@ CHUNK = 16 * MIB
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _tree_rss(pid: int) -> int:
-    """Summed VmRSS (bytes) of ``pid`` and its descendants, from /proc."""
+def _tree_rss(pid: int, hwm: dict | None = None) -> int:
+    """Summed VmRSS (bytes) of ``pid`` and its descendants, from /proc; ``hwm`` collects each
+    process's VmHWM (its own peak, kept by the kernel between samples)."""
     total, stack, seen = 0, [pid], set()
     while stack:
         p = stack.pop()
@@ -68,6 +70,8 @@ def _tree_rss(pid: int) -> int:
         try:
             with open(f"/proc/{p}/status") as fh:
                 for line in fh:
+                    if line.startswith("VmHWM:") and hwm is not None:
+                        hwm[p] = max(hwm.get(p, 0), int(line.split()[1]) * 1024)
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
                         break
@@ -87,11 +91,12 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "converter", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0]
+    hwm: dict[int, int] = {}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            peak[0] = max(peak[0], _tree_rss(proc.pid, hwm))
             done.wait(0.02)
     th = threading.Thread(target=sample, daemon=True)
     th.start()
@@ -99,7 +104,7 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
     err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, _usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     done.set()
     th.join()
@@ -107,7 +112,8 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"qckpt {' '.join(args)} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return {"wall_s": wall, "peak_rss_tree": peak[0], "peak_rss_max_process": usage.ru_maxrss * 1024,
+    # VmHWM, not wait4's ru_maxrss: a forked child's ru_maxrss starts from this (large) process's RSS
+    return {"wall_s": wall, "peak_rss_tree": peak[0], "peak_rss_max_process": max(hwm.values(), default=0),
             "stdout": b"".join(out_chunks)}
 
 

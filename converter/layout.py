@@ -335,7 +335,15 @@ class PackedCodes:
     # -- conversions ---------------------------------------------------------------------------
     def unpack(self) -> np.ndarray:
         """The codes as an array: logical shape, int8 (signed) or uint8, C-contiguous."""
-        raw = self.amap.to_logical(self.words, self.axes, self.sizes, signed=False)
+        amap, words = self.amap, self.words
+        if tuple(amap.stored_axes) != tuple(self.axes):
+            # transpose the packed words (b/8 bytes per code), never the unpacked codes
+            logical = AxisMap(self.axes, packed_axis=amap.packed_axis, bits=amap.bits, container=amap.container,
+                              order=amap.order, packing=amap.packing)
+            moved = PackedCodes(words, amap, self.axes, self.sizes, signed=False).to_stored(logical, self.axes)
+            if moved is not None:
+                amap, words = logical, moved
+        raw = amap.to_logical(words, self.axes, self.sizes, signed=False)
         raw = np.ascontiguousarray(raw)
         if not raw.flags.writeable:
             raw = raw.copy()

@@ -40,7 +40,8 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
     digits may differ from the whole-array formulas (the figures are reports, not outputs).
     """
     g = group_map.granularity.value
-    if (tuple(axes) != ("out", "in") or ref.ndim != 2 or ref.shape != approx.shape or ref.size == 0
+    same = approx is None  # known identical: only the reference's own figures are computed
+    if (tuple(axes) != ("out", "in") or ref.ndim != 2 or (not same and ref.shape != approx.shape) or ref.size == 0
             or not (g == "tensor" or (g == "channel" and group_map.axis == "out")
                     or (g == "group" and group_map.axis == "in" and group_map.g_idx is None))):
         return None
@@ -66,6 +67,15 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
     for o0 in range(0, rows, outer):
         o1 = min(rows, o0 + outer)
         A = np.asarray(ref[o0:o1], dtype=np.float32)
+        if same:
+            y = (A @ x32).astype(np.float64) if large else A.astype(np.float64) @ x
+            orf += float(np.sum(y * y))
+            row_se[o0:o1] = 0.0
+            grp_se[o0:o1] = 0.0
+            for r0 in range(o0, o1, step):
+                a64 = A[r0 - o0:min(o1, r0 + step) - o0].astype(np.float64)
+                sr += float(np.einsum("ij,ij->", a64, a64))
+            continue
         B = np.asarray(approx[o0:o1], dtype=np.float32)
         E = B - A  # float32, as error_stats forms it
         if large:
@@ -125,6 +135,9 @@ def comparison(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str
     fast = _comparison_blocked(ref, approx, group_map, axes)
     if fast is not None:
         return fast
+    from .kernels import Rows
+    ref = ref.array() if isinstance(ref, Rows) else ref
+    approx = approx.array() if isinstance(approx, Rows) else approx
     st = error_stats(ref, approx).to_json()
     out = output_error(ref, approx, axes, n_inputs=N_INPUTS, seed=SEED)
     r64 = np.asarray(ref, dtype=np.float64).reshape(-1)
@@ -157,12 +170,15 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
     reference : float32 original weights (logical shape), optional.
     src_spec : the source's TensorSpec (for the stored ``g_idx`` cost); defaults to ``spec_of(src)``.
     """
+    from .kernels import Rows
     info = info or {}
     a = info.pop("_values", None)  # the source values requantize() already computed
-    if a is None:
-        a = src.dequantize()
-    b = out.dequantize()
-    vs_src = comparison(a, b, out.group_map, out.axes)
+    identical = info.pop("_identical", False)  # an exact carry, checked value for value
+    # values dequantized block by block as the comparison reads them (never whole matrices)
+    a = Rows(a if a is not None else src)
+    b = a if identical else Rows(out)
+    vs_src = (_comparison_blocked(a, None, out.group_map, out.axes) if identical else None) \
+        or comparison(a, b, out.group_map, out.axes)
     gm = out.group_map
     partial = gm.partial_tail(out.shape, out.axes)
     n_partial = 0
@@ -190,6 +206,8 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
                                "gain_db": gain, "ratios_chosen": s["ratios_chosen"]}
     if reference is not None:
         ref = np.asarray(reference, dtype=np.float32)
+        if ref.ndim != 2:
+            a, b = a.array(), b.array()
         row["vs_reference"] = {"source": comparison(ref, a, src.group_map, src.axes),
                                "target": comparison(ref, b, out.group_map, out.axes)}
     return row

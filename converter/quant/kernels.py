@@ -22,6 +22,52 @@ import numpy as np
 
 #: Target elements per block (rows x in); 1.5-2x faster than whole-matrix passes.
 BLOCK_ELEMENTS = 1 << 16
+#: Elements per super-block when values are produced on demand (:class:`Rows`).
+SUPER_ELEMENTS = 1 << 20
+
+
+class Rows:
+    """Float32 values of a 2-D ``(out, in)`` tensor produced block by block, never whole.
+
+    ``Rows(t)`` dequantizes rows of a QuantizedTensor on demand (``take_rows(t, r0, r1)``; codes
+    still packed are sliced as words), so a kernel reading it holds one super-block of floats at a
+    time instead of the whole matrix. ``Rows(array)`` wraps an array. ``rows[r0:r1]`` returns
+    float32 rows; a one-block cache makes consecutive small reads inside a super-block cheap.
+    """
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self.shape = tuple(source.shape)
+        self.ndim = len(self.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.dtype = np.dtype(np.float32)
+        self._lazy = not isinstance(source, np.ndarray)
+        if self._lazy:
+            from ..tensor import row_splittable
+            self._lazy = row_splittable(source)
+            if not self._lazy:
+                self.source = source.dequantize()
+        self._cache: tuple[int, int, np.ndarray] | None = None
+        self.step = max(1, SUPER_ELEMENTS // max(1, self.shape[-1])) if self.shape else 1
+
+    def array(self) -> np.ndarray:
+        """All values at once (for whole-array fallbacks)."""
+        return self.source.dequantize() if self._lazy else np.asarray(self.source, dtype=np.float32)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        if not isinstance(idx, slice) or idx.step not in (None, 1):
+            raise TypeError("Rows supports [r0:r1] only")
+        r0, r1, _ = idx.indices(self.shape[0])
+        if not self._lazy:
+            return np.asarray(self.source[r0:r1], dtype=np.float32)
+        c = self._cache
+        if c is None or not (c[0] <= r0 and r1 <= c[1]):
+            from ..tensor import take_rows
+            b0 = r0
+            b1 = max(r1, min(self.shape[0], b0 + self.step))
+            c = (b0, b1, take_rows(self.source, b0, b1).dequantize())
+            self._cache = c
+        return c[2][r0 - c[0]:r1 - c[0]]
 
 
 def block_rows(n_cols: int) -> int:
@@ -173,7 +219,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     from ..errors import QuantizationError
     gm, s = group_map, scheme
     g = gm.granularity.value
-    if (tuple(axes) != ("out", "in") or values.ndim != 2 or s.codebook is not None
+    if (tuple(axes) != ("out", "in") or len(values.shape) != 2 or s.codebook is not None
             or s.zero_point.value == "float"
             or not ((g == "channel" and gm.axis == "out") or (g == "group" and gm.axis == "in" and gm.g_idx is None))):
         return None
@@ -191,6 +237,8 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     step = block_rows(n)
     buf = np.empty((step, n), dtype=np.float32)
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
+    if isinstance(values, Rows):
+        step = max(1, min(step, values.step))
     qpos = np.float32((1 << (s.bits - 1)) - 1)
     levels = np.float32((1 << s.bits) - 1)
     degenerate = 0
