@@ -54,6 +54,7 @@ from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresen
                       UnsupportedError)
 from ..groups import Granularity, GroupMap
 from ..io.atomic import atomic_output
+from ..io.parallel import drop_pages
 from ..layout import EXPERT, IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
@@ -477,6 +478,9 @@ def read_gguf(src: Source) -> Checkpoint:
                 perm = _qk_permutation(e.gguf_name, e.shape[0], arch, kv, {}, file=path, tensor=name)
             if perm is not None:
                 out = _permute_rows(out, np.argsort(perm))
+            # the reader maps the whole file once: release the pages this tensor touched (its arrays
+            # are copies), so resident memory does not grow with every tensor read
+            drop_pages(reader.data)
             return out
         except ConverterError as exc:
             raise exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
