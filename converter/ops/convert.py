@@ -111,12 +111,21 @@ def compare_tensors(a, b) -> dict[str, Any]:
 
 
 def bytes_equal(a: np.ndarray, b: np.ndarray, block: int = 1 << 24) -> bool:
-    """Byte-for-byte equality in blocks of ``block`` bytes (no full-size temporary)."""
+    """Byte-for-byte equality in blocks of ``block`` bytes (no full-size temporary); pages of
+    memory-mapped inputs are released every few blocks, so comparing two large mapped tensors
+    does not leave both resident."""
+    from ..io.parallel import drop_pages
     va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if va.size != vb.size:
         return False
-    return all(np.array_equal(va[i:i + block], vb[i:i + block]) for i in range(0, va.size, block))
+    for k, i in enumerate(range(0, va.size, block)):
+        if not np.array_equal(va[i:i + block], vb[i:i + block]):
+            return False
+        if k % 4 == 3:
+            drop_pages(a, b)
+    drop_pages(a, b)
+    return True
 
 
 def _same_words(a: QuantizedTensor, b: QuantizedTensor) -> bool:

@@ -107,9 +107,32 @@ def to_ct(t: QuantizedTensor) -> QuantizedTensor:
     return as_signed(t)
 
 
+class _SignedView:
+    """The parameters of an unsigned tensor as :func:`to_ct` would give them (scheme signed, integer
+    zero points shifted by ``-2^(b-1)``), without computing its signed codes (the caller stores the
+    unsigned codes, which are the stored fields)."""
+
+    def __init__(self, t: QuantizedTensor, zero_points) -> None:
+        self.scheme = t.scheme.replace(signed=True)
+        self.shape, self.axes, self.group_map, self.scales = t.shape, t.axes, t.group_map, t.scales
+        self.zero_points = zero_points
+        self.packed = None
+
+
 def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> dict:
     """Stored arrays of one module (names ``<prefix>.weight_*``)."""
-    t = to_ct(t)
+    u = None
+    if fmt == "pack-quantized" and not t.scheme.signed and t.packed is None \
+            and t.scheme.zero_point is not ZeroPoint.FLOAT and t.scheme.codebook is None:
+        # stored fields q_s + 2^(b-1) are the unsigned codes themselves: take them as they are and
+        # shift only the (small) parameters, rather than codes -> signed -> fields again
+        u = t.codes
+        zp = t.zero_points
+        if zp is not None:
+            zp = (zp.astype(np.int16) - (1 << (t.scheme.bits - 1))).astype(np.int8)
+        t = _SignedView(t, zp)
+    else:
+        t = to_ct(t)
     b = t.scheme.bits
     off = 1 << (b - 1)
     o, i = t.shape
@@ -118,7 +141,8 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     out: dict[str, np.ndarray] = {}
     if fmt == "pack-quantized":
         # stored fields are q + 2^(b-1); codes still packed move as words (a top-bit flip)
-        u = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) + off).astype(np.uint8)
+        if u is None:
+            u = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) + off).astype(np.uint8)
         out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).store_codes(u, AXES)
     else:
         out[prefix + ".weight"] = np.ascontiguousarray(t.codes.astype(np.int8))
