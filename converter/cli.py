@@ -43,8 +43,9 @@ def run_options_flags(fn):
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
     @functools.wraps(fn)
     def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
-        from .io.parallel import limit_blas_threads, parse_size, run_options
+        from .io.parallel import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
         limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
+        fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
         try:
             mem = parse_size(max_memory) if max_memory is not None else None
         except ConverterError as exc:

@@ -180,6 +180,23 @@ def limit_blas_threads(n: int = 1) -> bool:
     return done
 
 
+def fixed_mmap_threshold(nbytes: int = 4 * 2**20) -> bool:
+    """Make glibc ``malloc`` serve every block of ``nbytes`` or more with its own ``mmap`` (best effort).
+
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which
+    tensor-sized buffers come from the heap, which fragments and grows over hundreds of tensors.
+    A fixed threshold returns every large buffer to the system when it is freed, so resident
+    memory stays flat however many tensors a command processes. Inherited by forked workers.
+    """
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(ctypes.c_int(-3), ctypes.c_int(int(nbytes))))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 # --------------------------------------------------------------------------------------------- progress
 
 def _fmt_time(s: float) -> str:
@@ -337,3 +354,34 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
                 on_result(i, res)
     finally:
         _TASK_FN = None
+
+
+def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tuple[int, Any]], *,
+                     label: str = "writing", total_bytes: int | None = None) -> None:
+    """Fill a file of ``size`` bytes whose layout is fixed: item ``i`` is ``produce(i) -> (offset,
+    array)``, written with ``pwrite`` at ``offset`` by whichever worker process runs it.
+
+    For formats written outside :func:`converter.formats.plan.write_plans` (GGUF): the header and
+    every offset are computed first, so tensors can be encoded in parallel (workers and progress
+    from the options in force) and the bytes are the same for any number of workers. Gaps are
+    zero (``ftruncate``). The file is fsynced.
+    """
+    opts = current()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+
+        def task(i: int) -> int:
+            offset, arr = produce(i)
+            view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+            done = 0
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+            return view.nbytes
+
+        workers = opts.n_workers if opts.workers or size >= 32 * 2**20 else 1
+        with Progress(label, n_items, total_bytes if total_bytes is not None else size) as progress:
+            run_tasks(n_items, task, workers=workers, on_result=lambda i, n: progress.advance(1, n))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
