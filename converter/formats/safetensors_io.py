@@ -13,6 +13,7 @@ any order with ``os.pwrite``.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -301,6 +302,22 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     return SafetensorsHeader(path, n, 8 + n, {t.name: t for t in infos}, metadata, file_size)
 
 
+#: Tensors up to this size are mapped with ``MAP_POPULATE``: one system call maps every page
+#: instead of one page fault per 4 KiB (about 2x less system time reading a checkpoint). Larger
+#: ones stay lazily mapped, so a row-block reader holds only the rows it touches.
+POPULATE_MAX = 64 * 2**20
+
+
+def _map_populated(path: Path, offset: int, nbytes: int) -> np.ndarray:
+    """Read-only ``uint8[nbytes]`` view of ``path[offset:offset+nbytes]``, prefaulted (the map lives
+    as long as the array, like ``numpy.memmap``)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), offset - start + nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                       prot=mmap.PROT_READ, offset=start)
+    return np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=offset - start)
+
+
 def read_tensor(header: SafetensorsHeader, name: str) -> np.ndarray:
     """A read-only view of one tensor, memory-mapped.
 
@@ -334,6 +351,8 @@ def read_tensor(header: SafetensorsHeader, name: str) -> np.ndarray:
     np_dtype = DTYPES[info.dtype].numpy
     if info.nbytes == 0:
         raw = np.empty(0, dtype=np.uint8)
+    elif info.nbytes <= POPULATE_MAX and hasattr(mmap, "MAP_POPULATE"):
+        raw = _map_populated(header.path, header.data_start + info.begin, info.nbytes)
     else:
         raw = np.memmap(header.path, dtype=np.uint8, mode="r", offset=header.data_start + info.begin,
                         shape=(info.nbytes,))
