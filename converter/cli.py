@@ -14,6 +14,7 @@ import click
 
 from . import exit_codes, render
 from .errors import ConverterError
+from .validate.findings import codes_help
 
 
 def _handle_errors(fn):
@@ -152,6 +153,29 @@ def convert(src, dst, to, overwrite, report, as_json):
         with atomic_output(report, overwrite=True) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
     _emit(doc, as_json, render.render_convert, "convert-report")
+
+
+@main.command(epilog=exit_codes.epilog() + "\n\n" + codes_help())
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
+@click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
+@click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
+@_handle_errors
+def validate(path, reference, strict, self_test, as_json):
+    """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
+    from .validate import probes, report
+    from .validate import validate as do_validate
+    if self_test:
+        doc = probes.self_test()
+        _emit(doc, as_json, probes.render_self_test, "probe-report")
+        sys.exit(doc["exit_code"])
+    if path is None:
+        raise click.UsageError("give PATH (or --self-test)")
+    rep = do_validate(path, reference=reference, strict=strict)
+    _emit(rep.to_json(), as_json, report.render_report, "validation-report")
+    sys.exit(rep.exit_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -596,3 +596,38 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
 
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target))
+
+
+# -- validation hooks (converter/validate/hooks.py) ------------------------------------------------
+def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
+    """Which GPTQ zero convention the stored ``qzeros`` fields follow (CASES.md B01; FORMATS.md section 1.3).
+
+    For a symmetric config every raw field is a marker: ``2^(b-1) - 1`` (v1 stores ``z - 1``) or
+    ``2^(b-1)`` (v2 stores ``z``). Asymmetric zeros carry no marker (``inferred`` is None; the
+    validator's generic zero-offset check covers them).
+
+    Returns
+    -------
+    dict ``{"claimed", "inferred", "sym", "raw_field_counts", "stored_tensor"}`` or None when the
+    spec has no stored ``qzeros``.
+    """
+    zname = next((s.name for s in spec.stored if s.role == "zero_points"), None)
+    if zname is None or spec.scheme is None:
+        return None
+    qcfg = dict(src.quantization_config or {})
+    claimed = checkpoint_format_of(qcfg, file=src.path)
+    b = spec.scheme.bits
+    words = np.asarray(src.read(zname)).view(np.uint32)
+    fields = zeros_map(b).to_logical(words, (OUT, IN), {IN: words.shape[0], OUT: int(spec.shape[0])})
+    vals, counts = np.unique(fields, return_counts=True)
+    sym = spec.scheme.zero_point is ZeroPoint.NONE
+    inferred = None
+    if sym and vals.size == 1:
+        inferred = {(1 << (b - 1)) - 1: V1, 1 << (b - 1): V2}.get(int(vals[0]))
+    return {"claimed": claimed, "inferred": inferred, "sym": sym, "stored_tensor": zname,
+            "raw_field_counts": {int(v): int(c) for v, c in sorted(zip(vals, counts), key=lambda kv: -kv[1])[:4]}}
+
+
+from ..validate.hooks import register_hooks  # noqa: E402  (hooks module imports nothing from formats)
+
+register_hooks("gptq", zero_convention=zero_convention_evidence, always_stored=("g_idx",))

@@ -485,3 +485,9 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
 
 HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine; mxfp4, nvfp4, mxfp8 read-only)",
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target))
+
+
+from ..validate.hooks import register_hooks  # noqa: E402
+
+#: MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
+register_hooks(FORMAT, negative_scales=True)
