@@ -46,6 +46,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "degenerate": ("error", "structure", "every weight of the tensor decodes to the same value (B17)"),
     "group-tail": ("info", "groups", "partial final group: logical vs padded width and the legal group sizes "
                                      "(B13/B14/B15)"),
+    "group-size": ("info", "groups", "a group size outside the 16-256 powers of two that common kernels accept; "
+                                     "the exact re-blocking (B38)"),
     "group-skip": ("info", "groups", "a Linear weight left unquantized whose width the model's group size does "
                                      "not divide (B15)"),
     "tied-embeddings": ("error", "structure", "tie_word_embeddings contradicts the tensor set, or a kept head "

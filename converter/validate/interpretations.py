@@ -8,7 +8,7 @@ logical model and the stored :class:`~converter.layout.AxisMap` records:
 - ``reversed dims``: GGUF-style ``ne`` reversal (the buffer reshaped as ``(in, out)`` and transposed);
 - ``scales transposed`` / ``scales reshaped``: the scale (and zero) array in the other orientation;
 - ``groups along <other axis>``: scales applied along the other logical axis (square tensors, B06);
-- ``scales shifted one group``: every group given its neighbour's scale (wrong groups);
+- ``scales shifted one group forward / back``: every group given a neighbour's scale (wrong groups);
 - ``nibble order <o>``: codes repacked with the declared AxisMap and unpacked with another in-word
   order (sequential, reversed, AWQ interleave and its inverse; B09);
 - ``zero +1`` / ``zero -1``: the zero point (or implicit centre, or float bias) one step off (B01);
@@ -119,7 +119,8 @@ def _param_alternatives(t: QuantizedTensor) -> dict[str, tuple[np.ndarray, np.nd
     if gm.granularity is Granularity.GROUP:
         ax = axes.index(gm.axis)
         if s.shape[ax] > 1:
-            out["scales shifted one group"] = (*both(lambda x: np.roll(x, 1, axis=ax)), gm)
+            out["scales shifted one group forward"] = (*both(lambda x: np.roll(x, 1, axis=ax)), gm)
+            out["scales shifted one group back"] = (*both(lambda x: np.roll(x, -1, axis=ax)), gm)
     return out
 
 

@@ -11,7 +11,7 @@ Per quantized tensor ``W`` with a same-named, same-shaped reference ``W_ref``:
   the reference clearly better than the declared one, the finding ``layout-mismatch`` names it.
 
 Thresholds (calibrated on ``sample_checkpoints/`` against ``minilm_fp16.safetensors``, where the
-declared decodes sit at 0.14-0.34 steps and the closest alternative has at least 1.8 times the
+declared decodes sit at 0.14-0.34 steps and the closest alternative has at least 1.55 times the
 declared relative error): ``layout-mismatch`` when an alternative's relative error is below
 :data:`ALT_RATIO` times the declared one; otherwise ``reference-mismatch`` above
 :data:`STEP_LIMIT` steps or a matmul error above :data:`MATMUL_FACTOR` times the weight-noise
@@ -28,9 +28,9 @@ from ..tensor import QuantizedTensor
 from .findings import Finding, finding
 from .interpretations import alternatives
 
-STEP_LIMIT = 0.75
+STEP_LIMIT = 0.5
 ALT_RATIO = 0.5
-MATMUL_FACTOR = 3.0
+MATMUL_FACTOR = 2.0
 MATMUL_FLOOR = 0.02
 BATCH = 8
 SEED = 20240607

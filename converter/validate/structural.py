@@ -202,6 +202,16 @@ def check_spec(spec: TensorSpec, *, always_stored: Iterable[str] = ()) -> list[F
                                f"need {gm.axis} padded to {ng * gm.group_size} with zero weights",
                                logical_width=n, padded_width=ng * gm.group_size, n_groups=ng, tail=tail,
                                group_size=gm.group_size, legal_group_sizes=legal_group_sizes(n)))
+    if gm is not None and gm.granularity is Granularity.GROUP and gm.axis in axes \
+            and gm.group_size not in COMMON_GROUP_SIZES:
+        n = int(spec.shape[axes.index(gm.axis)])
+        divisors = [g for g in COMMON_GROUP_SIZES if gm.group_size % g == 0]
+        out.append(finding("group-size", spec.name, f"group size {gm.group_size} is outside what common kernels accept "
+                           f"({', '.join(map(str, COMMON_GROUP_SIZES))}; ONNX Runtime MLAS stops at 256 and silently "
+                           f"returns zeros beyond)" + (f"; re-blocking to {divisors[-1]} (scales repeated) is exact"
+                                                        if divisors else ""),
+                           group_size=gm.group_size, width=n, accepted=list(COMMON_GROUP_SIZES),
+                           exact_reblock_to=divisors[-1] if divisors else None, legal_group_sizes=legal_group_sizes(n)))
     roles = {s.role for s in spec.stored}
     for role in always_stored:
         if role not in roles:
@@ -310,7 +320,6 @@ def known_widths(ckpt: Checkpoint) -> set[int]:
     walk(ckpt.config or {})
     if not known:
         return known
-    known |= {2 * k for k in known} | {3 * k for k in known}
     for spec in ckpt.specs():
         if spec.kind == "dense":
             known.update(int(d) for d in spec.shape)
@@ -318,16 +327,18 @@ def known_widths(ckpt: Checkpoint) -> set[int]:
 
 
 def check_shape_config(ckpt: Checkpoint) -> list[Finding]:
-    """Each quantized weight's ``out`` / ``in`` must be a width the config or the dense tensors name."""
+    """Each quantized weight's ``in`` must be a width the config or the dense tensors name; ``out`` may
+    also be twice or three times one (fused gate/up, q/k/v projections)."""
     known = known_widths(ckpt)
     if not known:
         return []
+    fused = known | {2 * k for k in known} | {3 * k for k in known}
     out = []
     for spec in ckpt.specs():
         if spec.kind != "quantized" or not spec.axes:
             continue
         dims = {a: int(n) for a, n in zip(spec.axes, spec.shape) if a != EXPERT}
-        unknown = {a: n for a, n in dims.items() if n not in known}
+        unknown = {a: n for a, n in dims.items() if n not in (fused if a == "out" else known)}
         if unknown:
             out.append(finding("shape-config", spec.name, f"logical {', '.join(f'{a}={n}' for a, n in unknown.items())} "
                                f"is not a width named by config.json or the dense tensors: bits or group size may be "
