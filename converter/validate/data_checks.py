@@ -46,6 +46,8 @@ ZERO_OFFSET_LIMIT = 0.5
 ZERO_OFFSET_RATIO = 0.15
 #: Fewer groups than this give no statistics worth reporting.
 MIN_GROUPS = 16
+#: Fewer elements than this give no mean offset worth reporting (standard error std / 32).
+MIN_ELEMENTS = 1024
 
 
 def _other(axis: str, axes: tuple[str, ...]) -> str | None:
@@ -153,7 +155,7 @@ def check_zero_offset(t: QuantizedTensor) -> tuple[list[Finding], dict[str, floa
         return [], None
     m, sd = res
     stats = {"mean_code_offset": round(m, 4), "std_code_offset": round(sd, 4)}
-    if abs(m) <= ZERO_OFFSET_LIMIT or abs(m) <= ZERO_OFFSET_RATIO * sd:
+    if t.numel < MIN_ELEMENTS or abs(m) <= ZERO_OFFSET_LIMIT or abs(m) <= ZERO_OFFSET_RATIO * sd:
         return [], stats
     kind = "zero points" if t.scheme.zero_point is ZeroPoint.INTEGER else f"implicit centre {t.scheme.center}"
     return [finding("zero-offset", t.name,

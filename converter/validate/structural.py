@@ -168,8 +168,9 @@ def classify(exc: ConverterError) -> str:
         return "zero-range"
     if f.startswith("dtype") or f.endswith("dtype"):
         return "dtype"
+    hint = (exc.hint or "").lower()
     if "quantization" in f or "config" in f or "checkpoint_format" in f or f in ("sym", "bits", "group_size") \
-            or "config" in msg:
+            or "config" in msg or "contradicts the tensor" in hint:
         return "config-mismatch"
     if f.startswith("shape") or "shape" in msg:
         return "shape"
