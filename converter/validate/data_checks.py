@@ -182,9 +182,15 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
                            scale_dtype=t.scheme.scale_dtype))
     zero = s32 == 0
     if zero.any() and t.scheme.scale_dtype != "F8_E8M0":
-        out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} scales are zero: those groups decode "
-                           f"to 0 and requantizing them divides by zero", count=int(zero.sum()),
-                           first_index=where(zero)))
+        if t.double_quant is not None:  # a sub-block scale quantized to 0 (llama.cpp K-quants): lossy, not a fault
+            out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} effective scales are zero: "
+                               f"{t.double_quant.kind} sub-block scales quantized to 0 (those groups decode to their "
+                               f"offset only)", severity="info", count=int(zero.sum()), first_index=where(zero),
+                               double_quant=t.double_quant.kind))
+        else:
+            out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} scales are zero: those groups decode "
+                               f"to 0 and requantizing them divides by zero", count=int(zero.sum()),
+                               first_index=where(zero)))
     neg = s32 < 0
     if neg.any() and not negative_ok:
         out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative",

@@ -37,12 +37,14 @@ from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, QuantizedTensor, spec_of
 from .interpretations import alternatives
 
-PROBE_NAME = "probe.layers.0.proj.weight"
+#: A Hugging Face name every writer can map (GGUF maps names per architecture), with its config.
+PROBE_NAME = "encoder.layer.0.attention.self.query.weight"
+PROBE_CONFIG = {"model_type": "bert", "architectures": ["BertModel"]}
 GROUP_SIZES = (16, 32, 8, 64, 128)
 #: (bits, signed, zero point) candidates, in order of preference.
 SCHEMES = ((4, False, ZeroPoint.NONE), (4, False, ZeroPoint.INTEGER), (8, False, ZeroPoint.NONE),
            (4, True, ZeroPoint.NONE), (8, True, ZeroPoint.NONE), (4, False, ZeroPoint.FLOAT))
-MAX_PER_FORMAT = 4
+MAX_PER_FORMAT = 8
 #: Formats whose writer stores dense floats: nothing to probe.
 DENSE_ONLY = ("plain",)
 
@@ -133,8 +135,10 @@ def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
     dst = workdir / f"{handler.name}-{len(list(workdir.iterdir()))}"
     if handler.name == "native":
         dst = dst.with_suffix(".safetensors")
+    elif handler.name == "gguf":
+        dst = dst.with_suffix(".gguf")
     try:
-        handler.write(Checkpoint.from_tensors([t], format="memory"), dst)
+        handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
         back = handler.read(Source(dst))[t.name]
     except ConverterError as exc:
         res.error = exc.render()
