@@ -222,3 +222,132 @@ def check_degenerate(t: QuantizedTensor) -> list[Finding]:
                         f"one value per group (an empty pack loop, CASES.md B17)", code_value=int(q.flat[0]),
                         numel=t.numel)]
     return []
+
+
+# -- nibble order plausibility (checkpoint level) ------------------------------------------------------
+#: An alternative in-word order is reported when it correlates with a sibling's profile at least this well ...
+NIBBLE_MIN_CORR = 0.3
+#: ... and raises the sum of positive sibling correlations by at least this much (clean samples: <= 0.1).
+NIBBLE_MARGIN = 0.3
+
+
+def _word_perms(t: QuantizedTensor) -> tuple[str, int, dict[str, np.ndarray]] | None:
+    """(packed axis, its length, {alternative order name: index permutation along it}) for packed codes."""
+    from .interpretations import _orders
+    amap = (t.stored or {}).get("codes")
+    if amap is None or amap.packed_axis is None or amap.packed_axis not in t.axes or amap.word_bits % amap.bits:
+        return None
+    n = amap.word_bits // amap.bits
+    length = t.shape[t.axes.index(amap.packed_axis)]
+    if n < 2 or length % n:
+        return None
+    declared = tuple(amap.order) if amap.order else tuple(range(n))
+    out = {}
+    for label, order in _orders(n).items():
+        if order == declared:
+            continue
+        within = np.empty(n, dtype=np.int64)
+        within[list(order)] = list(declared)  # alternative element order[k] = declared element declared[k]
+        out[f"nibble order {label}"] = (np.arange(0, length, n)[:, None] + within[None, :]).ravel()
+    return amap.packed_axis, length, out
+
+
+def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
+    """RMS of the dequantized weights per index of the packed axis, and the alternative orders' index maps."""
+    wp = _word_perms(t)
+    if wp is None or len(t.axes) < 2:
+        return None
+    axis, length, perms = wp
+    w = t.dequantize().astype(np.float64)
+    ax = t.axes.index(axis)
+    prof = np.sqrt(np.mean(np.moveaxis(w, ax, -1).reshape(-1, length) ** 2, axis=0))
+    return {"axis": axis, "length": length, "profile": prof, "perms": perms}
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _score(prof: np.ndarray, sibs: list[np.ndarray]) -> tuple[float, float]:
+    """(sum of positive correlations with the siblings, the best single one)."""
+    cs = [_corr(prof, x) for x in sibs]
+    return float(sum(max(c, 0.0) for c in cs)), max(cs)
+
+
+def check_nibble_order(profiles: dict[str, dict[str, Any]]) -> list[Finding]:
+    """``nibble-order``, from the data alone: siblings sharing the packed axis (q/k/v share their
+    input features) have correlated per-index magnitude profiles; a tensor whose profile matches its
+    siblings' only after re-reading its words in another order has its nibbles permuted.
+
+    A permuted tensor also lowers its partners' scores, so the tensor whose alternative explains the
+    most is reported first, its profile is corrected, and the rest are re-scored ("explaining away").
+    Undetectable when every sibling is permuted the same way, or for a tensor without siblings.
+    """
+    profs = {n: dict(p) for n, p in profiles.items()}
+    out: list[Finding] = []
+    for _ in range(len(profs)):
+        best = None
+        for name, p in profs.items():
+            sibs = [q["profile"] for n, q in profs.items() if n != name and q["axis"] == p["axis"]
+                    and q["length"] == p["length"]]
+            if not sibs or not p["perms"]:
+                continue
+            declared, dbest = _score(p["profile"], sibs)
+            for label, perm in p["perms"].items():
+                score, single = _score(p["profile"][perm], sibs)
+                gain = score - declared
+                if single >= NIBBLE_MIN_CORR and gain >= NIBBLE_MARGIN and (best is None or gain > best[0]):
+                    best = (gain, name, label, perm, declared, score, dbest, single)
+        if best is None:
+            break
+        gain, name, label, perm, declared, score, dbest, single = best
+        p = profs[name]
+        out.append(finding("nibble-order", name, f"the per-{p['axis']} magnitude profile matches its sibling layers' "
+                           f"(best correlation {single:.2f}) only when the words are read in '{label}' order "
+                           f"(declared order: {dbest:.2f})", declared_correlation=round(dbest, 4),
+                           best_alternative=label, alternative_correlation=round(single, 4),
+                           declared_score=round(declared, 4), alternative_score=round(score, 4), axis=p["axis"]))
+        p["profile"] = p["profile"][perm]
+        p["perms"] = {}
+    return out
+
+
+def zero_pairing_spread(t: QuantizedTensor, codes: np.ndarray) -> float:
+    """RMS over groups of the group mean of ``q - z`` (code units): small when codes sit with their own zeros."""
+    z = t.group_map.expand(t.zero_points.astype(np.float64), t.shape, t.axes)
+    r = codes.astype(np.float64) - z
+    sums = t.group_map.reduce(r, np.add, t.axes)
+    counts = t.group_map.reduce(np.ones_like(r), np.add, t.axes)
+    return float(np.sqrt(np.mean((sums / counts) ** 2)))
+
+
+def check_zero_pairing(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any] | None]:
+    """``nibble-order`` for codes packed across groups (AWQ packs along ``out``): with integer zero points,
+    each group's codes centre on its own zero (group mean of ``q - z`` near 0: 0.21-0.28 steps RMS on
+    the real samples); codes read in the wrong in-word order land in other rows' groups and sit
+    several steps off (above 1.0 on every sample). Reported when another order brings the spread
+    below :data:`PAIRING_RATIO` times the declared one."""
+    from .interpretations import nibble_alternatives
+    if t.scheme.zero_point is not ZeroPoint.INTEGER or t.numel < MIN_ELEMENTS:
+        return [], None
+    alts = nibble_alternatives(t)
+    if not alts:
+        return [], None
+    declared = zero_pairing_spread(t, t.codes)
+    spreads = {k: round(zero_pairing_spread(t, v), 4) for k, v in alts.items()}
+    stats = {"declared": round(declared, 4), "alternatives": spreads}
+    best, val = min(spreads.items(), key=lambda kv: kv[1])
+    if declared > PAIRING_MIN and val < PAIRING_RATIO * declared:
+        return [finding("nibble-order", t.name, f"codes sit {declared:.2f} steps (RMS of group means) from their "
+                        f"groups' zero points, but {val:.2f} when the words are read in '{best}' order: the codes "
+                        f"were packed in another order than declared", declared_spread=round(declared, 4),
+                        best_alternative=best, alternative_spread=val, alternatives=spreads)], stats
+    return [], stats
+
+
+#: Zero-pairing spreads: flag when the best alternative is below this fraction of the declared spread ...
+PAIRING_RATIO = 0.5
+#: ... and the declared spread exceeds this many steps.
+PAIRING_MIN = 0.5

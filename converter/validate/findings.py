@@ -58,6 +58,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "zero-convention": ("error", "data", "stored zero points follow the other GPTQ convention (v1 z-1 vs v2 z) "
                                          "than the config claims (B01)"),
     "zero-offset": ("error", "data", "codes sit about one step off the declared zero point on average"),
+    "nibble-order": ("error", "data", "a tensor's per-index magnitude profile matches its siblings' only under "
+                                      "another in-word nibble order (B09)"),
     # with --reference
     "reference-mismatch": ("error", "reference", "dequantized weights or dequant(W) @ x differ from the reference "
                                                  "beyond the scheme's error"),

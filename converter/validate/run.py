@@ -85,6 +85,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     report.checks.append("data")
     if ref_ckpt is not None:
         report.checks.append("reference")
+    profiles: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
         if spec.kind != "quantized":
             continue
@@ -97,6 +98,10 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         if not isinstance(t, QuantizedTensor):
             continue
         report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
+        prof = data_checks.column_profile(t)
+        if prof is not None:
+            profiles[spec.name] = prof
+    report.add(*data_checks.check_nibble_order(profiles))
     return report
 
 
@@ -111,6 +116,10 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     report.add(*sat_findings)
     zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t)
     report.add(*zo_findings)
+    zp_findings, pairing = data_checks.check_zero_pairing(t)
+    report.add(*zp_findings)
+    if pairing is not None:
+        stats["zero_pairing"] = pairing
     if hooks.get("zero_convention"):
         _zero_convention(hooks["zero_convention"], source, spec, report)
     if ref_ckpt is not None:

@@ -84,6 +84,10 @@ def test_b09_linear_nibbles_under_an_awq_config(tmp_path):
     edit_tensors(d, lambda s: s.__setitem__("encoder.layer.0.output.dense.qweight", linear.to_stored(real.codes, (OUT, IN))))
     f = assert_finding(validate(d, reference=FP16), "layout-mismatch", OUTPUT)
     assert f.evidence["best_alternative"] == "nibble order sequential"
+    # without the reference: AWQ packs across rows, so the codes land beside other rows' zero points
+    f = assert_finding(validate(d), "nibble-order", OUTPUT)
+    assert f.evidence["best_alternative"] == "nibble order sequential"
+    assert f.evidence["alternative_spread"] < 0.3 < 1.0 < f.evidence["declared_spread"]
 
 
 def test_b11_g_idx_with_act_order_not_declared(tmp_path):

@@ -165,6 +165,18 @@ def test_nibble_order_flipped_needs_the_reference(tmp_path):
     assert f.evidence["alternative_rel_rms"] < 0.2 < f.evidence["declared_rel_rms"]
 
 
+def test_nibble_order_flipped_on_one_of_q_k_v_is_caught_from_the_data(tmp_path):
+    d = copy_sample(GPTQ, tmp_path)
+    t = _logical(QUERY)
+    flipped = replace(gptq.codes_map(4), order=(7, 6, 5, 4, 3, 2, 1, 0))
+    edit_tensors(d, lambda s: s.__setitem__(f"{P}.qweight", flipped.to_stored(t.codes, (OUT, IN))))
+    rep = validate(d)
+    f = assert_finding(rep, "nibble-order", QUERY)
+    assert f.evidence["best_alternative"] == "nibble order reversed"
+    assert f.evidence["alternative_correlation"] > 0.6 > 0.2 > f.evidence["declared_correlation"]
+    assert [x.tensor for x in rep.findings if x.code == "nibble-order"] == [QUERY]
+
+
 def test_scales_on_the_wrong_groups_need_the_reference(tmp_path):
     d = copy_sample(GPTQ, tmp_path)
     edit_tensors(d, lambda s: s.__setitem__(f"{P}.scales", np.roll(s[f"{P}.scales"], 1, axis=0)))
