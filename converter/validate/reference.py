@@ -46,21 +46,29 @@ def step_rms(t: QuantizedTensor) -> float:
     return float(np.sqrt(np.mean(s * s))) if s.size else 0.0
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    d = float(np.linalg.norm((a.astype(np.float64) - ref).ravel()))
-    n = float(np.linalg.norm(ref.ravel()))
+def _norm(x: np.ndarray) -> float:
+    v = np.ascontiguousarray(x).reshape(-1)
+    return float(np.sqrt(np.dot(v.astype(np.float64, copy=False), v.astype(np.float64, copy=False)))) if v.size else 0.0
+
+
+def _rel(a: np.ndarray, ref: np.ndarray, ref_norm: float | None = None) -> float:
+    """``||a - ref|| / ||ref||`` (float32 difference, float64 accumulation)."""
+    d = _norm(np.subtract(a, ref, dtype=np.float32))
+    n = _norm(ref) if ref_norm is None else ref_norm
     return d / n if n else (0.0 if d == 0 else float("inf"))
 
 
 def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[str, Any]]:
     """Findings and statistics of ``t`` against the float reference ``ref`` (same logical shape)."""
-    ref64 = np.asarray(ref, dtype=np.float64)
+    ref32 = np.asarray(ref, dtype=np.float32)
+    ref64 = ref32.astype(np.float64)
+    ref_norm = _norm(ref32)
     deq = t.dequantize()
     err = deq.astype(np.float64) - ref64
     rms = float(np.sqrt(np.mean(err * err))) if err.size else 0.0
     step = step_rms(t)
     steps = rms / step if step else (0.0 if rms == 0 else float("inf"))
-    rel = _rel(deq, ref64)
+    rel = _rel(deq, ref32, ref_norm)
     stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps, "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0}
     findings: list[Finding] = []
     if t.codes.ndim == 2:
@@ -75,7 +83,7 @@ def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[st
         mm_limit = max(MATMUL_FLOOR, MATMUL_FACTOR * predicted)
     else:
         mm, mm_limit = None, None
-    alts = {name: _rel(a, ref64) for name, a in alternatives(t).items()}
+    alts = {name: _rel(a, ref32, ref_norm) for name, a in alternatives(t).items()}
     stats["alternatives_rel_rms"] = {k: round(v, 4) for k, v in alts.items()}
     best = min(alts.items(), key=lambda kv: kv[1]) if alts else None
     if best is not None and best[1] < ALT_RATIO * rel:
