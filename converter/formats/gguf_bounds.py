@@ -303,6 +303,9 @@ def _walk(path: Path, buf, size: int) -> GGUFBounds:
             if count > _INT64_MAX:
                 raise CorruptFileError("dimension product overflows int64", file=path, tensor=name, field="ne",
                                        expected=f"prod(ne) <= {_INT64_MAX}", found=list(ne))
+        if block > 1 and not ne:  # gguf-py quant_shape_to_byte_shape indexes shape[-1]
+            raise CorruptFileError("a block-quantized tensor needs at least one dimension", file=path, tensor=name,
+                                   field="n_dims", expected=">= 1 for " + tname, found=0)
         if ne and ne[0] % block:
             raise CorruptFileError("ne[0] is not a multiple of the type's block size", file=path, tensor=name,
                                    field="ne", expected=f"multiple of {block} for {tname}", found=ne[0])
