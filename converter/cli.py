@@ -27,6 +27,12 @@ def _handle_errors(fn):
                 raise
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
+            if ctx.find_root().params.get("debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(exit_codes.UNREADABLE)
         except KeyboardInterrupt:
             click.echo("qckpt: interrupted; no partial output left", err=True)
             sys.exit(130)
@@ -80,7 +86,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
     from .formats.native import write_native
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
     if group_size is not None:
         if granularity:
@@ -89,6 +95,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     if not granularity:
         raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
                            scale_dtype={"f16": "F16", "bf16": "BF16", "f32": "F32"}[scale_dtype],
                            include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
@@ -122,8 +129,9 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
     from .formats.plain import write_plain
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
@@ -144,12 +152,19 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 def convert(src, dst, to, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, proven by reading DST back."""
     from .formats.registry import load
+    from .io.atomic import atomic_output, check_not_inside, refuse_existing
     from .ops.convert import convert_exact
+    if report:  # checked before any data moves, so a refused report leaves no DST behind
+        check_not_inside(src, report)
+        if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
+            raise click.UsageError("--report must not be DST or inside it")
+        refuse_existing(report, overwrite)
+    check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     to = to or load(src).format
     doc = convert_exact(src, dst, to, overwrite=overwrite)
     if report:
-        from .io.atomic import atomic_output
-        with atomic_output(report, overwrite=True) as tmp:
+        with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
     _emit(doc, as_json, render.render_convert, "convert-report")
 

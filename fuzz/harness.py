@@ -181,12 +181,23 @@ def _same_size_dtype(dtype: str, draw: Draw) -> str:
 
 
 def mutate_st_header(draw: Draw, raw: bytes) -> bytes:
+    """Structured damage to a safetensors header (see :func:`_mutate_st_header`); a header already
+    too damaged for a structured edit gets byte damage instead."""
+    try:
+        return _mutate_st_header(draw, raw)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return mutate_bytes(draw, raw, 64)
+
+
+def _mutate_st_header(draw: Draw, raw: bytes) -> bytes:
     """Structured damage to a safetensors header: entry fields, names, metadata; some keep the
     container valid (same byte size) so the damage reaches the format readers."""
     split = _st_split(raw)
     if split is None:
         return mutate_bytes(draw, raw, 64)
     header, data = split
+    if not isinstance(header, dict):
+        return mutate_bytes(draw, raw, 64)
     names = sorted(k for k in header if k != "__metadata__")
     op = draw.choice(["dtype_same_size", "dtype_any", "reshape_same_size", "shape_dim", "offsets", "delete",
                       "rename", "metadata", "drop_metadata", "swap_names"])

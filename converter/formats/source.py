@@ -255,5 +255,8 @@ class Source:
         if self.kind != "directory":
             return []
         skip = {f.name for f in self.files} | set(_KNOWN_JSON)
+        root = self.path.resolve()
+        # regular files only (no FIFOs); a symlink leading outside the directory is never copied
         return sorted(p for p in self.path.iterdir() if p.is_file() and p.name not in skip
-                      and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",))
+                      and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",)
+                      and root in p.resolve().parents)

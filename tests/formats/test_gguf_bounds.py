@@ -214,6 +214,17 @@ def test_ne0_not_multiple_of_block(tmp_path):
     assert e.expected == "multiple of 32 for Q8_0" and e.found == 33
 
 
+def test_zero_dims_block_type(tmp_path):
+    # fuzz finding: GGUFReader raised IndexError (quant_shape_to_byte_shape of an empty shape)
+    raw = build([], [tinfo("w", (), 8, 0)], b"\0" * 64)
+    expect(tmp_path, raw, "n_dims", "at least one dimension", tensor="w")
+
+
+def test_zero_dims_f32_scalar_ok(tmp_path):
+    b = check_gguf_bounds(write(tmp_path, build([], [tinfo("w", (), 0, 0)], b"\0" * 32)))
+    assert b.tensors[0].nbytes == 4
+
+
 def test_misaligned_offset(tmp_path):
     raw = build([], [f32_tensor(offset=4)], b"\0" * 64)
     e = expect(tmp_path, raw, "offset", "not aligned", tensor="w")
