@@ -145,15 +145,26 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", "to", default=None, help="Target format (default: the source's).")
+@click.option("--per-tensor", "granularity", flag_value="tensor", default=None, help="Requantize: one scale per tensor.")
+@click.option("--per-channel", "granularity", flag_value="channel", help="Requantize: one scale per output channel.")
+@click.option("--group-size", type=click.IntRange(1), default=None, help="Requantize: groups of G along the input axis.")
+@click.option("--bits", type=click.IntRange(2, 8), default=None, help="Requantize: bits per code.")
+@click.option("--sym/--asym", "sym", default=None, help="Requantize: symmetric, or asymmetric with zero points.")
+@click.option("--scale-dtype", type=click.Choice(["f16", "bf16", "f32"]), default=None, help="Requantize: scale dtype.")
+@click.option("--scale-search", type=click.Choice(["none", "mse"]), default=None,
+              help="Requantize: per-group clipping search minimising squared error.")
+@click.option("--reference", type=click.Path(path_type=Path), default=None,
+              help="Float checkpoint to measure the error against (requantize only).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/convert-report.schema.json).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @_handle_errors
-def convert(src, dst, to, overwrite, report, as_json):
-    """Convert SRC into format --to at DST: an exact repack, proven by reading DST back."""
+def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale_search, reference, overwrite,
+            report, as_json):
+    """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from .formats.registry import load
     from .io.atomic import atomic_output, check_not_inside, refuse_existing
-    from .ops.convert import convert_exact
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -161,12 +172,27 @@ def convert(src, dst, to, overwrite, report, as_json):
         refuse_existing(report, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
-    to = to or load(src).format
-    doc = convert_exact(src, dst, to, overwrite=overwrite)
+    requant = any(v is not None for v in (granularity, group_size, bits, sym, scale_dtype, scale_search, reference))
+    if requant:
+        from .ops.requantize_model import requantize_model
+        from .quant.requant import Target
+        if group_size is not None and granularity:
+            raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
+        target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
+                        group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
+                        scale_search=scale_search or "none")
+        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
+                                 "error-report", render.render_error_report)
+    else:
+        from .ops.convert import convert_exact
+        to = to or load(src).format
+        doc, schema, renderer = convert_exact(src, dst, to, overwrite=overwrite), "convert-report", render.render_convert
     if report:
+        from .schemas import validate_document
+        validate_document(doc, schema)
         with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
-    _emit(doc, as_json, render.render_convert, "convert-report")
+    _emit(doc, as_json, renderer, schema)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -104,3 +104,48 @@ def render_convert(doc: dict) -> None:
     s = doc["summary"]
     c.print(f"{s['tensors']} tensors: {s['exact']} exact, {s['exact_up_to_rounding']} exact up to rounding, "
             f"{s['changed']} changed")
+
+
+def render_error_report(doc: dict) -> None:
+    """Requantize report: one row per tensor, worst first; overall figures and metadata cost."""
+    c = Console(highlight=False, soft_wrap=False, width=200)
+    ref = doc.get("reference") is not None
+    search = any("scale_search" in r for r in doc["tensors"])
+    t = Table(title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']} (worst first)")
+    t.add_column("tensor", overflow="fold", min_width=30)
+    for col in ("plan/result", "target", "rel.Frob", "SQNR dB", "max|err|", "changed", "out err",
+                *(["float err src->dst"] if ref else []), *(["mse gain dB"] if search else []),
+                "worst ch/group", "bits/w"):
+        t.add_column(col, no_wrap=True)
+    for r in doc["tensors"]:
+        v = r["vs_source"]
+        wc, wg = v.get("worst_channel"), v.get("worst_group")
+        worst = "-" if v["exact"] or not wc else f"{','.join(map(str, wc['index']))}/{','.join(map(str, wg['index']))}"
+        row = [r["name"], f"{r['planned']}/{r['result']}" + ("" if r.get("readback_bit_exact", True) else "!"),
+               f"{r['target']['scheme']} {r['target']['groups']}".replace("channel", "ch").replace("group", "g"),
+               "0" if v["exact"] else fmt(v["rel_frobenius"], 3), "exact" if v["exact"] else fmt(v["sqnr_db"], 3),
+               fmt(v["max_abs"], 3), f"{100 * v['changed_fraction']:.1f}%", fmt(v["output_rel_error"], 3)]
+        if ref:
+            vr = r.get("vs_reference")
+            row.append(f"{fmt(vr['source']['rel_frobenius'], 3)}->{fmt(vr['target']['rel_frobenius'], 3)}" if vr else "-")
+        if search:
+            row.append(fmt(r["scale_search"]["gain_db"], 3) if "scale_search" in r else "-")
+        row += [worst, f"{fmt(r['metadata']['before']['bits_per_weight'], 3)}->{fmt(r['metadata']['after']['bits_per_weight'], 3)}"]
+        t.add_row(*row)
+    c.print(t)
+    o = doc["overall"]
+    v = o["vs_source"] or {}
+    c.print(f"{o['tensors']} quantized tensors: planned {o['planned_exact']} exact / {o['planned_lossy']} lossy; "
+            f"result {o['exact']} exact / {o['lossy']} lossy; degenerate groups {o['degenerate_groups']}, "
+            f"partial groups {o['partial_groups']}; {len(doc['passthrough'])} dense tensors passed through")
+    if v:
+        c.print(f"overall vs source: rel. Frobenius {fmt(v['rel_frobenius'])}, SQNR {fmt(v['sqnr_db'])} dB, "
+                f"max |err| {fmt(v['max_abs'])}, output error {fmt(v['output_rel_error'])}")
+    vr = o.get("vs_reference")
+    if vr and vr.get("source"):
+        c.print(f"overall vs float reference: rel. Frobenius {fmt(vr['source']['rel_frobenius'])} (source) -> "
+                f"{fmt(vr['target']['rel_frobenius'])} (target), output error {fmt(vr['source']['output_rel_error'])} -> "
+                f"{fmt(vr['target']['output_rel_error'])}")
+    m = o["metadata"]
+    c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> {fmt(m['after']['metadata_bytes'], 8)} bytes, "
+            f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")

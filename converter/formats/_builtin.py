@@ -6,3 +6,4 @@ from . import awq  # noqa: F401
 from . import mlx  # noqa: F401
 from . import bnb  # noqa: F401
 from . import gptq  # noqa: F401
+from . import gguf  # noqa: F401

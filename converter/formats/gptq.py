@@ -53,7 +53,7 @@ import numpy as np
 from ..errors import FormatError, MissingTensorError, NotRepresentableError, QuantizationError, UnsupportedError
 from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap
-from ..quant.recode import as_unsigned
+from ..quant.recode import as_integer_zero, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
 from .plan import TensorPlan, dense_plan, write_model_dir
@@ -417,7 +417,8 @@ def check_target(spec: TensorSpec) -> str | None:
     """``None`` when ``spec`` can be stored in GPTQ without requantizing, else the reason.
 
     Accepted: 2/3/4/8-bit codes (signed codes are shifted to unsigned, an exact re-expression),
-    symmetric or integer zero points, groups along ``in`` (any size, act-order ``g_idx``) or one
+    symmetric or integer zero points (a float bias is accepted here and checked per group at write
+    time: exact only when ``-bias/scale`` is an integer in range, :func:`as_integer_zero`), groups along ``in`` (any size, act-order ``g_idx``) or one
     scale per output channel (or per tensor, broadcast), F16 scales, or BF16 / F8_E4M3 scales whose
     cast to fp16 is checked exact at write time. F32 scales are refused here: GPTQ stores fp16 and
     the cast is exact only for fp16-representable values (write with ``allow_scale_rounding=True``).
@@ -431,8 +432,6 @@ def check_target(spec: TensorSpec) -> str | None:
         return "GPTQ stores integer grids, not codebook indices (NF4/FP4); requantize"
     if s.bits not in SUPPORTED_BITS:
         return f"GPTQ supports bits {list(SUPPORTED_BITS)}, not {s.bits}; requantize"
-    if s.zero_point is ZeroPoint.FLOAT:
-        return "GPTQ stores integer zero points; a float bias (MLX/GGUF mins) is exact only if -bias/scale is integral: requantize"
     if gm.granularity is Granularity.GROUP and gm.axis != IN:
         return f"GPTQ groups run along in, not {gm.axis}"
     if gm.granularity is Granularity.CHANNEL and gm.axis != OUT:
@@ -480,6 +479,11 @@ def _encode(t: QuantizedTensor, *, v1: bool, allow_rounding: bool, notes: list[s
     if t.scheme.signed:
         t = as_unsigned(t)
         notes.append("signed codes shifted to unsigned (+2^(b-1)), exact")
+    if t.scheme.zero_point is ZeroPoint.FLOAT:  # MLX / GGUF _1 biases: exact only when -bias/scale is integral
+        t = as_integer_zero(t)
+        note = "float bias re-expressed as integer zero points z = -bias/scale (checked exact)"
+        if note not in notes:
+            notes.append(note)
     s, gm = t.scheme, t.group_map
     O, I = t.shape
     b = s.bits
@@ -534,7 +538,8 @@ def gptq_plan(spec: TensorSpec, *, v1: bool, allow_rounding: bool = False) -> Te
 
 
 def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoint_format: str = V2,
-               allow_scale_rounding: bool = False, max_shard_bytes: int | None = None, **_: Any) -> dict:
+               allow_scale_rounding: bool = False, max_shard_bytes: int | None = None,
+               detect_symmetric: bool = True, **_: Any) -> dict:
     """Write ``ckpt`` as a GPTQ model directory (``model.safetensors``, ``config.json``, ``quantize_config.json``).
 
     Parameters
@@ -543,6 +548,10 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
         ``"gptq"`` (v1) stores ``z - 1`` and refuses a zero point of 0 (CASES.md B03).
     allow_scale_rounding : bool
         Round F32 (or other non-fp16) scales to fp16 when the cast is not exact.
+    detect_symmetric : bool
+        When every integer zero point (or float bias ``-2^(b-1) * s``) equals the centre
+        ``2^(b-1)``, write ``sym: true`` (the stored ``qzeros`` are the same either way; symmetric-only
+        kernels such as vLLM's GPTQ-Marlin need the flag). Reads each such tensor once more.
 
     Raises
     ------
@@ -568,6 +577,8 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
         act |= bool(spec.act_order)
         lm_head |= spec.name.startswith("lm_head")
         plans.append(gptq_plan(spec, v1=v1, allow_rounding=allow_scale_rounding))
+    if not sym and detect_symmetric:
+        sym = _all_zero_points_centred(ckpt)
     if len(layouts) > 1:
         raise NotRepresentableError("GPTQ config holds one bits/group_size for all layers", field="quantization_config",
                                     expected="uniform (bits, group_size)", found=sorted(layouts),
@@ -583,13 +594,30 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     qc = {**base, "quant_method": "gptq", "method": "gptq", "bits": bits, "group_size": group, "desc_act": act,
           "sym": sym, "checkpoint_format": checkpoint_format, "format": checkpoint_format, "pack_dtype": "int32",
           "lm_head": lm_head, "meta": meta}
-    config = {**(ckpt.config or {}), "quantization_config": qc}
+    # drop any other format's quantization keys (an MLX source's "quantization" would make the
+    # output claim to be MLX as well)
+    config = {**{k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")},
+              "quantization_config": qc}
     result = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
                              extra_json={"quantize_config.json": qc}, extra_files=ckpt.extra_files,
                              max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     result["notes"] = {p.source: list(p.notes) for p in plans}
     result["quantization_config"] = qc
     return result
+
+
+def _all_zero_points_centred(ckpt: Checkpoint) -> bool:
+    """True when every quantized tensor is symmetric or has all zero points at the unsigned centre."""
+    for spec in ckpt.specs():
+        if spec.kind != "quantized" or spec.scheme.zero_point is ZeroPoint.NONE:
+            continue
+        try:
+            t = as_integer_zero(as_unsigned(ckpt[spec.name]))
+        except NotRepresentableError:
+            return False
+        if t.zero_points is None or not np.all(t.zero_points == t.scheme.center):
+            return False
+    return True
 
 
 def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:

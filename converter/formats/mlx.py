@@ -37,6 +37,7 @@ from ..dtypes import dtype_name
 from ..errors import FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
 from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, IN, OUT, AxisMap
+from ..quant.recode import as_float_bias, as_groups, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
 from .plan import TensorPlan, dense_plan, write_model_dir
@@ -358,6 +359,22 @@ def dequantize_like_mlx(t: QuantizedTensor) -> np.ndarray:
 
 
 # -- writer -------------------------------------------------------------------------------------
+def target_group_size(spec: TensorSpec) -> int | None:
+    """The MLX ``group_size`` a quantized ``spec`` is written with, or None if there is none.
+
+    Groups along ``in`` keep their size. Per-tensor and per-output-channel parameters are written
+    as the largest MLX group size dividing ``in`` (128, 64, then 32), each group repeating its
+    row's scale and bias (:func:`converter.quant.recode.as_groups`): an exact re-expression.
+    """
+    gm = spec.group_map
+    if gm.granularity is Granularity.GROUP:
+        return gm.group_size
+    n_in = int(spec.shape[-1])
+    if gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT):
+        return next((g for g in sorted(AFFINE_GROUPS, reverse=True) if n_in % g == 0), None)
+    return None
+
+
 def check_target(spec: TensorSpec) -> str | None:
     """None if ``spec`` can be written as MLX affine exactly (up to bias rounding), else the reason."""
     if spec.kind != "quantized":
@@ -367,18 +384,25 @@ def check_target(spec: TensorSpec) -> str | None:
     if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
         return f"MLX needs axes (out, in) or (expert, out, in), found {spec.axes}"
     gm, s = spec.group_map, spec.scheme
-    if gm.granularity is not Granularity.GROUP or gm.axis != IN:
+    if s.codebook is not None:
+        return "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
+    if gm.granularity is Granularity.GROUP and gm.axis != IN:
+        return f"MLX groups run along 'in'; found {gm.describe()}"
+    if gm.granularity not in (Granularity.GROUP, Granularity.TENSOR, Granularity.CHANNEL) or (
+            gm.granularity is Granularity.CHANNEL and gm.axis != OUT):
         return f"MLX groups run along 'in'; found {gm.describe()}"
     if spec.act_order:
         return "MLX has no g_idx (act-order groups)"
-    if gm.group_size not in AFFINE_GROUPS:
-        return f"MLX group_size must be one of {AFFINE_GROUPS}, found {gm.group_size}"
-    if spec.shape[-1] % gm.group_size:
-        return f"in_features {spec.shape[-1]} is not a multiple of group_size {gm.group_size} (B15)"
+    g = target_group_size(spec)
+    if g is None:
+        return (f"{gm.describe()} parameters need a group size in {AFFINE_GROUPS} dividing "
+                f"in_features {spec.shape[-1]} (B15)")
+    if g not in AFFINE_GROUPS:
+        return f"MLX group_size must be one of {AFFINE_GROUPS}, found {g}"
+    if spec.shape[-1] % g:
+        return f"in_features {spec.shape[-1]} is not a multiple of group_size {g} (B15)"
     if s.bits not in AFFINE_BITS:
         return f"MLX affine bits must be one of {AFFINE_BITS}, found {s.bits}"
-    if s.codebook is not None:
-        return "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
     if s.scale_dtype not in FLOAT_SCALE_DTYPES:
         return f"MLX affine scales must be F16/BF16/F32, found {s.scale_dtype}"
     return None
@@ -387,10 +411,10 @@ def check_target(spec: TensorSpec) -> str | None:
 def as_affine(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Re-express ``t`` as MLX affine: unsigned codes, scales, additive biases (scale dtype).
 
-    Signed codes shift by ``2^(b-1)`` (the centre or zero point shifts with them); symmetric
-    schemes get the implicit centre as zero point; then ``bias = -z*s`` (float32, exact for
-    integer ``z`` and fp16/bf16 ``s``) cast to the scale dtype. Same re-expression as
-    ``converter.quant.recode.as_unsigned`` + ``as_float_bias``.
+    Uses the shared exact re-expressions :func:`converter.quant.recode.as_unsigned` (signed codes
+    shift by ``2^(b-1)`` with their centre / zero point / bias) and
+    :func:`converter.quant.recode.as_float_bias` (``bias = -z*s`` in float32, exact for integer
+    ``z`` and fp16/bf16 ``s``, then cast to the scale dtype).
 
     Returns
     -------
@@ -399,34 +423,26 @@ def as_affine(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, b
     biases : like ``scales``
     exact : bool
         False when casting a bias to the scale dtype rounded.
+
+    Raises
+    ------
+    NotRepresentableError
+        A bias overflows the scale dtype; signed codes with a float bias whose shift rounds.
     """
-    s = t.scheme
-    half = 1 << (s.bits - 1)
-    codes = t.codes
-    if s.signed:
-        codes = (codes.astype(np.int16) + half).astype(np.uint8)
-    if s.zero_point is ZeroPoint.FLOAT:
-        if not s.signed:
-            return codes, t.scales, t.zero_points, True
-        b32 = t.zero_points.astype(np.float32) - np.float32(half) * t.scales.astype(np.float32)
-    else:
-        if s.zero_point is ZeroPoint.INTEGER:
-            z = t.zero_points.astype(np.float32) + (half if s.signed else 0)
-        else:
-            z = np.full(t.scales.shape, half, dtype=np.float32)  # centre: 0 signed -> 2^(b-1) unsigned
-        b32 = -(z * t.scales.astype(np.float32))
-    biases = b32.astype(t.scales.dtype)
+    u, exact = as_float_bias(as_unsigned(t))
+    biases = u.zero_points
     if not np.isfinite(biases.astype(np.float32)).all():
         raise NotRepresentableError("bias -z*s overflows the scale dtype", tensor=t.name, field="biases",
-                                    expected=f"finite {s.scale_dtype}", found="inf")
-    return codes, t.scales, biases, bool(np.array_equal(biases.astype(np.float32), b32))
+                                    expected=f"finite {t.scheme.scale_dtype}", found="inf")
+    return u.codes, u.scales, biases, exact
 
 
 def _plan(spec: TensorSpec) -> TensorPlan:
     p = spec.name[: -len(".weight")]
     sizes = dict(zip(spec.axes, spec.shape))
     cmap = codes_map(tuple(spec.axes), spec.scheme.bits)
-    pshape = spec.group_map.param_shape(spec.shape, spec.axes)
+    g = target_group_size(spec)
+    pshape = GroupMap.per_group(g, axis=IN).param_shape(spec.shape, spec.axes)
     sd = spec.scheme.scale_dtype
     outs = [(f"{p}.weight", "U32", cmap.stored_shape(sizes)), (f"{p}.scales", sd, pshape), (f"{p}.biases", sd, pshape)]
     notes = []
@@ -434,9 +450,11 @@ def _plan(spec: TensorSpec) -> TensorPlan:
         notes.append("exact up to scale-dtype rounding of biases (bias = -z*s)")
     else:
         notes.append("exact repack")
+    if spec.group_map.granularity is not Granularity.GROUP:
+        notes.append(f"{spec.group_map.describe()} scales repeated over groups of {g} along in (exact)")
 
     def encode(t: QuantizedTensor) -> dict[str, np.ndarray]:
-        codes, scales, biases, _exact = as_affine(t)
+        codes, scales, biases, _exact = as_affine(as_groups(t, g))
         return {f"{p}.weight": cmap.to_stored(codes, t.axes), f"{p}.scales": np.ascontiguousarray(scales),
                 f"{p}.biases": np.ascontiguousarray(biases)}
     return TensorPlan(spec.name, outs, encode, notes)
@@ -445,12 +463,12 @@ def _plan(spec: TensorSpec) -> TensorPlan:
 def mlx_config(ckpt: Checkpoint) -> dict:
     """``config.json`` for the written model: defaults = most common (group_size, bits), overrides per module."""
     q = [s for s in ckpt.specs() if s.kind == "quantized"]
-    pairs = Counter((s.group_map.group_size, s.scheme.bits) for s in q)
+    pairs = Counter((target_group_size(s), s.scheme.bits) for s in q)
     g, b = pairs.most_common(1)[0][0] if pairs else (64, 4)
     quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": "affine"}
     for s in q:
-        if (s.group_map.group_size, s.scheme.bits) != (g, b):
-            quant[s.name[: -len(".weight")]] = {"group_size": s.group_map.group_size, "bits": s.scheme.bits}
+        if (target_group_size(s), s.scheme.bits) != (g, b):
+            quant[s.name[: -len(".weight")]] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
     cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")}
     cfg["quantization"] = quant
     cfg["quantization_config"] = copy.deepcopy(quant)

@@ -104,10 +104,24 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     ``model.safetensors.index.json``, huggingface_hub naming), ``config.json`` (when given),
     other JSON files (``extra_json``: file name -> object) and copied ``extra_files``.
 
+    Tied embeddings (:mod:`converter.formats.ties`, CASES.md B32/B33): when the config says
+    ``tie_word_embeddings: true`` and an ``lm_head.weight`` is planned, an head identical to the
+    embedding is stored once (its plan dropped); a different one is kept and the written config
+    says ``tie_word_embeddings: false``. Either way the summary's ``tied_head`` says so.
+
     Returns
     -------
-    dict with ``files`` (names written) and ``tensors`` (count).
+    dict with ``files`` (names written), ``tensors`` (count) and, when the rule applied,
+    ``tied_head`` (head, embedding, identical, max_abs_diff, note).
     """
+    from .ties import check_tied_head
+    tie = check_tied_head(ckpt, config if config is not None else ckpt.config) \
+        if any(p.source == "lm_head.weight" for p in plans) else None
+    if tie is not None:
+        if tie.identical:
+            plans = [p for p in plans if p.source != tie.head]
+        elif config is not None:
+            config = {**config, "tie_word_embeddings": False}
     shards = shard_plans(plans, max_shard_bytes)
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp:
@@ -142,7 +156,11 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
             if f.name not in written:
                 shutil.copyfile(f, tmp / f.name)
                 written.append(f.name)
-    return {"files": written, "tensors": len(plans)}
+    result: dict[str, Any] = {"files": written, "tensors": len(plans)}
+    if tie is not None:
+        result["tied_head"] = {"head": tie.head, "embedding": tie.embedding, "identical": tie.identical,
+                               "max_abs_diff": tie.max_abs_diff, "note": tie.note}
+    return result
 
 
 def write_single_file(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,

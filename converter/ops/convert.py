@@ -1,5 +1,12 @@
 """``qckpt convert --to FORMAT``: exact repack between formats, proven by reading the output back.
 
+Per tensor ``mode``: ``exact`` (codes identical in the unsigned domain and dequantized values
+bit-identical in float32), ``exact_up_to_rounding`` (codes identical, values differ only by the
+target's rounding of a derived parameter, e.g. an MLX bias ``-z*s`` cast to fp16),
+``passthrough`` (dense, bytes identical), ``tied`` (an ``lm_head`` identical to the embedding
+under ``tie_word_embeddings``, stored once: the embedding read back holds its values), ``dequantized`` (target ``plain``: float32 values equal
+the source's dequantization bit-for-bit), ``changed`` / ``missing`` (a failure).
+
 Before any data moves, every quantized tensor's scheme is checked against the target
 (``FormatHandler.check_target``); if one is not representable, nothing is written and the error
 names the tensors and the requantize options (never a silent requantize). After writing, the
@@ -19,20 +26,45 @@ from ..formats import registry
 from ..quant.recode import as_unsigned
 from ..tensor import Checkpoint, QuantizedTensor
 
+#: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
+FLOAT_CAPABLE = ("plain", "native")
+
 REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | --per-channel | --group-size G, "
                    "--bits B, --sym | --asym, --scale-dtype")
 
 
-def plan_exact(ckpt: Checkpoint, to: str) -> list[dict[str, Any]]:
-    """Per quantized tensor: None (representable) or the reason it is not. Raises if any is not."""
+def _target_checker(handler, options: dict[str, Any] | None):
+    """``handler.check_target`` with the write options it accepts (e.g. compressed-tensors ``ct_version``)."""
+    import inspect
+    fn = handler.check_target
+    if fn is None:
+        return lambda spec: None
+    params = inspect.signature(fn).parameters
+    kw = {k: v for k, v in (options or {}).items() if k in params}
+    return lambda spec: fn(spec, **kw)
+
+
+def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Per quantized tensor: None (representable) or the reason it is not. Raises if any is not.
+
+    ``options`` are the writer's options; those the target's ``check_target`` accepts are passed
+    to it (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
+    """
     handler = registry.get(to)
     if handler.write is None:
         raise UnsupportedError("format has no writer", field="--to", expected=registry.writable(), found=to)
+    if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
+        raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
+                                    file=ckpt.path, field="--to", expected="a quantized source",
+                                    found=f"{ckpt.format} with {len(ckpt)} dense tensors",
+                                    hint="quantize it first: qckpt quantize SRC DST --bits B "
+                                         "(--per-channel | --group-size G)")
+    check = _target_checker(handler, options)
     problems = []
     for spec in ckpt.specs():
         if spec.kind != "quantized":
             continue
-        reason = handler.check_target(spec) if handler.check_target else None
+        reason = check(spec)
         if reason:
             problems.append((spec.name, reason))
     if problems:
@@ -50,6 +82,13 @@ def compare_tensors(a, b) -> dict[str, Any]:
                                                 np.asarray(b.data).view(np.uint8)) and a.data.shape == b.data.shape
         return {"name": a.name, "kind": "dense", "mode": "passthrough" if same else "changed",
                 "bit_exact": bool(same)}
+    if b is not None and not isinstance(b, QuantizedTensor):  # a float target: values, not codes
+        da = a.dequantize()
+        db = np.asarray(b.data).astype(np.float32)
+        same = da.shape == db.shape and bool(np.array_equal(da, db))
+        diff = float(np.max(np.abs(da - db))) if same or da.shape == db.shape and da.size else None
+        return {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
+                "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
     if not isinstance(b, QuantizedTensor):
         return {"name": a.name, "kind": "quantized", "mode": "changed", "codes_identical": False,
                 "scales_identical": False, "max_abs_diff": None, "bit_exact": False}
@@ -72,21 +111,36 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     from ..io.atomic import check_not_inside
     check_not_inside(src, dst)
     ckpt = registry.load(src)
-    plan_exact(ckpt, to)
+    plan_exact(ckpt, to, options)
     handler = registry.get(to)
-    written = handler.write(ckpt, Path(dst), overwrite=overwrite, **(options or {}))
+    try:
+        written = handler.write(ckpt, Path(dst), overwrite=overwrite, **(options or {}))
+    except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
+        exc.with_context(file=ckpt.path)
+        if not exc.hint or "requantize" not in exc.hint:
+            exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
+        exc.args = (exc.render(),)
+        raise
     out = registry.load(dst, format=to)
+    tied = (written or {}).get("tied_head") or {}
     rows = []
     for name in ckpt.names():
         b = out[name] if name in out else None
-        row = compare_tensors(ckpt[name], b)
-        if b is None:
-            row["mode"] = "missing"
+        if b is None and tied.get("identical") and name == tied.get("head") and tied.get("embedding") in out:
+            # stored once as the embedding (tie_word_embeddings): prove the embedding holds its values
+            row = compare_tensors(ckpt[name], out[tied["embedding"]])
+            row["name"] = name
+            row["mode"] = "tied" if row["bit_exact"] else "changed"
+            row["tied_to"] = tied["embedding"]
+        else:
+            row = compare_tensors(ckpt[name], b)
+            if b is None:
+                row["mode"] = "missing"
         rows.append(row)
     changed = [r["name"] for r in rows if r["mode"] in ("changed", "missing")]
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
             "mode": "repack", "written": written, "tensors": rows,
             "summary": {"tensors": len(rows),
-                        "exact": sum(r["mode"] in ("exact", "passthrough") for r in rows),
+                        "exact": sum(r["mode"] in ("exact", "passthrough", "dequantized", "tied") for r in rows),
                         "exact_up_to_rounding": sum(r["mode"] == "exact_up_to_rounding" for r in rows),
                         "changed": len(changed), "all_exact": not changed}}

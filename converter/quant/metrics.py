@@ -48,3 +48,55 @@ def error_stats(ref: np.ndarray, approx: np.ndarray) -> ErrorStats:
         rel_frobenius=float(np.sqrt(se / sr)) if sr > 0 else None,
         sqnr_db=None if exact or sr == 0 else float(10.0 * np.log10(sr / se)),
         exact=exact, changed_fraction=float(np.count_nonzero(e) / n))
+
+
+def _rows(x: np.ndarray, axes, along: str = "in") -> np.ndarray:
+    """``x`` as a 2-D float64 matrix ``(rows, n_along)``: ``along`` moved last, other axes flattened."""
+    a = np.asarray(x, dtype=np.float64)
+    ax = list(axes).index(along) if along in axes else a.ndim - 1
+    a = np.moveaxis(a, ax, -1)
+    return a.reshape(-1, a.shape[-1]) if a.size else a.reshape(0, a.shape[-1] if a.ndim else 0)
+
+
+def worst_channel(ref: np.ndarray, approx: np.ndarray, axes) -> dict | None:
+    """The output channel (row; leading axes such as ``expert`` flattened) with the largest MSE.
+
+    Returns ``{"index": [..logical indices of the row..], "mse": float}`` or None when empty.
+    """
+    e = _rows(approx, axes) - _rows(ref, axes)
+    if e.size == 0:
+        return None
+    per = np.mean(e * e, axis=1)
+    i = int(np.argmax(per))
+    shape = [n for a, n in zip(axes, np.shape(ref)) if a != "in"]
+    return {"index": [int(v) for v in np.unravel_index(i, shape)] if shape else [i], "mse": float(per[i])}
+
+
+def worst_group(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict | None:
+    """The quantization group (of ``group_map``) with the largest MSE; index in parameter shape."""
+    r = np.asarray(ref, dtype=np.float64)
+    e = np.asarray(approx, dtype=np.float64) - r
+    if e.size == 0:
+        return None
+    se = group_map.reduce(e * e, np.add, axes)
+    cnt = group_map.reduce(np.ones_like(e), np.add, axes)
+    per = se / np.maximum(cnt, 1)
+    i = int(np.argmax(per))
+    return {"index": [int(v) for v in np.unravel_index(i, per.shape)], "mse": float(per.reshape(-1)[i]),
+            "elements": int(cnt.reshape(-1)[i])}
+
+
+def output_error(ref: np.ndarray, approx: np.ndarray, axes, *, n_inputs: int = 8, seed: int = 0) -> dict:
+    """Output-space error on fixed-seed standard-normal inputs: ``||W'X - WX||_F / ||WX||_F``.
+
+    ``X`` has shape ``(in, n_inputs)`` (float64, ``numpy.random.default_rng(seed)``); leading axes
+    (``expert``) are flattened into rows. Returns ``{"rel_error": float | None, "sq_err": float,
+    "sq_ref": float, "n_inputs": int, "seed": int}`` (None when ``WX`` is zero).
+    """
+    w, w2 = _rows(ref, axes), _rows(approx, axes)
+    x = np.random.default_rng(seed).standard_normal((w.shape[1], n_inputs))
+    y, y2 = w @ x, w2 @ x
+    sq_err = float(np.sum((y2 - y) ** 2))
+    sq_ref = float(np.sum(y * y))
+    return {"rel_error": float(np.sqrt(sq_err / sq_ref)) if sq_ref > 0 else (0.0 if sq_err == 0 else None),
+            "sq_err": sq_err, "sq_ref": sq_ref, "n_inputs": int(n_inputs), "seed": int(seed)}

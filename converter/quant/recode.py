@@ -120,3 +120,58 @@ def as_float_bias(t) -> tuple[object, bool]:
     exact = bool(np.array_equal(b.astype(np.float32), np.broadcast_to(b32, b.shape)))
     return t.replace(zero_points=np.broadcast_to(b, t.scales.shape).copy(),
                      scheme=s.replace(zero_point=ZeroPoint.FLOAT)), exact
+
+
+def as_groups(t, group_size: int):
+    """Re-express ``t`` with groups of ``group_size`` consecutive elements along ``in``.
+
+    Each new group takes the parameters (scale, zero point or bias) of the tensor, row, or larger
+    group it lies in, so every element keeps exactly the parameters it had: codes untouched,
+    values bit-identical. Used by writers whose format only has small groups along ``in``: MLX
+    affine (``mlx/ops.cpp`` ``affine_quantize``: 32/64/128 along the last axis), GGUF legacy
+    blocks (32 elements, ``ggml-common.h``).
+
+    Parameters
+    ----------
+    t : QuantizedTensor
+        Axes ending in ``in`` (``(out, in)`` or ``(expert, out, in)``); granularity tensor, channel
+        along ``out``, or groups along ``in`` of a multiple of ``group_size`` without ``g_idx``.
+    group_size : int
+        Must divide ``in_features``.
+
+    Raises
+    ------
+    NotRepresentableError
+        ``in % group_size != 0``, act-order ``g_idx``, a group size that ``group_size`` does not
+        divide, another granularity, or no ``in`` axis.
+    """
+    from ..groups import Granularity, GroupMap
+    from ..layout import IN, OUT
+    gm = t.group_map
+    if gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size == group_size and gm.g_idx is None:
+        return t
+    if IN not in t.axes:
+        raise NotRepresentableError("no 'in' axis to group along", tensor=t.name, field="axes",
+                                    expected="an 'in' axis", found=list(t.axes))
+    ax = t.axes.index(IN)
+    n_in = int(t.shape[ax])
+    g = gm.granularity
+    ok = (g is Granularity.TENSOR or (g is Granularity.CHANNEL and gm.axis == OUT)
+          or (g is Granularity.GROUP and gm.axis == IN and gm.g_idx is None and group_size > 0
+              and gm.group_size % group_size == 0))
+    if not ok or group_size <= 0 or n_in % group_size:
+        raise NotRepresentableError("parameters cannot be regrouped along 'in' exactly", tensor=t.name,
+                                    field="group_map",
+                                    expected=f"per-tensor, per-channel(out) or groups of a multiple of {group_size} "
+                                             f"along in (no g_idx), with in % {group_size} == 0",
+                                    found=f"{gm.describe()}{' with g_idx' if gm.g_idx is not None else ''}, in={n_in}")
+    new = GroupMap.per_group(group_size, axis=IN)
+    pshape = new.param_shape(t.shape, t.axes)
+
+    def spread(a):
+        if a is None:
+            return None
+        if g is Granularity.GROUP:  # each old group covers group_size_old / group_size new ones
+            a = np.repeat(a, gm.group_size // group_size, axis=ax)[(slice(None),) * ax + (slice(0, pshape[ax]),)]
+        return np.ascontiguousarray(np.broadcast_to(a, pshape))
+    return t.replace(scales=spread(t.scales), zero_points=spread(t.zero_points), group_map=new)

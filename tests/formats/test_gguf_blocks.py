@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (a declared runtime dependency)
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
 from converter.errors import CorruptFileError, QuantizationError, UnsupportedError  # noqa: E402
@@ -47,21 +47,12 @@ def _gguf_type(name: str) -> GGMLQuantizationType:
 # Fixtures
 # ------------------------------------------------------------------------------------------
 
-def _candidate_dirs() -> list[Path]:
-    """``sample_checkpoints/gguf`` first, then ``shared/real`` beside the repo root or an ancestor."""
-    dirs = [REPO_ROOT / "sample_checkpoints" / "gguf"]
-    dirs += [parent / "shared" / "real" for parent in REPO_ROOT.parents]
-    return dirs
-
-
 @pytest.fixture(scope="session")
 def real_dir() -> Path:
-    """Folder holding the real GGUF samples; skips (with the paths tried) if none exists."""
-    tried = _candidate_dirs()
-    for d in tried:
-        if (d / REAL_FILES[0]).is_file():
-            return d
-    pytest.skip("real GGUF samples not found; looked in " + ", ".join(str(d) for d in tried))
+    """``sample_checkpoints/gguf``: the real GGUF samples shipped with the repository."""
+    d = REPO_ROOT / "sample_checkpoints" / "gguf"
+    assert (d / REAL_FILES[0]).is_file(), f"real GGUF samples missing from {d}"
+    return d
 
 
 @pytest.fixture(scope="session")
@@ -361,3 +352,17 @@ def test_real_llamacpp_files_cover_kquants_and_fallbacks(real_dir):
     seen = {t.tensor_type.name for f in ("minilm_llamacpp_Q4_K_M.gguf", "minilm_llamacpp_Q6_K.gguf")
             for t in _supported_tensors(real_dir / f)}
     assert {"Q6_K", "Q5_0", "Q8_0"} <= seen
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_legacy_encode_real_weights_match_gguf(name):
+    """Real MiniLM fp16 weights (as float32), with a row of all-zero blocks appended: our bytes equal gguf-py's."""
+    from safetensors.numpy import load_file
+
+    from tests.conftest import SAMPLES
+    w = load_file(str(SAMPLES / "minilm_fp16.safetensors"))["encoder.layer.0.output.dense.weight"].astype(np.float32)
+    w = np.concatenate([w[:64], np.zeros((1, w.shape[1]), np.float32)])
+    w[3, :32] = 0.0  # an all-zero block inside a non-zero row
+    ours = codec_for(name).encode(w)
+    theirs = gguf.quants.quantize(w, gguf.GGMLQuantizationType[name])
+    assert ours.dtype == np.uint8 and np.array_equal(ours, theirs)

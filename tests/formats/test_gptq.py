@@ -407,7 +407,6 @@ def test_check_target_reasons():
     bad = {
         "codebook": replace(ok, scheme=QuantScheme(4, False, codebook=tuple(range(16)))),
         "bits": replace(ok, scheme=QuantScheme(5, False)),
-        "float": replace(ok, scheme=QuantScheme(4, False, ZeroPoint.FLOAT)),
         "axis": replace(ok, group_map=GroupMap.per_group(8, axis=OUT)),
         "in-channel": replace(ok, group_map=GroupMap.per_channel(IN)),
         "F32": replace(ok, scheme=QuantScheme(4, False, scale_dtype="F32")),
@@ -415,6 +414,30 @@ def test_check_target_reasons():
     for k, spec in bad.items():
         assert isinstance(gptq.check_target(spec), str), k
     assert gptq.check_target(replace(ok, group_map=GroupMap.per_tensor())) is None
+    # a float bias passes the header check; each group's -bias/scale is checked when encoding
+    assert gptq.check_target(replace(ok, scheme=QuantScheme(4, False, ZeroPoint.FLOAT))) is None
+
+
+def test_float_bias_written_as_integer_zero_or_refused(tmp_path):
+    from converter.quant.recode import as_float_bias
+    base = _rand_tensor(4, 8, 16, 8, sym=False, seed=11)
+    # power-of-two scales: -z*s is exact in fp16, so the float bias form is exact too
+    base = base.replace(scales=np.exp2(np.round(np.log2(base.scales.astype(np.float32)))).astype(np.float16))
+    fb, exact = as_float_bias(base)
+    assert exact
+    res = get("gptq").write(Checkpoint.from_tensors([fb]), tmp_path / "ok")
+    back = get("gptq").read(Source(tmp_path / "ok"))[base.name]
+    assert np.array_equal(back.codes, base.codes) and np.array_equal(back.zero_points, base.zero_points)
+    assert np.array_equal(back.scales, base.scales) and not res["quantization_config"]["sym"]
+    off = fb.replace(zero_points=(fb.zero_points.astype(np.float32) + 0.25 * fb.scales.astype(np.float32)).astype(np.float16))
+    with pytest.raises(NotRepresentableError, match="float bias is not an integer zero point"):
+        get("gptq").write(Checkpoint.from_tensors([off]), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    # integer zero points that all equal the centre 8 are written as sym: true (same qzeros)
+    sym = _rand_tensor(4, 8, 16, 8, sym=True, seed=12)
+    from converter.quant.recode import as_integer_zero
+    res = get("gptq").write(Checkpoint.from_tensors([as_integer_zero(sym)]), tmp_path / "sym")
+    assert res["quantization_config"]["sym"] is True
 
 
 def test_mixed_bits_refused(tmp_path):

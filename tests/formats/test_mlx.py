@@ -300,7 +300,11 @@ def test_check_target_reasons():
     assert "B15" in check_target(spec((2, 4304), GroupMap.per_group(64), ok))
     assert "group_size" in check_target(spec((2, 64), GroupMap.per_group(16), ok))
     assert "bits" in check_target(spec((2, 64), GroupMap.per_group(32), QuantScheme(7, False, ZeroPoint.FLOAT, "F16")))
-    assert check_target(spec((2, 64), GroupMap.per_channel(), ok)) is not None
+    # per-channel / per-tensor parameters are written as groups of the largest MLX size dividing in
+    assert check_target(spec((2, 64), GroupMap.per_channel(), ok)) is None
+    assert check_target(spec((2, 96), GroupMap.per_tensor(), ok)) is None
+    assert "B15" in check_target(spec((2, 48), GroupMap.per_channel(), ok))
+    assert "along 'in'" in check_target(spec((2, 64), GroupMap.per_channel("in"), ok))
     nf4 = QuantScheme(4, False, ZeroPoint.NONE, "F32", codebook=tuple(range(16)))
     assert "codebook" in check_target(spec((2, 64), GroupMap.per_group(32), nf4))
     assert get("mlx").check_target is check_target

@@ -1,0 +1,138 @@
+"""Tensor-name mapping between llama.cpp GGUF names and Hugging Face names, per architecture.
+
+GGUF names (``blk.N.attn_q.weight``) come from gguf-py ``gguf/constants.py`` (``MODEL_TENSORS``,
+``TENSOR_NAMES``); the Hugging Face side is the canonical name that llama.cpp's converter maps
+from (gguf-py ``gguf/tensor_mapping.py`` ``TensorNameMap``; one HF spelling is chosen per tensor:
+``encoder.layer.N.*`` for BERT, as in ``sample_checkpoints/MANIFEST.json``, and
+``model.layers.N.*`` for LLaMA-family decoders). Unknown architectures and unmatched names keep
+their names unchanged in both directions.
+
+The LLaMA converter also row-permutes ``q_proj`` / ``k_proj`` (weights and biases) to turn
+rotate-half RoPE pairing into ggml's interleaved pairing (``convert_hf_to_gguf.py``
+``LlamaModel.permute``: rows reshaped ``(n_head, 2, head_dim/2)`` and the two inner axes swapped;
+``k_proj`` uses ``n_head_kv``). :func:`llama_row_permutation` gives that permutation as an index
+array so readers undo it and writers apply it (exact: whole rows move, blocks never cross rows).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..errors import FormatError
+
+__all__ = ["ARCH_TABLES", "PERMUTED_ARCHS", "HF_MODEL_TYPE_TO_ARCH", "gguf_to_hf", "hf_to_gguf",
+           "permute_heads_key", "llama_row_permutation"]
+
+_BERT = (
+    ("token_embd", "embeddings.word_embeddings"),
+    ("token_types", "embeddings.token_type_embeddings"),
+    ("position_embd", "embeddings.position_embeddings"),
+    ("token_embd_norm", "embeddings.LayerNorm"),
+    ("blk.{bid}.attn_q", "encoder.layer.{bid}.attention.self.query"),
+    ("blk.{bid}.attn_k", "encoder.layer.{bid}.attention.self.key"),
+    ("blk.{bid}.attn_v", "encoder.layer.{bid}.attention.self.value"),
+    ("blk.{bid}.attn_output", "encoder.layer.{bid}.attention.output.dense"),
+    ("blk.{bid}.attn_output_norm", "encoder.layer.{bid}.attention.output.LayerNorm"),
+    ("blk.{bid}.ffn_up", "encoder.layer.{bid}.intermediate.dense"),
+    ("blk.{bid}.ffn_down", "encoder.layer.{bid}.output.dense"),
+    ("blk.{bid}.layer_output_norm", "encoder.layer.{bid}.output.LayerNorm"),
+)
+
+_LLAMA = (
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+    ("blk.{bid}.attn_norm", "model.layers.{bid}.input_layernorm"),
+    ("blk.{bid}.attn_q", "model.layers.{bid}.self_attn.q_proj"),
+    ("blk.{bid}.attn_k", "model.layers.{bid}.self_attn.k_proj"),
+    ("blk.{bid}.attn_v", "model.layers.{bid}.self_attn.v_proj"),
+    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+    ("blk.{bid}.ffn_norm", "model.layers.{bid}.post_attention_layernorm"),
+    ("blk.{bid}.ffn_gate", "model.layers.{bid}.mlp.gate_proj"),
+    ("blk.{bid}.ffn_up", "model.layers.{bid}.mlp.up_proj"),
+    ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
+)
+
+ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA}
+"""Per architecture: ``(gguf_stem, hf_stem)`` pairs; ``{bid}`` is the block index. Suffixes
+(``.weight``, ``.bias``) are carried over unchanged."""
+
+PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
+"""Architectures whose converter row-permutes q/k (``LlamaModel.permute``); Qwen2 does not."""
+
+HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+"""``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama)."""
+
+
+def _compile(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{bid\}", r"(?P<bid>\d+)") + r"(?P<suffix>\.[A-Za-z0-9_]+)$")
+
+
+_PATTERNS: dict[str, list[tuple[re.Pattern, str, re.Pattern, str]]] = {
+    arch: [(_compile(g), h, _compile(h), g) for g, h in table] for arch, table in ARCH_TABLES.items()
+}
+
+
+def _map(name: str, arch: str | None, forward: bool) -> str:
+    for g_pat, h_tpl, h_pat, g_tpl in _PATTERNS.get(arch or "", ()):
+        pat, tpl = (g_pat, h_tpl) if forward else (h_pat, g_tpl)
+        m = pat.match(name)
+        if m:
+            bid = m.groupdict().get("bid")
+            return tpl.replace("{bid}", bid or "") + m.group("suffix")
+    return name
+
+
+def gguf_to_hf(name: str, arch: str | None) -> str:
+    """``blk.0.attn_q.weight`` -> ``encoder.layer.0.attention.self.query.weight`` (bert) /
+    ``model.layers.0.self_attn.q_proj.weight`` (llama); unknown arch or name: unchanged."""
+    return _map(name, arch, True)
+
+
+def hf_to_gguf(name: str, arch: str | None) -> str:
+    """Inverse of :func:`gguf_to_hf` (unknown arch or name: unchanged)."""
+    return _map(name, arch, False)
+
+
+_QK = re.compile(r"^blk\.\d+\.attn_(q|k)\.(weight|bias)$")
+
+
+def permute_heads_key(gguf_name: str, arch: str | None) -> str | None:
+    """For a LLaMA q/k tensor return which head count permutes it (``"q"`` -> ``head_count``,
+    ``"k"`` -> ``head_count_kv``); None when the tensor is not permuted."""
+    if arch not in PERMUTED_ARCHS:
+        return None
+    m = _QK.match(gguf_name)
+    return m.group(1) if m else None
+
+
+def llama_row_permutation(n_rows: int, n_head: int, *, tensor: str | None = None) -> np.ndarray:
+    """Row order of ``LlamaModel.permute``: ``gguf_rows = hf_rows[perm]``.
+
+    ``permute(w, n_head)`` reshapes the ``n_rows`` rows to ``(n_head, 2, n_rows/n_head/2)``, swaps
+    the two inner axes and flattens; applying the same to ``arange(n_rows)`` gives ``perm``.
+    Undo with ``hf_rows = gguf_rows[argsort(perm)]``.
+
+    Parameters
+    ----------
+    n_rows : int
+        ``out`` of the q (``n_head*head_dim``) or k (``n_head_kv*head_dim``) projection.
+    n_head : int
+        ``head_count`` for q, ``head_count_kv`` for k.
+
+    Returns
+    -------
+    ndarray of int64, shape (n_rows,)
+
+    Raises
+    ------
+    FormatError
+        ``n_rows`` not a multiple of ``2*n_head``.
+    """
+    if n_head <= 0 or n_rows % (2 * n_head):
+        raise FormatError("q/k rows are not a whole number of (2 x head_dim/2) RoPE pairs per head",
+                          tensor=tensor, field="head_count", expected=f"rows multiple of 2*{n_head}", found=n_rows)
+    idx = np.arange(n_rows, dtype=np.int64)
+    return idx.reshape(n_head, 2, n_rows // n_head // 2).swapaxes(1, 2).reshape(n_rows)

@@ -1,0 +1,111 @@
+"""``qckpt convert SRC DST [--to FORMAT] --per-channel | --group-size G | --bits B ...``: requantize.
+
+Plan first, from headers only: every quantized tensor is classified exact or lossy
+(:func:`converter.quant.requant.classify`) and the requantized specs are checked against the
+target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store is
+refused before anything is written, naming the option to change. Then a lazy Checkpoint view
+requantizes tensor by tensor as the target's writer asks for them (one tensor in memory at a
+time), recording the error figures; dense tensors pass through. Finally the output is read back
+and each tensor's dequantized values compared with what was written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import NotRepresentableError
+from ..formats import registry
+from ..quant.error_report import summarize, tensor_report
+from ..quant.requant import Target, classify, requantize, target_probe
+from ..tensor import Checkpoint, QuantizedTensor, spec_of
+
+OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G, --bits B, --sym | --asym, "
+               "--scale-dtype, or pick another --to format")
+
+
+def _digest(t: QuantizedTensor) -> str:
+    """sha256 of the dequantized float32 values (logical shape) and the shape."""
+    import hashlib
+    d = np.ascontiguousarray(t.dequantize())
+    return hashlib.sha256(repr(d.shape).encode() + d.tobytes()).hexdigest()
+
+
+def plan(ckpt: Checkpoint, target: Target) -> dict[str, tuple[str, str]]:
+    """``name -> (exact|lossy, reason)`` for every quantized tensor, from specs only."""
+    return {s.name: classify(s, target) for s in ckpt.specs() if s.kind == "quantized"}
+
+
+def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None
+                          ) -> tuple[Checkpoint, dict[str, dict], dict[str, tuple[str, str]]]:
+    """A lazily requantized view of ``src``, the dict its report rows go into, and the plan."""
+    plans = plan(src, target)
+    specs = {}
+    for spec in src.specs():
+        specs[spec.name] = spec_of(target_probe(spec, target)) if spec.kind == "quantized" else spec
+    rows: dict[str, dict] = {}
+    written: dict[str, Any] = {}
+
+    def load(name: str):
+        t = src[name]
+        if not isinstance(t, QuantizedTensor):
+            return t
+        out, info = requantize(t, target)
+        ref = None
+        if reference is not None and name in reference:
+            ref = reference[name].dequantize()
+            if tuple(ref.shape) != tuple(t.shape):
+                raise NotRepresentableError("reference tensor shape differs", file=reference.path, tensor=name,
+                                            field="shape", expected=list(t.shape), found=list(ref.shape))
+        rows[name] = tensor_report(t, out, plans[name], info, reference=ref, src_spec=src.spec(name))
+        written[name] = _digest(out)  # a digest, not the tensor: one tensor in memory at a time
+        return out
+
+    view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
+                      metadata=dict(src.metadata), files=(), extra_files=src.extra_files)
+    view._requant_written = written  # type: ignore[attr-defined]
+    return view, rows, plans
+
+
+def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
+                     reference: str | Path | None = None, overwrite: bool = False,
+                     verify: bool = True) -> dict[str, Any]:
+    """Requantize ``src`` to ``target``, write it as format ``to`` at ``dst``; return the error report.
+
+    Raises
+    ------
+    NotRepresentableError
+        Before writing, when a requantized scheme cannot be written in ``to`` (hint names the options).
+    QuantizationError
+        A scale that overflows the target scale dtype (names tensor and group).
+    """
+    from ..io.atomic import check_not_inside
+    from ..ops.convert import plan_exact
+    check_not_inside(src, dst)
+    ckpt = registry.load(src)
+    to = to or ckpt.format
+    ref_ckpt = registry.load(reference) if reference is not None else None
+    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt)
+    try:
+        plan_exact(view, to)
+    except NotRepresentableError as exc:
+        exc.hint = OPTION_HINT
+        raise
+    handler = registry.get(to)
+    handler.write(view, Path(dst), overwrite=overwrite)
+    for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
+        if name not in rows:
+            view[name]
+    if verify:
+        out = registry.load(dst, format=to)
+        for name, row in rows.items():
+            mine = view._requant_written.pop(name, None)
+            back = out[name] if name in out else None
+            ok = mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine
+            row["readback_bit_exact"] = bool(ok)
+    passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized"]
+    return summarize(list(rows.values()), source=str(src), source_format=ckpt.format, destination=str(dst),
+                     target_format=to, target=target.to_json(),
+                     reference=str(reference) if reference is not None else None, passthrough=passthrough)

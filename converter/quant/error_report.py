@@ -1,0 +1,164 @@
+"""Error report of a requantization (``schemas/error-report.schema.json``).
+
+Per tensor, against the source's dequantized weights and (optionally) against the float original:
+MSE, RMSE, max abs error, relative Frobenius error, SQNR (dB), fraction of elements changed
+(:func:`converter.quant.metrics.error_stats`), the worst output channel and the worst target group
+(index and MSE), and the output-space error ``||W'x - Wx|| / ||Wx||`` on a fixed-seed random batch.
+The metadata cost before and after (theoretical bytes and bits per weight,
+:func:`converter.audit.theoretical_bytes`) is stated per tensor and overall. Tensors are listed
+worst first (largest relative Frobenius error against the source).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
+from ..tensor import spec_of
+from .metrics import error_stats, output_error, worst_channel, worst_group
+
+N_INPUTS = 8
+SEED = 0
+
+
+def comparison(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str, Any]:
+    """All error figures of ``approx`` against ``ref`` (both float32, logical shape)."""
+    st = error_stats(ref, approx).to_json()
+    out = output_error(ref, approx, axes, n_inputs=N_INPUTS, seed=SEED)
+    r64 = np.asarray(ref, dtype=np.float64).reshape(-1)
+    st.update(worst_channel=worst_channel(ref, approx, axes), worst_group=worst_group(ref, approx, group_map, axes),
+              output_rel_error=out["rel_error"], _sse=st["mse"] * st["numel"], _ssr=float(r64 @ r64),
+              _out_sq_err=out["sq_err"], _out_sq_ref=out["sq_ref"])
+    return st
+
+
+def metadata_cost(spec) -> dict[str, Any]:
+    """Theoretical bytes of a quantized spec: payload, metadata (scales, zero points, g_idx), bits/weight."""
+    th = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
+                           SCALE_BYTES.get(spec.scheme.scale_dtype, 4), zero_point_bytes(spec), spec.act_order)
+    return {"scheme": spec.scheme.describe(), "scale_dtype": spec.scheme.scale_dtype,
+            "groups": spec.group_map.describe() + ("+g_idx" if spec.act_order else ""), "n_groups": th["groups"],
+            "payload_bytes": th["payload_bytes"], "metadata_bytes": th["metadata_bytes"],
+            "total_bytes": th["total_bytes"], "bits_per_weight": th["bits_per_weight"],
+            "metadata_bits_per_weight": 8 * th["metadata_bytes"] / spec.numel if spec.numel else 0.0}
+
+
+def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
+                  reference: np.ndarray | None = None, src_spec=None) -> dict[str, Any]:
+    """The report row of one requantized tensor.
+
+    Parameters
+    ----------
+    src, out : QuantizedTensor (source, requantized).
+    plan : ``(mode, reason)`` from :func:`converter.quant.requant.classify`.
+    info : from :func:`converter.quant.requant.requantize` (route, degenerate groups, search totals).
+    reference : float32 original weights (logical shape), optional.
+    src_spec : the source's TensorSpec (for the stored ``g_idx`` cost); defaults to ``spec_of(src)``.
+    """
+    info = info or {}
+    a, b = src.dequantize(), out.dequantize()
+    vs_src = comparison(a, b, out.group_map, out.axes)
+    gm = out.group_map
+    partial = gm.partial_tail(out.shape, out.axes)
+    n_partial = 0
+    if partial:
+        n_partial = gm.group_count(out.shape, out.axes) // max(gm.n_groups(out.shape, out.axes), 1) \
+            if gm.granularity.value == "group" else 1
+    row: dict[str, Any] = {
+        "name": src.name, "shape": list(src.shape), "planned": plan[0], "reason": plan[1],
+        "route": info.get("route", "requantized"),
+        "result": "exact" if vs_src["exact"] else "lossy",
+        "source": {"scheme": src.scheme.describe(), "groups": src.group_map.describe()},
+        "target": {"scheme": out.scheme.describe(), "groups": out.group_map.describe()},
+        "vs_source": vs_src,
+        "degenerate_groups": int(info.get("degenerate_groups", 0)),
+        "partial_groups": int(n_partial), "partial_tail": int(partial),
+        "metadata": {"before": metadata_cost(src_spec or spec_of(src)), "after": metadata_cost(spec_of(out))},
+    }
+    if "scale_search" in info:
+        s = info["scale_search"]
+        gain = None
+        if s["search_sse"] > 0 and s["absmax_sse"] > 0:
+            gain = 10.0 * math.log10(s["absmax_sse"] / s["search_sse"])
+        n = max(src.numel, 1)
+        row["scale_search"] = {"method": "mse", "absmax_mse": s["absmax_sse"] / n, "search_mse": s["search_sse"] / n,
+                               "gain_db": gain, "ratios_chosen": s["ratios_chosen"]}
+    if reference is not None:
+        ref = np.asarray(reference, dtype=np.float32)
+        row["vs_reference"] = {"source": comparison(ref, a, src.group_map, src.axes),
+                               "target": comparison(ref, b, out.group_map, out.axes)}
+    return row
+
+
+def _agg(rows: list[dict], key) -> dict[str, Any] | None:
+    cs = [key(r) for r in rows]
+    cs = [c for c in cs if c is not None]
+    if not cs:
+        return None
+    n = sum(c["numel"] for c in cs)
+    sse = sum(c["_sse"] for c in cs)
+    ssr = sum(c["_ssr"] for c in cs)
+    oe = sum(c["_out_sq_err"] for c in cs)
+    orf = sum(c["_out_sq_ref"] for c in cs)
+    mse = sse / n if n else 0.0
+    return {"numel": n, "mse": mse, "rmse": math.sqrt(mse), "max_abs": max(c["max_abs"] for c in cs),
+            "rel_frobenius": math.sqrt(sse / ssr) if ssr > 0 else None,
+            "sqnr_db": 10 * math.log10(ssr / sse) if sse > 0 and ssr > 0 else None,
+            "exact": sse == 0.0,
+            "changed_fraction": sum(c["changed_fraction"] * c["numel"] for c in cs) / n if n else 0.0,
+            "output_rel_error": math.sqrt(oe / orf) if orf > 0 else None}
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if not k.startswith("_")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _badness(r: dict) -> float:
+    v = r["vs_source"]
+    if v["exact"]:
+        return -1.0
+    return v["rel_frobenius"] if v["rel_frobenius"] is not None else math.inf
+
+
+def summarize(rows: list[dict], *, source: str | None, source_format: str | None, destination: str | None,
+              target_format: str, target: dict, reference: str | None = None,
+              passthrough: list[str] | None = None) -> dict[str, Any]:
+    """The whole report: rows worst first, overall figures, metadata totals."""
+    rows = sorted(rows, key=lambda r: (-_badness(r), r["name"]))
+    before = sum(r["metadata"]["before"]["total_bytes"] for r in rows)
+    after = sum(r["metadata"]["after"]["total_bytes"] for r in rows)
+    mb = sum(r["metadata"]["before"]["metadata_bytes"] for r in rows)
+    ma = sum(r["metadata"]["after"]["metadata_bytes"] for r in rows)
+    numel = sum(int(np.prod(r["shape"])) for r in rows)
+    overall = {
+        "tensors": len(rows),
+        "planned_exact": sum(r["planned"] == "exact" for r in rows),
+        "planned_lossy": sum(r["planned"] == "lossy" for r in rows),
+        "exact": sum(r["result"] == "exact" for r in rows),
+        "lossy": sum(r["result"] == "lossy" for r in rows),
+        "degenerate_groups": sum(r["degenerate_groups"] for r in rows),
+        "partial_groups": sum(r["partial_groups"] for r in rows),
+        "vs_source": _agg(rows, lambda r: r["vs_source"]),
+        "metadata": {
+            "before": {"total_bytes": before, "metadata_bytes": mb,
+                       "bits_per_weight": 8 * before / numel if numel else 0.0,
+                       "metadata_bits_per_weight": 8 * mb / numel if numel else 0.0},
+            "after": {"total_bytes": after, "metadata_bytes": ma,
+                      "bits_per_weight": 8 * after / numel if numel else 0.0,
+                      "metadata_bits_per_weight": 8 * ma / numel if numel else 0.0},
+            "note": "theoretical: N*b/8 payload + groups x bytes per group (+ g_idx); no padding or headers"},
+    }
+    if reference is not None:
+        overall["vs_reference"] = {"source": _agg(rows, lambda r: r.get("vs_reference", {}).get("source")),
+                                   "target": _agg(rows, lambda r: r.get("vs_reference", {}).get("target"))}
+    return {"version": 1, "source": source, "source_format": source_format, "destination": destination,
+            "target_format": target_format, "target": target, "reference": reference,
+            "output_error_inputs": {"n_inputs": N_INPUTS, "seed": SEED, "distribution": "standard normal"},
+            "tensors": _strip(rows), "passthrough": list(passthrough or []), "overall": overall}

@@ -1,0 +1,311 @@
+"""CASES.md reproducers exercised through the converter (readers, writers, ``convert_exact``).
+
+Per-format decode cases live in tests/formats/; here the same kinds are checked across a
+conversion, where the bugs in CASES.md happened: B06 (GPTQ -> AWQ), B11 (act-order g_idx into
+formats without g_idx), B13/B14/B15 (partial groups), B17 (per-channel), B27/B29 (shape
+inference after writing), B32/B33 (tied embeddings) and B34 (sharded copies of real samples).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from converter.errors import FormatError, InputNotFoundError, MissingTensorError, NotRepresentableError
+from converter.formats import registry
+from converter.formats.native import write_native
+from converter.formats.source import Source
+from converter.groups import GroupMap
+from converter.layout import IN, OUT
+from converter.ops.convert import convert_exact
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
+from tests.conftest import SAMPLES
+
+U4 = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
+
+
+def _native(tmp_path, tensors, config=None, name="src.safetensors"):
+    p = tmp_path / name
+    write_native(Checkpoint.from_tensors(tensors, config=config or {}), p)
+    return p
+
+
+# -- B06: GPTQ v1 -> AWQ: scales on the right axis, the v1 "+1" undone -----------------------------
+def test_b06_gptq_v1_to_awq(tmp_path):
+    O, I, G = 8, 4, 2
+    S = np.tile(np.array([[1, 2], [10, 20]], np.float16), (4, 1))  # logical [O, nG]
+    q = np.full((O, I), 9, np.uint8)  # (q - z) = 1 with z = 8
+    t = QuantizedTensor("m.l.weight", (OUT, IN), q, S, U4, GroupMap.per_group(G),
+                        zero_points=np.full((O, 2), 8, np.uint8))
+    gptq_dir = tmp_path / "gptq"
+    registry.get("gptq").write(Checkpoint.from_tensors([t]), gptq_dir, checkpoint_format="gptq")
+    raw = load_file(str(gptq_dir / "model.safetensors"))
+    assert raw["m.l.scales"].tolist()[:2] == [[1, 10, 1, 10, 1, 10, 1, 10], [2, 20, 2, 20, 2, 20, 2, 20]]
+    assert (raw["m.l.qzeros"].view(np.uint32) == 0x77777777).all()  # v1 stores z - 1 = 7
+    rep = convert_exact(gptq_dir, tmp_path / "awq", "awq")
+    assert rep["summary"]["all_exact"]
+    awq = load_file(str(tmp_path / "awq" / "model.safetensors"))
+    assert (awq["m.l.qzeros"].view(np.uint32) == 0x88888888).all()  # AWQ stores the raw zero 8
+    assert awq["m.l.scales"].tolist()[:2] == raw["m.l.scales"].tolist()[:2]  # both [G, O]
+    back = registry.load(tmp_path / "awq")["m.l.weight"].dequantize()
+    assert back[:2].tolist() == [[1, 1, 2, 2], [10, 10, 20, 20]]
+    # q = [0, 8, 15], s = 0.1, v1-stored 7 -> zero 8: [-0.8, 0, 0.7]
+    q2 = np.zeros((O, 8), np.uint8)
+    q2[0, :3] = [0, 8, 15]
+    s = np.full((O, 1), 0.1, np.float16)
+    t2 = QuantizedTensor("m.k.weight", (OUT, IN), q2, s, U4, GroupMap.per_group(8),
+                         zero_points=np.full((O, 1), 8, np.uint8))
+    registry.get("gptq").write(Checkpoint.from_tensors([t2]), tmp_path / "g2", checkpoint_format="gptq")
+    convert_exact(tmp_path / "g2", tmp_path / "a2", "awq")
+    x = registry.load(tmp_path / "a2")["m.k.weight"].dequantize()[0, :3]
+    assert np.array_equal(x, np.float32(np.float16(0.1)) * np.array([-8, 0, 7], np.float32))
+
+
+# -- B11: act-order g_idx is kept where the format has it and refused where it has not ------------
+B11_G_IDX = np.array([1, 0, 1, 0], np.int32)
+
+
+def _b11_tensor():
+    # row 0: (q - z) = [2, 3, 4, 5], group scales [0.1, 1.0] -> [2.0, 0.3, 4.0, 0.5]
+    q = np.full((8, 4), 8, np.uint8)
+    q[0] = 8 + np.array([2, 3, 4, 5])
+    s = np.tile(np.array([[0.1, 1.0]], np.float16), (8, 1))
+    return QuantizedTensor("m.l.weight", (OUT, IN), q, s, QuantScheme(4, False, ZeroPoint.NONE, "F16"),
+                           GroupMap.per_group(2, g_idx=B11_G_IDX))
+
+
+@pytest.mark.parametrize("target,outcome", [
+    ("gptq", "exact"), ("native", "exact"),
+    ("awq", "AWQ has no g_idx"), ("mlx", "MLX has no g_idx"),
+    ("compressed-tensors", "compressed-tensors >= 0.13 stores no weight_g_idx"),
+    ("gguf", "act-order g_idx"),
+])
+def test_b11_act_order_across_formats(tmp_path, target, outcome):
+    src = _native(tmp_path, [_b11_tensor()])
+    dst = tmp_path / "out"
+    if outcome != "exact":
+        with pytest.raises(NotRepresentableError, match=outcome):
+            convert_exact(src, dst, target)
+        assert not dst.exists()
+        return
+    rep = convert_exact(src, dst, target)
+    assert rep["summary"]["all_exact"]
+    t = registry.load(dst)["m.l.weight"]
+    assert np.array_equal(t.group_map.g_idx, B11_G_IDX)
+    expect = np.array([2.0, 0.3, 4.0, 0.5], np.float32)
+    assert np.allclose(t.dequantize()[0], expect, rtol=1e-3)  # fp16 0.1 -> 0.0999755...
+    assert np.array_equal(t.dequantize()[0], np.array([2, 3, 4, 5], np.float32)
+                          * np.float16([1.0, 0.1, 1.0, 0.1]).astype(np.float32))  # scale of g_idx[i]
+
+
+def test_b11_ct_0_12_keeps_g_idx(tmp_path):
+    src = _native(tmp_path, [_b11_tensor()])
+    rep = convert_exact(src, tmp_path / "ct", "compressed-tensors", options={"ct_version": "0.12.2"})
+    assert rep["summary"]["all_exact"]
+    assert np.array_equal(registry.load(tmp_path / "ct")["m.l.weight"].group_map.g_idx, B11_G_IDX)
+
+
+# -- B13 / B14 / B15: partial final groups ------------------------------------------------------
+def _b13_tensor(I=6, G=4, out=8):
+    # row 0: (q - z) = [2, -1, 3, 1, 4, -2], scales [0.1, 0.5] -> [0.2, -0.1, 0.3, 0.1, 2.0, -1.0]
+    q = np.full((out, I), 8, np.uint8)
+    q[0, :6] = 8 + np.array([2, -1, 3, 1, 4, -2])
+    ng = -(-I // G)
+    s = np.tile(np.array([[0.1, 0.5] + [1.0] * (ng - 2)], np.float16), (out, 1))
+    return QuantizedTensor("m.l.weight", (OUT, IN), q, s, QuantScheme(4, False, ZeroPoint.NONE, "F16"),
+                           GroupMap.per_group(G))
+
+
+@pytest.mark.parametrize("target,outcome", [
+    ("gptq", "exact"), ("native", "exact"), ("compressed-tensors", "exact"),
+    ("awq", "AWQ needs in_features % group_size == 0 (in=6, group_size=4)"),
+    ("mlx", "MLX group_size must be one of (32, 64, 128), found 4"),
+    ("gguf", "32 consecutive elements"),
+])
+def test_b13_partial_group_across_formats(tmp_path, target, outcome):
+    src = _native(tmp_path, [_b13_tensor()])
+    dst = tmp_path / "out"
+    if outcome != "exact":
+        with pytest.raises(NotRepresentableError, match=outcome.replace("(", r"\(").replace(")", r"\)")):
+            convert_exact(src, dst, target)
+        assert not dst.exists()
+        return
+    rep = convert_exact(src, dst, target)
+    assert rep["summary"]["all_exact"]
+    t = registry.load(dst)["m.l.weight"]
+    assert t.scales.shape == (8, 2)  # ceil(6/4) groups, not 6 // 4
+    s = np.float16([0.1, 0.5]).astype(np.float32)
+    expect = np.array([2, -1, 3, 1, 4, -2], np.float32) * np.repeat(s, [4, 2])
+    assert np.array_equal(t.dequantize()[0], expect)
+    assert np.allclose(expect, [0.2, -0.1, 0.3, 0.1, 2.0, -1.0], rtol=1e-3)
+
+
+def test_b15_mlx_in_not_multiple_of_group(tmp_path):
+    t = _b13_tensor(I=48, G=32)
+    with pytest.raises(NotRepresentableError, match=r"in_features 48 is not a multiple of group_size 32 \(B15\)"):
+        convert_exact(_native(tmp_path, [t]), tmp_path / "out", "mlx")
+
+
+def test_b14_partial_group_recorded_in_gptq_notes(tmp_path):
+    t = _b13_tensor(I=192, G=128)
+    rep = convert_exact(_native(tmp_path, [t]), tmp_path / "g", "gptq")
+    notes = " ".join(rep["written"]["notes"]["m.l.weight"])
+    assert "partial final group (64 of 128)" in notes and "padded to 256" in notes
+    doc = registry.load(tmp_path / "g")
+    assert doc.spec("m.l.weight").group_map.param_shape((8, 192), (OUT, IN)) == (8, 2)
+
+
+# -- B17: per-channel (group_size -1) survives every conversion as real values --------------------
+def test_b17_per_channel_not_zero_after_conversion(tmp_path):
+    src = registry.load(SAMPLES / "gptq_w4_gchan_sym")
+    name = "encoder.layer.0.output.dense.weight"
+    for target in ("awq", "compressed-tensors", "mlx", "gguf", "gptq"):
+        convert_exact(SAMPLES / "gptq_w4_gchan_sym", tmp_path / target, target)
+        x = registry.load(tmp_path / target)[name].dequantize()
+        assert np.count_nonzero(x) > 0.5 * x.size and np.array_equal(x, src[name].dequantize()), target
+    qc = json.loads((tmp_path / "gptq" / "config.json").read_text())["quantization_config"]
+    assert qc["group_size"] == -1 and qc["desc_act"] is False
+
+
+# -- B27 / B29: after writing, the config (not the packed shape) carries in_features ---------------
+def test_b27_mlx_2bit_g64_not_read_as_4bit_g32(tmp_path):
+    rng = np.random.default_rng(27)
+    t = QuantizedTensor("m.l.weight", (OUT, IN), rng.integers(0, 4, (8, 256)).astype(np.uint8),
+                        rng.uniform(0.01, 1, (8, 4)).astype(np.float16), QuantScheme(2, False, ZeroPoint.NONE, "F16"),
+                        GroupMap.per_group(64))
+    convert_exact(_native(tmp_path, [t]), tmp_path / "mlx", "mlx")
+    raw = load_file(str(tmp_path / "mlx" / "model.safetensors"))
+    assert raw["m.l.weight"].shape == (8, 16) and raw["m.l.scales"].shape == (8, 4)  # same as 4-bit/g32/in=128
+    back = registry.load(tmp_path / "mlx")["m.l.weight"]
+    assert back.shape == (8, 256) and back.scheme.bits == 2 and back.group_map.group_size == 64
+    assert np.array_equal(back.codes, t.codes)
+
+
+def test_b29_3bit_gptq_to_ct_dense_words_and_weight_shape(tmp_path):
+    rng = np.random.default_rng(29)
+    t = QuantizedTensor("m.l.weight", (OUT, IN), rng.integers(0, 8, (8, 512)).astype(np.uint8),
+                        rng.uniform(0.01, 1, (8, 4)).astype(np.float16), QuantScheme(3, False, ZeroPoint.NONE, "F16"),
+                        GroupMap.per_group(128))
+    registry.get("gptq").write(Checkpoint.from_tensors([t]), tmp_path / "g")
+    assert load_file(str(tmp_path / "g" / "model.safetensors"))["m.l.qweight"].shape == (48, 8)  # 512*3/32
+    rep = convert_exact(tmp_path / "g", tmp_path / "ct", "compressed-tensors")
+    assert rep["summary"]["all_exact"]
+    raw = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    assert raw["m.l.weight_packed"].shape == (8, 48)  # dense words (>= 0.18), not 52 padded
+    assert raw["m.l.weight_shape"].tolist() == [8, 512]
+    assert np.array_equal(registry.load(tmp_path / "ct")["m.l.weight"].codes.astype(np.int16) + 4, t.codes)
+
+
+# -- B32 / B33: tied embeddings -----------------------------------------------------------------
+E = np.array([[1, 0], [0, 1], [1, 1]], np.float16)
+H = np.array([2, 1], np.float32)
+
+
+def _tied_source(tmp_path, head, tie=True):
+    q = QuantizedTensor("model.layers.0.mlp.down_proj.weight", (OUT, IN), np.full((8, 32), 9, np.uint8),
+                        np.full((8, 1), 0.5, np.float16), QuantScheme(4, False, ZeroPoint.NONE, "F16"),
+                        GroupMap.per_group(32))
+    cfg = {"model_type": "llama", "tie_word_embeddings": tie}
+    return _native(tmp_path, [q, DenseTensor("model.embed_tokens.weight", E), DenseTensor("lm_head.weight", head)], cfg)
+
+
+@pytest.mark.parametrize("target", ["gptq", "awq", "compressed-tensors", "mlx", "plain"])
+def test_b33_identical_head_stored_once(tmp_path, target):
+    src = _tied_source(tmp_path, E.copy())
+    rep = convert_exact(src, tmp_path / "out", target)
+    assert rep["summary"]["all_exact"] and rep["summary"]["changed"] == 0
+    row = next(r for r in rep["tensors"] if r["name"] == "lm_head.weight")
+    assert row["mode"] == "tied" and row["tied_to"] == "model.embed_tokens.weight"
+    assert "B33" in rep["written"]["tied_head"]["note"]
+    out = registry.load(tmp_path / "out")
+    assert "lm_head.weight" not in out and json.loads((tmp_path / "out" / "config.json").read_text())[
+        "tie_word_embeddings"] is True
+    logits = H @ out["model.embed_tokens.weight"].data.astype(np.float32).T
+    assert logits.tolist() == [2, 1, 3]
+
+
+@pytest.mark.parametrize("target", ["gptq", "mlx", "plain"])
+def test_b32_different_head_kept_and_untied(tmp_path, target):
+    L = E.copy()
+    L[2] = [1.5, 1]
+    src = _tied_source(tmp_path, L)
+    rep = convert_exact(src, tmp_path / "out", target)
+    assert rep["summary"]["all_exact"]
+    tie = rep["written"]["tied_head"]
+    assert not tie["identical"] and tie["max_abs_diff"] == 0.5 and "B32" in tie["note"]
+    out = registry.load(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    logits = H @ out["lm_head.weight"].data.astype(np.float32).T
+    assert logits.tolist() == [2, 1, 4]  # not the tied [2, 1, 3]
+
+
+def test_untied_config_keeps_head_without_note(tmp_path):
+    src = _tied_source(tmp_path, E.copy(), tie=False)
+    rep = convert_exact(src, tmp_path / "out", "gptq")
+    assert "tied_head" not in rep["written"] and "lm_head.weight" in registry.load(tmp_path / "out")
+
+
+# -- B34: sharded copies of real samples ---------------------------------------------------------
+def _shard(tmp_path, sample, fmt):
+    dst = tmp_path / f"{sample}-sharded"
+    rep = registry.get(fmt).write(registry.load(SAMPLES / sample), dst, max_shard_bytes=400_000)
+    assert len([f for f in rep["files"] if f.startswith("model-")]) > 1
+    return dst
+
+
+@pytest.mark.parametrize("sample,fmt", [("gptq_w4_g128_sym", "gptq"), ("minilm_fp16.safetensors", "plain")])
+def test_b34_sharded_real_sample_reads_equal(tmp_path, sample, fmt):
+    d = _shard(tmp_path, sample, fmt)
+    a, b = registry.load(SAMPLES / sample), registry.load(d)
+    assert b.format == fmt and sorted(a.names()) == sorted(b.names()) and len(b.files) > 1
+    for n in a.names():
+        x, y = a[n], b[n]
+        if hasattr(x, "codes"):
+            assert np.array_equal(x.codes, y.codes) and np.array_equal(x.scales, y.scales)
+        else:
+            assert x.data.tobytes() == y.data.tobytes()
+
+
+@pytest.mark.parametrize("sample,fmt", [("gptq_w4_g128_sym", "gptq"), ("minilm_fp16.safetensors", "plain")])
+def test_b34_missing_shard_is_an_error(tmp_path, sample, fmt):
+    d = _shard(tmp_path, sample, fmt)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    victim = sorted(set(index["weight_map"].values()))[-1]
+    lost = sorted(k for k, v in index["weight_map"].items() if v == victim)
+    (d / victim).unlink()
+    with pytest.raises(InputNotFoundError) as info:
+        registry.load(d)
+    msg = str(info.value)
+    assert victim in msg and str(len(lost)) in msg  # "missing shard s2 (2 tensors)"
+
+
+def test_b34_index_and_shards_disagree(tmp_path):
+    d = _shard(tmp_path, "gptq_w4_g128_sym", "gptq")
+    ipath = d / "model.safetensors.index.json"
+    index = json.loads(ipath.read_text())
+    # an index entry naming a tensor that its shard does not hold
+    name, shard = next(iter(index["weight_map"].items()))
+    index["weight_map"]["ghost.qweight"] = shard
+    ipath.write_text(json.dumps(index))
+    with pytest.raises((MissingTensorError, FormatError)) as info:
+        registry.load(d)
+    assert "ghost.qweight" in str(info.value)
+    # a shard holding a tensor the index does not list
+    index["weight_map"].pop("ghost.qweight")
+    index["weight_map"].pop(name)
+    ipath.write_text(json.dumps(index))
+    with pytest.raises(FormatError) as info:
+        registry.load(d)
+    assert name in str(info.value)
+
+
+def test_b34_convert_from_sharded_source(tmp_path):
+    d = _shard(tmp_path, "gptq_w4_g128_sym", "gptq")
+    rep = convert_exact(d, tmp_path / "awq", "awq")
+    assert rep["summary"]["all_exact"]
+    shutil.rmtree(d)
