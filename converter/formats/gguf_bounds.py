@@ -124,13 +124,18 @@ class _Cursor:
         self.need(n, field, tensor)
         self.pos += n
 
-    def string(self, field: str, tensor: str | None = None) -> str:
+    def string(self, field: str, tensor: str | None = None, *, decode: bool = True) -> str | None:
+        """A bounded string; decoded (UTF-8 checked) for keys and tensor names, skipped for values
+        (gguf-py decodes values lazily, and vocabularies may hold arbitrary bytes)."""
         start = self.pos
         n = self.unpack("Q", field + ".length", tensor)
         if n > self.remaining():
             raise CorruptFileError("string length runs past the end of the file", file=self.path, tensor=tensor,
                                    field=field, expected=f"<= {self.remaining()} bytes (remaining)",
                                    found=f"{n} at offset {start}")
+        if not decode:
+            self.pos += n
+            return None
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         try:
@@ -146,7 +151,7 @@ def _value(cur: _Cursor, vtype: int, field: str, depth: int = 0) -> object:
         raise CorruptFileError("unknown value type", file=cur.path, field=field,
                                expected=f"one of {sorted(_VALUE_TYPES)}", found=vtype)
     if vtype == _STRING:
-        return cur.string(field)
+        return cur.string(field, decode=False)
     if vtype == _ARRAY:
         if depth >= MAX_ARRAY_DEPTH:
             raise CorruptFileError("arrays nested too deeply", file=cur.path, field=field,

@@ -131,9 +131,18 @@ def test_string_length_past_end(tmp_path):
     expect(tmp_path, raw, "kv[0].key", "string length runs past the end")
 
 
-def test_string_not_utf8(tmp_path):
-    raw = build([kv("general.name", STR, s(b"\xff\xfe"))])
-    expect(tmp_path, raw, "general.name", "not valid UTF-8")
+def test_key_not_utf8(tmp_path):
+    raw = build([kv(b"general.\xff", STR, s("x"))])
+    expect(tmp_path, raw, "kv[0].key", "not valid UTF-8")
+
+
+def test_tensor_name_not_utf8(tmp_path):
+    raw = build([], [tinfo(b"w\xfe", (8,), 0, 0)], b"\0" * 32)
+    expect(tmp_path, raw, "tensor_info[0].name", "not valid UTF-8")
+
+
+def test_string_value_bytes_are_not_judged(tmp_path):
+    check_gguf_bounds(write(tmp_path, build([kv("tokenizer.ggml.tokens", ARR, struct.pack("<IQ", STR, 1) + s(b"\xff"))])))
 
 
 def test_array_length_past_end(tmp_path):
