@@ -137,3 +137,28 @@ def test_safety_net_wraps_foreign_errors(tmp_path, monkeypatch):
     e = ei.value
     assert e.tensor == name and e.file.endswith("minilm_fp16.safetensors") and "IndexError" in e.message
     assert isinstance(e.__cause__, IndexError) and e.exit_code == 3
+
+
+def test_gguf_quantized_tensor_with_zero_elements(tmp_path):
+    # was ValueError (reshape of an empty block array) in the GGUF reader's tensor load
+    from tests.formats.test_gguf_bounds import STR, build, kv, s, tinfo
+    raw = build([kv("general.architecture", STR, s("bert"))],
+                [tinfo("blk.0.attn_q.weight", (32, 0), 2, 0), tinfo("blk.0.attn_q.bias", (8,), 0, 0)], b"\0" * 32)
+    p = tmp_path / "z.gguf"
+    p.write_bytes(raw)
+    ckpt = load(p)
+    names = [n for n in ckpt.names() if ckpt.spec(n).kind == "quantized"]
+    with pytest.raises(CorruptFileError) as ei:
+        for n in names:
+            ckpt[n]
+    assert ei.value.field == "ne" and "no elements" in ei.value.message and ei.value.file.endswith("z.gguf")
+    assert not isinstance(ei.value, MalformedInputError)
+
+
+def test_gguf_reader_runs_the_bounds_check(tmp_path):
+    from tests.formats.test_gguf_bounds import build
+    p = tmp_path / "huge.gguf"
+    p.write_bytes(build(n_tensors=2**63))
+    with pytest.raises(CorruptFileError) as ei:
+        load(p, format="gguf")
+    assert ei.value.field == "tensor_count"
