@@ -165,3 +165,17 @@ def test_extra_file_symlink_outside_not_copied(src, tmp_path):
     dst = tmp_path / "out"
     assert run("dequantize", src, dst).exit_code == 0
     assert (dst / "special_tokens_map.json").exists() and not (dst / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("src_name,to", [("gptq_w4_g128_sym", "awq"), ("gptq_w4_g128_sym", "mlx"),
+                                         ("gptq_w4_g128_sym", "compressed-tensors"),
+                                         ("gguf/minilm_gguf_Q4_0.gguf", "gguf")])
+def test_every_writer_is_deterministic(tmp_path, src_name, to):
+    src = SAMPLES / src_name
+    outs = []
+    for i in (1, 2):
+        dst = tmp_path / (f"o{i}.gguf" if to == "gguf" else f"o{i}")
+        r = run("convert", src, dst, "--to", to)
+        assert r.exit_code == 0, r.output
+        outs.append(hashes(dst) if dst.is_dir() else sha256_file(dst))
+    assert outs[0] == outs[1]
