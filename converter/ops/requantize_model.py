@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotRepresentableError
+from ..errors import ConverterError, NotRepresentableError
 from ..formats import registry
 from ..quant.error_report import summarize, tensor_report
 from ..quant.requant import Target, classify, requantize, target_probe
@@ -94,7 +94,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         exc.hint = OPTION_HINT
         raise
     handler = registry.get(to)
-    handler.write(view, Path(dst), overwrite=overwrite)
+    try:
+        handler.write(view, Path(dst), overwrite=overwrite)
+    except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
+        raise exc.with_context(file=ckpt.path)
     for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
         if name not in rows:
             view[name]
