@@ -28,6 +28,12 @@ def _handle_errors(fn):
                 raise
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
+            if ctx.find_root().params.get("debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(exit_codes.UNREADABLE)
         except KeyboardInterrupt:
             click.echo("qckpt: interrupted; no partial output left", err=True)
             sys.exit(130)
@@ -81,7 +87,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
     from .formats.native import write_native
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
     if group_size is not None:
         if granularity:
@@ -90,6 +96,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     if not granularity:
         raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
                            scale_dtype={"f16": "F16", "bf16": "BF16", "f32": "F32"}[scale_dtype],
                            include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
@@ -123,8 +130,9 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
     from .formats.plain import write_plain
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
@@ -157,6 +165,14 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
             report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from .formats.registry import load
+    from .io.atomic import atomic_output, check_not_inside, refuse_existing
+    if report:  # checked before any data moves, so a refused report leaves no DST behind
+        check_not_inside(src, report)
+        if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
+            raise click.UsageError("--report must not be DST or inside it")
+        refuse_existing(report, overwrite)
+    check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     requant = any(v is not None for v in (granularity, group_size, bits, sym, scale_dtype, scale_search, reference))
     if requant:
         from .ops.requantize_model import requantize_model
@@ -173,10 +189,9 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
         to = to or load(src).format
         doc, schema, renderer = convert_exact(src, dst, to, overwrite=overwrite), "convert-report", render.render_convert
     if report:
-        from .io.atomic import atomic_output
         from .schemas import validate_document
         validate_document(doc, schema)
-        with atomic_output(report, overwrite=True) as tmp:
+        with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
     _emit(doc, as_json, renderer, schema)
 

@@ -93,6 +93,15 @@ class FormatError(ConverterError, ValueError):
     """The container is fine, but tensors or config contradict the format's layout."""
 
 
+class MalformedInputError(FormatError):
+    """Safety net: a reader failed with a non-qckpt exception on input it did not validate.
+
+    Raised only by :func:`converter.formats.registry.load` around a format's reader, so a CLI user
+    still gets one line and exit status 3; the message names the internal exception, which is a
+    bug to fix at the boundary where the input entered (the fuzzer counts these as failures).
+    """
+
+
 class MissingTensorError(FormatError, KeyError):
     """A partner tensor the format requires (``scales`` for ``qweight``, ...) is absent."""
 

@@ -242,7 +242,13 @@ def _corrupt(path: Path, exc: BaseException) -> CorruptFileError:
 
 
 def _open_reader(path: Path):
-    """``GGUFReader(path)``; any failure on the untrusted bytes is a CorruptFileError."""
+    """``GGUFReader(path)``; any failure on the untrusted bytes is a CorruptFileError.
+
+    The bounded pre-check :func:`~converter.formats.gguf_bounds.check_gguf_bounds` runs first, so
+    GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
+    """
+    from .gguf_bounds import check_gguf_bounds
+    check_gguf_bounds(path)
     gguf = _gguf()
     try:
         return gguf.GGUFReader(path, "r")
@@ -467,6 +473,9 @@ def read_gguf(src: Source) -> Checkpoint:
                     raise UnsupportedError("quantized GGUF tensors must be 2-D or 3-D", field="ne",
                                            expected="2 or 3 dims", found=list(e.ne))
                 codec = codec_for(e.type_name)
+                if 0 in e.shape:  # fuzz finding: the row reshape below needs at least one block
+                    raise CorruptFileError("quantized tensor has no elements", field="ne",
+                                           expected="every dimension >= 1", found=list(e.ne))
                 raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, e.nbytes // max(1, int(np.prod(e.shape[:-1]))))
                 out = tensor_from_fields(name, codec.decode(raw), e.shape)
             else:

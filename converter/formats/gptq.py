@@ -215,7 +215,8 @@ class _Module:
         self.fmt = fmt
         self.sym = _bool(cfg.get("sym"), True)  # AutoGPTQ from_quant_config assumes True when missing
         self.desc_act = _bool(cfg.get("desc_act"), False)
-        static = _bool(cfg.get("static_groups", (cfg.get("meta") or {}).get("static_groups")), False)
+        meta = cfg.get("meta") if isinstance(cfg.get("meta"), dict) else {}
+        static = _bool(cfg.get("static_groups", meta.get("static_groups")), False)
         O = int(n_out_s)
         if n_out != O:
             raise bad("qweight", "qweight columns differ from scales columns (out features)", "shape",
@@ -234,7 +235,9 @@ class _Module:
         gs = cfg.get("group_size")
         if gs is None:
             gs = self._infer_group(I, int(n_groups), qfile)
-        gs = int(gs)
+        if isinstance(gs, bool) or not isinstance(gs, int):
+            raise FormatError("group_size must be an integer", file=qfile, field="quantization_config.group_size",
+                              expected="-1 or an integer >= 1", found=repr(gs)[:80])
         if gs == -1 or gs == 0:
             self.group_size = None
             if n_groups != 1:

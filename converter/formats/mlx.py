@@ -97,7 +97,7 @@ def layer_params(qcfg: Mapping[str, Any], module: str, *, file: Any = None) -> d
     if isinstance(entry, dict):
         base["mode"] = entry.get("mode") or base["mode"]
     mode = base["mode"]
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise FormatError("unknown MLX quantization mode", file=file, tensor=module, field="quantization.mode",
                           expected=sorted(MODES), found=mode)
     g0, b0, _, _ = MODES[mode]

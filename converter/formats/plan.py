@@ -9,7 +9,9 @@ compute output shapes first; DESIGN.md section 6).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -84,6 +86,14 @@ def shard_plans(plans: Sequence[TensorPlan], max_shard_bytes: int | None) -> lis
     return shards
 
 
+def _test_shard_delay() -> None:
+    """Test-only hook: sleep ``$QCKPT_TEST_SHARD_DELAY`` seconds after each shard, so a test can
+    kill a multi-shard write mid-way deterministically (tests/io/test_kill.py). Unset: no effect."""
+    delay = os.environ.get("QCKPT_TEST_SHARD_DELAY")
+    if delay:
+        time.sleep(float(delay))
+
+
 def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,
                     config: Mapping[str, Any] | None, extra_json: Mapping[str, Any] | None = None,
                     extra_files: Sequence[str | Path] = (), max_shard_bytes: int | None = None,
@@ -127,6 +137,7 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
                 fname = f"model-{i:05d}-of-{n:05d}.safetensors"
                 write_plans(tmp / fname, shard, ckpt, metadata)
                 written.append(fname)
+                _test_shard_delay()
                 for p in shard:
                     total += p.nbytes
                     for o in p.outputs:

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import UnknownFormatError
+import functools
+import struct
+
+from ..errors import ConverterError, MalformedInputError, UnknownFormatError
 from .source import Source
 
 
@@ -106,8 +109,37 @@ def detect(source: Source) -> Detection:
     return top[0]
 
 
+#: Exceptions a reader may raise on unvalidated foreign data (wrapped by :func:`_guarded`).
+_FOREIGN_DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+                        ZeroDivisionError, struct.error, RecursionError)
+
+
+def _guarded(fn, path: Path, fmt: str):
+    """Call ``fn`` so only ConverterError escapes: fill in the file on ours, wrap foreign ones."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConverterError as exc:
+            raise exc.with_context(file=path)
+        except _FOREIGN_DATA_ERRORS as exc:
+            tensor = args[0] if args and isinstance(args[0], str) else None
+            raise MalformedInputError(f"the {fmt} reader failed on input it did not validate "
+                                      f"({type(exc).__name__}: {str(exc)[:200]})", file=path, tensor=tensor,
+                                      hint="the file is malformed; please report this so the reader names the field"
+                                      ) from exc
+    return call
+
+
 def load(path: str | Path, *, format: str | None = None):
-    """Read a checkpoint, auto-detecting its format unless ``format`` is given."""
+    """Read a checkpoint, auto-detecting its format unless ``format`` is given.
+
+    Only :class:`~converter.errors.ConverterError` escapes, from reading and from loading each
+    tensor later: a reader's unexpected exception on foreign data becomes
+    :class:`~converter.errors.MalformedInputError` naming the file (and tensor).
+    """
     source = Source(path)
-    name = format or detect(source).format
-    return get(name).read(source)
+    name = format or _guarded(detect, source.path, "format detection")(source).format
+    ckpt = _guarded(get(name).read, source.path, name)(source)
+    ckpt._loader = _guarded(ckpt._loader, source.path, name)
+    return ckpt

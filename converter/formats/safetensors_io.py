@@ -275,10 +275,15 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         and unknown entry fields; names the file, tensor and field.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a directory, FIFO or device: refuse before open() can block
+        raise CorruptFileError("not a regular file", file=path, field="header", expected="a safetensors file",
+                               found="directory or special file")
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
         raise InputNotFoundError("no such file", file=path) from None
+    except OSError as exc:
+        raise CorruptFileError(f"cannot open: {exc.strerror}", file=path) from None
     with fh:
         file_size = os.fstat(fh.fileno()).st_size
         n = _read_prefix(path, fh, file_size)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from converter.errors import ConverterError, OutputExistsError
 
-__all__ = ["atomic_output", "check_not_inside", "sha256_file", "temp_sibling", "clean_stale_siblings"]
+__all__ = ["atomic_output", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
+           "clean_stale_siblings"]
 
 _TAG = ".qckpt-tmp-"
 
@@ -91,6 +92,13 @@ def _exists(path: Path) -> bool:
 def _refuse_existing(dst: Path) -> OutputExistsError:
     return OutputExistsError("destination exists", file=dst, expected="a new path", found="existing",
                              hint="pass --overwrite to replace it")
+
+
+def refuse_existing(dst: str | os.PathLike, overwrite: bool) -> None:
+    """Raise OutputExistsError if ``dst`` exists and ``overwrite`` is false (an early check; the
+    commit in :func:`atomic_output` checks again)."""
+    if _exists(Path(dst)) and not overwrite:
+        raise _refuse_existing(Path(dst))
 
 
 def _fsync_dir(path: Path) -> None:
