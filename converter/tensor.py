@@ -200,7 +200,9 @@ class TensorSpec:
 
     ``kind`` is ``"quantized"`` or ``"dense"``; quantized specs carry ``axes``, ``scheme`` and
     ``group_map`` (``act_order`` says a non-trivial ``g_idx`` is stored); ``stored`` lists the
-    arrays that hold it, with roles and byte sizes.
+    arrays that hold it, with roles and byte sizes. ``scheme`` is the scheme the tensor loads
+    with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
+    ``sym: true`` with stored zero points off the centre), for validators to report.
     """
 
     name: str
@@ -214,6 +216,7 @@ class TensorSpec:
     act_order: bool = False
     double_quant: str | None = None
     notes: tuple[str, ...] = ()
+    declared_scheme: QuantScheme | None = None
 
     @property
     def numel(self) -> int:

@@ -284,23 +284,44 @@ class _Module:
         return tuple(StoredArray(self.names[p], roles[p], i.dtype, tuple(i.shape), i.nbytes,
                                  src.file_of(self.names[p]).name) for p, i in self.info.items())
 
+    def zeros(self, src: Source) -> np.ndarray:
+        """Decoded zero points, ``(out, group)`` uint8 (``qzeros`` is small: ``nG * O * b / 8`` bytes)."""
+        return decode_qzeros(src.read(self.names["qzeros"]), self.bits, self.O, v1=self.fmt == V1)
+
+    def decide_scheme(self, src: Source) -> QuantScheme:
+        """The one scheme this tensor is planned and loaded with, decided once from config AND data.
+
+        ``ZeroPoint.NONE`` when the config says ``sym`` and every decoded zero point equals the
+        centre ``2^(b-1)``; otherwise ``ZeroPoint.INTEGER`` (the stored zeros are kept, never
+        dropped). Reads ``qzeros`` only; the result is cached so :meth:`spec` and :meth:`load` agree.
+        """
+        if getattr(self, "_scheme", None) is None:
+            zp = ZeroPoint.INTEGER
+            if self.sym and bool(np.all(self.zeros(src) == (1 << (self.bits - 1)))):
+                zp = ZeroPoint.NONE
+            self._scheme = QuantScheme(self.bits, False, zp, self.scale_dtype)
+        return self._scheme
+
     def spec(self, src: Source) -> TensorSpec:
-        zp = ZeroPoint.NONE if self.sym else ZeroPoint.INTEGER
+        scheme = self.decide_scheme(src)
         notes = [f"checkpoint_format {self.fmt}" + (" (stored zero points are z-1)" if self.fmt == V1 else "")]
-        if self.sym:
-            notes.append("sym per config; zero points checked when loaded")
+        declared = None
+        if self.sym and scheme.zero_point is not ZeroPoint.NONE:
+            declared = QuantScheme(self.bits, False, ZeroPoint.NONE, self.scale_dtype)
+            notes.append(f"config says sym but stored zero points are not all {1 << (self.bits - 1)}: "
+                         f"read with integer zero points")
         if self.group_size and self.I % self.group_size:
             notes.append(f"partial final group: {self.I % self.group_size} of {self.group_size} "
                          f"(padded I = {self.n_groups * self.group_size})")
         return TensorSpec(self.name, "quantized", (self.O, self.I), self.stored(src), axes=(OUT, IN),
-                          scheme=QuantScheme(self.bits, False, zp, self.scale_dtype), group_map=self.group_map,
-                          act_order=self.act_order, notes=tuple(notes))
+                          scheme=scheme, group_map=self.group_map, act_order=self.act_order, notes=tuple(notes),
+                          declared_scheme=declared)
 
     def load(self, src: Source) -> QuantizedTensor:
         n, b, O, I, nG = self.names, self.bits, self.O, self.I, self.n_groups
         codes = codes_map(b).to_logical(src.read(n["qweight"]), (OUT, IN), {IN: I, OUT: O})
         scales = np.ascontiguousarray(SCALES_MAP.to_logical(src.read(n["scales"]), (OUT, IN), {IN: nG, OUT: O}))
-        zeros = decode_qzeros(src.read(n["qzeros"]), b, O, v1=self.fmt == V1)
+        zeros = self.zeros(src)
         gm = self.group_map
         if src.has(n["g_idx"]):
             g_idx = np.asarray(src.read(n["g_idx"]))
@@ -312,13 +333,14 @@ class _Module:
                 g_idx = g_idx.astype(np.int32)
                 gm = GroupMap.per_group(self.group_size, IN, None if GroupMap.per_group(
                     self.group_size, IN, g_idx).is_trivial_g_idx(I) else g_idx)
-        centre = 1 << (b - 1)
-        if self.sym and bool(np.all(zeros == centre)):
-            scheme = QuantScheme(b, False, ZeroPoint.NONE, self.scale_dtype)
+        scheme = self.decide_scheme(src)
+        zp = zeros
+        if scheme.zero_point is ZeroPoint.NONE:
+            if not bool(np.all(zeros == scheme.center)):  # the file changed after it was read
+                raise FormatError("qzeros changed since the checkpoint was read", file=src.file_of(n["qzeros"]),
+                                  tensor=n["qzeros"], field="qzeros", expected=f"all {scheme.center}",
+                                  found="other values")
             zp = None
-        else:
-            scheme = QuantScheme(b, False, ZeroPoint.INTEGER, self.scale_dtype)
-            zp = zeros
         stored = {"codes": codes_map(b), "zero_points": zeros_map(b), "scales": SCALES_MAP}
         return QuantizedTensor(self.name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp, stored=stored)
 
@@ -651,7 +673,7 @@ def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
     words = np.asarray(src.read(zname)).view(np.uint32)
     fields = zeros_map(b).to_logical(words, (OUT, IN), {IN: words.shape[0], OUT: int(spec.shape[0])})
     vals, counts = np.unique(fields, return_counts=True)
-    sym = spec.scheme.zero_point is ZeroPoint.NONE
+    sym = (spec.declared_scheme or spec.scheme).zero_point is ZeroPoint.NONE  # what the config says
     inferred = None
     if sym and vals.size == 1:
         inferred = {(1 << (b - 1)) - 1: V1, 1 << (b - 1): V2}.get(int(vals[0]))

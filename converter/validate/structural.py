@@ -228,7 +228,8 @@ def check_spec(spec: TensorSpec, *, always_stored: Iterable[str] = ()) -> list[F
 def check_loaded(spec: TensorSpec, t: QuantizedTensor) -> list[Finding]:
     """Config (spec) vs loaded tensor: symmetric claim vs zero points, act-order vs ``g_idx``, ``g_idx`` counts."""
     out: list[Finding] = []
-    if spec.scheme is not None and spec.scheme.zero_point is ZeroPoint.NONE \
+    claimed = spec.declared_scheme or spec.scheme
+    if claimed is not None and claimed.zero_point is ZeroPoint.NONE \
             and t.scheme.zero_point is ZeroPoint.INTEGER and t.zero_points is not None:
         vals, counts = np.unique(t.zero_points, return_counts=True)
         top = dict(sorted(zip(vals.tolist(), counts.tolist()), key=lambda kv: -kv[1])[:4])
