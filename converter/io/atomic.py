@@ -164,7 +164,8 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
 
     Notes
     -----
-    Any exception from the body, ``KeyboardInterrupt`` included, removes the temp and propagates.
+    Any exception from the body, ``KeyboardInterrupt`` included, removes the temp and propagates;
+    a ConverterError that names the temporary path (or a file inside it) is rewritten to name ``dst``.
     Stale siblings of dead processes are removed on entry.
     """
     dst = Path(dst)
@@ -184,9 +185,29 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
             _fsync_file(tmp)
         _commit(tmp, dst, overwrite)
         _fsync_dir(dst.parent)
+    except ConverterError as exc:
+        _remove(tmp)
+        raise _retarget(exc, tmp, dst)
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _retarget(exc: ConverterError, tmp: Path, dst: Path) -> ConverterError:
+    """Rewrite mentions of the temporary sibling ``tmp`` (or a path inside it) to ``dst``: the user
+    named ``dst`` and ``tmp`` no longer exists once the error propagates. Returns ``exc``."""
+    def fix(value):
+        if isinstance(value, (str, Path)):
+            text = str(value)
+            for t in dict.fromkeys((str(tmp), str(tmp.resolve()))):
+                text = text.replace(t, str(dst))
+            return text if isinstance(value, str) else Path(text)
+        return value
+
+    for attr in ("file", "message", "expected", "found", "hint"):
+        setattr(exc, attr, fix(getattr(exc, attr)))
+    exc.args = (exc.render(),)
+    return exc
 
 
 def _fsync_file(path: Path) -> None:
