@@ -90,11 +90,18 @@ def writable() -> list[str]:
 def detect(source: Source) -> Detection:
     """The single best detection for ``source``.
 
+    Only :class:`~converter.errors.ConverterError` escapes: a detector's unexpected exception on
+    foreign data becomes :class:`~converter.errors.MalformedInputError` naming the file.
+
     Raises
     ------
     UnknownFormatError
         When no format claims the input, or when the top claims tie (candidates listed).
     """
+    return guarded(_detect, source.path, "format detection")(source)
+
+
+def _detect(source: Source) -> Detection:
     _ensure_loaded()
     claims = [d for h in _REGISTRY.values() if (d := h.detect(source)) is not None]
     if not claims:
@@ -109,13 +116,16 @@ def detect(source: Source) -> Detection:
     return top[0]
 
 
-#: Exceptions a reader may raise on unvalidated foreign data (wrapped by :func:`_guarded`).
+#: Exceptions a reader may raise on unvalidated foreign data (wrapped by :func:`guarded`).
 _FOREIGN_DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
                         ZeroDivisionError, struct.error, RecursionError)
 
 
-def _guarded(fn, path: Path, fmt: str):
-    """Call ``fn`` so only ConverterError escapes: fill in the file on ours, wrap foreign ones."""
+def guarded(fn, path: Path, fmt: str):
+    """``fn`` wrapped so only ConverterError escapes: fill in the file on ours, wrap foreign ones.
+
+    Use it around any format code that runs on foreign data outside :func:`read` (validation hooks).
+    """
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
@@ -131,15 +141,32 @@ def _guarded(fn, path: Path, fmt: str):
     return call
 
 
-def load(path: str | Path, *, format: str | None = None):
-    """Read a checkpoint, auto-detecting its format unless ``format`` is given.
+def read(source: Source, fmt: "str | FormatHandler | None" = None):
+    """Read ``source`` with format ``fmt`` (auto-detected when ``None``) into a lazy Checkpoint.
 
-    Only :class:`~converter.errors.ConverterError` escapes, from reading and from loading each
-    tensor later: a reader's unexpected exception on foreign data becomes
+    ``fmt`` may also be a :class:`FormatHandler` (a probe testing an unregistered variant).
+
+    The one entry point to a format's reader: only :class:`~converter.errors.ConverterError`
+    escapes, from detection, from reading and from loading each tensor later (``ckpt[name]``,
+    ``ckpt.items()``): a reader's unexpected exception on foreign data becomes
     :class:`~converter.errors.MalformedInputError` naming the file (and tensor).
+
+    Raises
+    ------
+    UnknownFormatError
+        ``fmt`` is not registered, or detection fails.
+    ConverterError
+        Whatever the reader raises (with the file filled in).
     """
-    source = Source(path)
-    name = format or _guarded(detect, source.path, "format detection")(source).format
-    ckpt = _guarded(get(name).read, source.path, name)(source)
-    ckpt._loader = _guarded(ckpt._loader, source.path, name)
+    handler = fmt if isinstance(fmt, FormatHandler) else get(fmt or detect(source).format)
+    ckpt = guarded(handler.read, source.path, handler.name)(source)
+    ckpt._loader = guarded(ckpt._loader, source.path, handler.name)
     return ckpt
+
+
+def load(path: str | Path, *, format: str | None = None):
+    """Read a checkpoint from ``path``, auto-detecting its format unless ``format`` is given.
+
+    ``read(Source(path), format)``: only :class:`~converter.errors.ConverterError` escapes.
+    """
+    return read(Source(path), format)

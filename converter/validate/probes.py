@@ -139,7 +139,7 @@ def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
         dst = dst.with_suffix(".gguf")
     try:
         handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
-        back = handler.read(Source(dst))[t.name]
+        back = registry.read(Source(dst), handler)[t.name]
     except ConverterError as exc:
         res.error = exc.render()
         return res

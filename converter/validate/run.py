@@ -28,7 +28,7 @@ from .report import ValidationReport
 
 def _zero_convention(hook, source: Source, spec, report: ValidationReport) -> None:
     try:
-        ev = hook(source, spec)
+        ev = registry.guarded(hook, source.path, f"{report.format} zero-convention hook")(source, spec)
     except ConverterError:
         return
     if ev and ev.get("inferred") and ev.get("claimed") and ev["inferred"] != ev["claimed"]:
@@ -65,11 +65,10 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         return report
     source = Source(p)
     det = registry.detect(source)
-    handler = registry.get(det.format)
     report.format = det.format
     report.checks.append("structure")
     try:
-        ckpt = handler.read(source)
+        ckpt = registry.read(source, det.format)
     except ConverterError as exc:
         if structural.unreadable(exc):
             raise
