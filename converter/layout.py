@@ -141,7 +141,8 @@ class AxisMap:
         Raises
         ------
         LayoutError
-            When the stored shape does not match ``sizes`` or the axes differ.
+            When the stored shape does not match ``sizes`` or the axes differ, or packed words
+            are not integers of the container's size (float32 words are never reinterpreted).
         """
         if set(axes) != set(self.stored_axes):
             raise LayoutError("logical and stored axes differ", field="stored_axes",
@@ -151,10 +152,9 @@ class AxisMap:
             raise LayoutError("stored shape does not match the layout", field="shape",
                               expected=list(expected), found=list(stored.shape))
         arr = stored
-        if self.packed_axis is not None:
+        if self.packed_axis is not None:  # unpack_codes takes the container or its same-size signed int only
             container = _CONTAINERS[self.container]
-            words = arr.view(container) if arr.dtype.itemsize == np.dtype(container).itemsize else arr
-            arr = unpack_codes(words, self.bits, axis=self.stored_axes.index(self.packed_axis),
+            arr = unpack_codes(stored, self.bits, axis=self.stored_axes.index(self.packed_axis),
                                length=int(sizes[self.packed_axis]), container=container,
                                layout=self.packing, order=self.order, signed=signed)
         perm = [self.stored_axes.index(a) for a in axes]

@@ -146,7 +146,32 @@ def _stored(src: Source, name: str, role: str) -> StoredArray:
     return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
 
 
+def _check_codes_dtype(src: Source, name: str, d: dict[str, Any]) -> None:
+    """The stored codes dtype must be the descriptor's container (or U8/I8 when not packed).
+
+    Raises
+    ------
+    FormatError
+        Naming the stored codes tensor and its ``dtype`` (expected vs found); float words are never
+        reinterpreted as integers.
+    """
+    try:
+        cmap, scheme = AxisMap.from_json(d["codes"]), QuantScheme.from_json(d["scheme"])
+    except LayoutError as exc:
+        raise exc.with_context(file=src.path, tensor=name)
+    stored = d["codes"]["tensor"]
+    if not src.has(stored):
+        return  # reported as a missing tensor when loaded
+    want = cmap.container if cmap.packed_axis is not None else ("I8" if scheme.signed else "U8")
+    found = src.info(stored).dtype
+    if found != want:
+        raise FormatError("stored codes dtype differs from the layout descriptor's container",
+                          file=src.file_of(stored), tensor=stored, field="dtype", expected=want, found=found,
+                          hint=f"see {LAYOUT_PREFIX}{name} codes.container")
+
+
 def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
+    _check_codes_dtype(src, name, d)
     stored = [_stored(src, d["codes"]["tensor"], "codes"), _stored(src, d["scales"]["tensor"], "scales")]
     if d["zero_points"]:
         stored.append(_stored(src, d["zero_points"]["tensor"], "zero_points"))
