@@ -56,7 +56,8 @@ from ..groups import Granularity, GroupMap
 from ..io.atomic import atomic_output
 from ..layout import EXPERT, IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
+                      opaque_reason)
 from .gguf_blocks import QK_K, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
 from .gguf_names import (HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation,
                          permute_heads_key)
@@ -385,9 +386,9 @@ def _spec(e: _Entry, file: str) -> TensorSpec:
     notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
     if e.type_name in DENSE_TYPES:
         return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
-    if e.type_name not in CODECS:
-        return TensorSpec(e.name, "quantized", e.shape, stored,
-                          notes=notes + (f"unsupported ggml type {e.type_name}",))
+    if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
+        return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name,
+                          notes=notes + (f"ggml type {e.type_name} has no decoder in qckpt",))
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=_axes_for(len(e.shape)),
                       scheme=scheme_for(e.type_name), group_map=GroupMap.per_group(_group_size(e.type_name), IN),
                       double_quant=None if isinstance(codec_for(e.type_name), LegacyCodec) else e.type_name,
@@ -440,7 +441,8 @@ def read_gguf(src: Source) -> Checkpoint:
     CorruptFileError
         The file does not parse or its tensor table contradicts the file.
     UnsupportedError
-        Big-endian files; at load time, ggml types without a codec (IQ*, TQ*, ...).
+        Big-endian files. ggml types without a codec (IQ*, TQ*, ...) are listed as ``opaque``
+        specs (inspect, audit); loading one raises UnsupportedError (from :class:`Checkpoint`).
     FormatError
         Two GGUF names mapping to one logical name.
     """
@@ -569,6 +571,8 @@ def check_target(spec: TensorSpec) -> str | None:
     32 along ``in``). F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is
     checked at write time (NotRepresentableError when a cast would round).
     """
+    if spec.kind == "opaque":
+        return opaque_reason(spec)
     if spec.kind == "dense":
         return None if spec.dtype in DENSE_TYPES else f"dtype {spec.dtype} has no GGUF tensor type"
     return _legacy_match(spec)[1]
@@ -722,6 +726,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     FormatError
         No architecture, over-long names, missing head counts for LLaMA q/k.
     """
+    ckpt.refuse_opaque("gguf")
     gguf = _gguf()
     if gguf_type is not None and gguf_type not in LEGACY_TYPES:
         raise UnsupportedError("unsupported GGUF output type", field="gguf_type", expected=list(LEGACY_TYPES),

@@ -55,7 +55,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..quant.recode import as_integer_zero, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -446,7 +446,7 @@ def check_target(spec: TensorSpec) -> str | None:
     the cast is exact only for fp16-representable values (write with ``allow_scale_rounding=True``).
     """
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
     if tuple(spec.axes or ()) != (OUT, IN):
         return f"GPTQ stores 2-D (out, in) linear weights, not axes {list(spec.axes or ())}"
@@ -581,6 +581,7 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
         A tensor's scheme does not fit GPTQ (reason from :func:`check_target`), mixed bits /
         group sizes across layers, or a v1 zero point of 0.
     """
+    ckpt.refuse_opaque("gptq")
     if checkpoint_format not in (V1, V2):
         raise FormatError("unknown GPTQ checkpoint format", field="checkpoint_format", expected=[V1, V2],
                           found=checkpoint_format)

@@ -39,7 +39,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, IN, OUT, AxisMap
 from ..quant.recode import as_float_bias, as_groups, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -378,7 +378,7 @@ def target_group_size(spec: TensorSpec) -> int | None:
 def check_target(spec: TensorSpec) -> str | None:
     """None if ``spec`` can be written as MLX affine exactly (up to bias rounding), else the reason."""
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     if not spec.name.endswith(".weight"):
         return "MLX stores a quantized weight as '<module>.weight'"
     if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
@@ -484,6 +484,7 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
     NotRepresentableError
         A quantized tensor :func:`check_target` refuses (nothing is written).
     """
+    ckpt.refuse_opaque("mlx")
     plans = []
     for spec in ckpt.specs():
         if spec.kind == "dense":

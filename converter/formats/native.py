@@ -21,7 +21,8 @@ from ..errors import FormatError, LayoutError
 from ..groups import GroupMap
 from ..layout import IN, AxisMap
 from ..scheme import QuantScheme
-from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
+                      opaque_reason)
 from .plan import TensorPlan, dense_plan, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -125,6 +126,7 @@ def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str]]:
 
 def write_native(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, **_: Any) -> dict:
     """Write ``ckpt`` as one native safetensors file at ``dst`` (atomically)."""
+    ckpt.refuse_opaque("native")
     plans, meta = plan_native(ckpt)
     return write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
 
@@ -255,4 +257,4 @@ def detect_native(src: Source) -> Detection | None:
 
 
 HANDLER = register(FormatHandler("native", "qckpt native safetensors (self-describing layout)",
-                                 detect_native, read_native, write_native, check_target=lambda spec: None))
+                                 detect_native, read_native, write_native, check_target=opaque_reason))

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import NotRepresentableError, UnsupportedError
 from ..formats import registry
 from ..quant.recode import as_unsigned
-from ..tensor import Checkpoint, QuantizedTensor
+from ..tensor import Checkpoint, QuantizedTensor, opaque_reason
 
 #: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
 FLOAT_CAPABLE = ("plain", "native")
@@ -59,6 +59,10 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
                                     found=f"{ckpt.format} with {len(ckpt)} dense tensors",
                                     hint="quantize it first: qckpt quantize SRC DST --bits B "
                                          "(--per-channel | --group-size G)")
+    for spec in ckpt.specs():  # not a scheme question: requantizing cannot help either
+        if spec.kind == "opaque":
+            raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
+                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
     check = _target_checker(handler, options)
     problems = []
     for spec in ckpt.specs():

@@ -50,6 +50,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                                      "the exact re-blocking (B38)"),
     "group-skip": ("info", "groups", "a Linear weight left unquantized whose width the model's group size does "
                                      "not divide (B15)"),
+    "opaque": ("info", "structure", "a tensor stored in a type qckpt lists but cannot decode (GGUF IQ*/TQ*): "
+                                    "not checked, and no writer accepts it"),
     "tied-embeddings": ("error", "structure", "tie_word_embeddings contradicts the tensor set, or a kept head "
                                               "differs from the embedding (B32/B33)"),
     # data-driven, no reference

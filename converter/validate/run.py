@@ -86,6 +86,9 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         report.checks.append("reference")
     profiles: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
+        if spec.kind == "opaque":
+            report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
+                               dtype=spec.dtype, stored=[s.name for s in spec.stored]))
         if spec.kind != "quantized":
             continue
         report.add(*structural.check_spec(spec, always_stored=hooks.get("always_stored", ())))
