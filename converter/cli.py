@@ -6,6 +6,7 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -38,6 +39,17 @@ def _handle_errors(fn):
             click.echo("qckpt: interrupted; no partial output left", err=True)
             sys.exit(130)
     return wrapper
+
+
+@contextlib.contextmanager
+def _usage_errors():
+    """The one place option errors become usage errors (exit 2): a ConverterError raised while
+    checking the command line (an unknown or read-only ``--to`` format, a requantize Target
+    conflict) is about the options, not the input."""
+    try:
+        yield
+    except ConverterError as exc:
+        raise click.UsageError(exc.render()) from None
 
 
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
@@ -166,6 +178,10 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from .formats.registry import load
     from .io.atomic import atomic_output, check_not_inside, refuse_existing
+    if to is not None:
+        with _usage_errors():
+            from .formats.registry import check_writable
+            check_writable(to)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -179,9 +195,10 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
         from .quant.requant import Target
         if group_size is not None and granularity:
             raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
-        target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
-                        group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
-                        scale_search=scale_search or "none")
+        with _usage_errors():
+            target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
+                            group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
+                            scale_search=scale_search or "none")
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
                                  "error-report", render.render_error_report)
     else:

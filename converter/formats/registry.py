@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import functools
 import struct
 
-from ..errors import ConverterError, MalformedInputError, UnknownFormatError
+from ..errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
 from .source import Source
 
 
@@ -85,6 +85,22 @@ def get(name: str) -> FormatHandler:
 def writable() -> list[str]:
     """Names of formats with a writer."""
     return sorted(n for n, h in formats().items() if h.write is not None)
+
+
+def check_writable(name: str) -> FormatHandler:
+    """The handler called ``name`` if it has a writer.
+
+    Raises
+    ------
+    UnknownFormatError
+        No such format (the known names are listed).
+    UnsupportedError
+        The format is read-only (the writable names are listed).
+    """
+    handler = get(name)
+    if handler.write is None:
+        raise UnsupportedError("format has no writer", field="--to", expected=writable(), found=name)
+    return handler
 
 
 def detect(source: Source) -> Detection:

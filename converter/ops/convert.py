@@ -50,9 +50,7 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
     ``options`` are the writer's options; those the target's ``check_target`` accepts are passed
     to it (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
     """
-    handler = registry.get(to)
-    if handler.write is None:
-        raise UnsupportedError("format has no writer", field="--to", expected=registry.writable(), found=to)
+    handler = registry.check_writable(to)
     if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
         raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
                                     file=ckpt.path, field="--to", expected="a quantized source",
