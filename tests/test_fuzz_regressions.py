@@ -123,6 +123,7 @@ def test_shard_directory_in_index(tmp_path):
     assert "not a regular file" in ei.value.message
 
 
+@pytest.mark.malformed_ok
 def test_safety_net_wraps_foreign_errors(tmp_path, monkeypatch):
     """A reader bug on foreign data still gives a typed one-line error naming the file and tensor."""
     from converter.formats import plain

@@ -21,6 +21,7 @@ def _patch(monkeypatch, name, **changes):
     monkeypatch.setitem(registry._REGISTRY, name, replace(registry.get(name), **changes))
 
 
+@pytest.mark.malformed_ok
 def test_reader_foreign_exception_becomes_a_finding_not_a_traceback(monkeypatch):
     def bad_read(src):
         raise IndexError("list index out of range")
@@ -30,6 +31,7 @@ def test_reader_foreign_exception_becomes_a_finding_not_a_traceback(monkeypatch)
     assert "IndexError" in rep.findings[0].message and "gptq reader" in rep.findings[0].message
 
 
+@pytest.mark.malformed_ok
 def test_loader_foreign_exception_becomes_a_finding(monkeypatch):
     real = registry.get("gptq").read
 
@@ -49,6 +51,7 @@ def test_loader_foreign_exception_becomes_a_finding(monkeypatch):
     assert hits and "KeyError" in hits[0].message and rep.exit_code == 1
 
 
+@pytest.mark.malformed_ok
 def test_detector_foreign_exception_is_a_converter_error(monkeypatch):
     def bad_detect(src):
         raise TypeError("unhashable type")
@@ -57,6 +60,7 @@ def test_detector_foreign_exception_is_a_converter_error(monkeypatch):
         validate(GPTQ)
 
 
+@pytest.mark.malformed_ok
 def test_hook_foreign_exception_does_not_escape(monkeypatch):
     from converter.validate import hooks
     monkeypatch.setitem(hooks._HOOKS, "gptq", {**hooks._HOOKS["gptq"],
@@ -65,6 +69,7 @@ def test_hook_foreign_exception_does_not_escape(monkeypatch):
     assert rep.exit_code == 0  # the hook's evidence is simply missing
 
 
+@pytest.mark.malformed_ok
 def test_probe_with_a_reader_raising_foreign_exceptions_reports_an_error(tmp_path):
     h = registry.get("gptq")
 
