@@ -2,7 +2,6 @@
 
 import pytest
 
-from converter.formats import registry
 from converter.validate import validate
 from tests.conftest import SAMPLES
 from tests.validate.helpers import FP16
@@ -46,7 +45,6 @@ def test_plain_float_file_is_clean():
     assert rep.format == "plain" and rep.findings == [] and rep.exit_code == 0
 
 
-@pytest.mark.skipif("gguf" not in registry.formats(), reason="GGUF reader not registered on this branch")
 @pytest.mark.parametrize("name", GGUF)
 def test_real_gguf_is_clean(name):
     rep = validate(SAMPLES / "gguf" / name, reference=FP16, strict=True)
