@@ -52,7 +52,7 @@ class ConverterError(Exception):
         if self.tensor:
             parts.append(f"tensor {self.tensor!r}")
         if self.field:
-            parts.append(f"field {self.field!r}:" if self.tensor else f"field {self.field!r}:")
+            parts.append(f"field {self.field!r}:")
         elif self.tensor:
             parts[-1] += ":"
         parts.append(self.message)

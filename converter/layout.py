@@ -91,8 +91,10 @@ class AxisMap:
             if a not in LOGICAL_AXES:
                 raise LayoutError("unknown axis name", field="stored_axes", expected=list(LOGICAL_AXES), found=a)
         if self.packed_axis is None:
-            if self.bits is not None and self.order is not None:
-                raise LayoutError("order given without a packed axis", field="order")
+            for f in ("order", "bits"):  # packing fields describe nothing without a packed axis
+                if getattr(self, f) is not None:
+                    raise LayoutError(f"{f} given without a packed axis", field=f, expected="packed_axis set",
+                                      found=getattr(self, f))
             return
         if self.packed_axis not in self.stored_axes:
             raise LayoutError("packed axis is not a stored axis", field="packed_axis",

@@ -50,3 +50,10 @@ def test_to_logical_refuses_float_words_of_the_container_size():
     with pytest.raises(LayoutError, match="wrong dtype") as e:
         m.to_logical(words.view(np.float32), ("out", "in"), {"out": 1, "in": 8})
     assert e.value.field == "dtype"
+
+
+@pytest.mark.parametrize("kw", [{"bits": 4}, {"order": (0, 2, 4, 6, 1, 3, 5, 7)}, {"bits": 4, "order": (1, 0)}])
+def test_packing_fields_without_a_packed_axis_are_refused(kw):
+    with pytest.raises(LayoutError, match="without a packed axis") as e:
+        AxisMap(("out", "in"), **kw)
+    assert e.value.field == ("order" if "order" in kw else "bits")

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import QuantizationError, UnsupportedError
+from ..errors import NotRepresentableError, QuantizationError, UnsupportedError
 from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
@@ -315,7 +315,7 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
         if scheme.zero_point is ZeroPoint.INTEGER:
             try:
                 u = as_integer_zero(u)
-            except Exception:
+            except NotRepresentableError:  # a float bias that is not an integer zero: not carried exactly
                 return None
         elif scheme.zero_point is ZeroPoint.FLOAT:
             u = u.replace(scales=u.scales.astype(scheme.scale_np_dtype),

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import LayoutError, QuantizationError
 from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, AxisMap
 from ..quant.packing import AWQ_ORDER
@@ -80,7 +81,7 @@ def nibble_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     declared = tuple(amap.order) if amap.order else tuple(range(n))
     try:
         words = amap.to_stored(t.codes, t.axes)
-    except Exception:  # noqa: BLE001 - a layout we cannot repack has no nibble alternative
+    except (LayoutError, QuantizationError):  # a layout we cannot repack has no nibble alternative
         return {}
     out = {}
     for label, order in _orders(n).items():

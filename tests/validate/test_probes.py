@@ -83,3 +83,23 @@ def test_b06_scales_copied_into_the_transposed_slot():
                         zero_points=np.array([[8]], np.int16))
     assert np.allclose(v.dequantize(), [[-0.8, 0, 0.7]], atol=1e-3)
     assert np.allclose(decode(v, zero_shift=-1), [[-0.7, 0.1, 0.8]], atol=1e-3)
+
+
+def test_nibble_alternatives_skip_unrepackable_layouts_but_not_bugs(monkeypatch):
+    from converter.layout import AxisMap
+    from converter.scheme import QuantScheme
+    from converter.tensor import QuantizedTensor
+    from converter.validate.interpretations import nibble_alternatives
+    codes = np.tile(np.arange(16, dtype=np.uint8), (2, 1))
+    t = QuantizedTensor("m", (OUT, IN), codes, np.ones((2, 1), np.float16), QuantScheme(4, False, ZeroPoint.NONE),
+                        GroupMap.per_channel(OUT),
+                        stored={"codes": AxisMap((OUT, IN), packed_axis=IN, bits=4, container="U32")})
+    assert "nibble order reversed" in nibble_alternatives(t)
+    narrow = t.replace(stored={"codes": AxisMap((OUT, IN), packed_axis=IN, bits=2, container="U8")})
+    assert nibble_alternatives(narrow) == {}  # 4-bit codes cannot be repacked as 2-bit fields: no alternative
+
+    def broken(self, logical, axes):
+        raise TypeError("a bug, not a layout refusal")
+    monkeypatch.setattr(AxisMap, "to_stored", broken)
+    with pytest.raises(TypeError):  # was swallowed by `except Exception`
+        nibble_alternatives(t)
