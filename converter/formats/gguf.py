@@ -559,7 +559,7 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
             return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
         return t, None
     return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
-                  "in float32; not bit-exact. Requantize (quantize_to_gguf) instead")
+                  "in float32; not bit-exact. Requantize instead (e.g. --group-size 32 --sym, or --asym for Q4_1)")
 
 
 def check_target(spec: TensorSpec) -> str | None:
@@ -587,7 +587,7 @@ def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
         raise NotRepresentableError(
             f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)", tensor=tensor,
             field=field, expected="values exact in fp16", found=f"{float(a32[idx])!r} at {list(map(int, idx))} "
-            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize (quantize_to_gguf) to write GGUF")
+            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
     return h
 
 
