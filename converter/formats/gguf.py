@@ -736,7 +736,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if not src_kv and ckpt.config:
         src_kv = _config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
-    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs()]
+    # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
+    # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
+    from .ties import resolve_tied_head
+    drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
+    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
     seen: dict[str, str] = {}
     for p in plans:
         if p.gguf_name in seen:
@@ -800,8 +804,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
                 writer.write_tensor_data(data)
         finally:
             writer.close()
-    return {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
-            "file_type": file_type, "notes": notes}
+    result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
+              "file_type": file_type, "notes": notes}
+    if tie is not None:
+        result["tied_head"] = tie
+    return result
 
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
