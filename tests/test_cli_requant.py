@@ -129,3 +129,22 @@ def test_plain_convert_still_repacks(tmp_path):
     r = run("convert", CT, tmp_path / "same", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["mode"] == "repack"
+
+
+def test_mlx_negative_scales_to_gptq_asym_validates_clean(tmp_path):
+    """MLX stores negative scales; GPTQ/AWQ/compressed-tensors expect positive ones. The carried grid is
+    flipped exactly (codes and zero points mirrored), so the output validates clean and decodes the same."""
+    import numpy as np
+    import converter
+    from click.testing import CliRunner
+    from converter.cli import main
+    src = SAMPLES / "mlx_affine_g64_b4"
+    for to in ("gptq", "compressed-tensors", "awq"):
+        dst = tmp_path / to
+        r = CliRunner().invoke(main, ["convert", str(src), str(dst), "--to", to, "--asym"])
+        assert r.exit_code == 0, r.output
+        v = CliRunner().invoke(main, ["validate", str(dst), "--json"])
+        assert v.exit_code == 0, v.output
+        out = converter.load(dst)
+        w = out["encoder.layer.0.attention.self.query.weight"]
+        assert (w.scales.astype(np.float32) >= 0).all()

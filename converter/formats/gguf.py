@@ -561,7 +561,7 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
             return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
         return t, None
     return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
-                  "in float32; not bit-exact. Requantize (quantize_to_gguf) instead")
+                  "in float32; not bit-exact. Requantize instead (e.g. --group-size 32 --sym, or --asym for Q4_1)")
 
 
 def check_target(spec: TensorSpec) -> str | None:
@@ -591,7 +591,7 @@ def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
         raise NotRepresentableError(
             f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)", tensor=tensor,
             field=field, expected="values exact in fp16", found=f"{float(a32[idx])!r} at {list(map(int, idx))} "
-            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize (quantize_to_gguf) to write GGUF")
+            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
     return h
 
 
@@ -741,7 +741,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if not src_kv and ckpt.config:
         src_kv = _config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
-    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs()]
+    # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
+    # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
+    from .ties import resolve_tied_head
+    drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
+    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
     seen: dict[str, str] = {}
     for p in plans:
         if p.gguf_name in seen:
@@ -805,8 +809,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
                 writer.write_tensor_data(data)
         finally:
             writer.close()
-    return {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
-            "file_type": file_type, "notes": notes}
+    result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
+              "file_type": file_type, "notes": notes}
+    if tie is not None:
+        result["tied_head"] = tie
+    return result
 
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "

@@ -461,7 +461,7 @@ def check_target(spec: TensorSpec) -> str | None:
     if gm.granularity is Granularity.FLAT_BLOCK:
         return "flat blocks over the flattened tensor (bitsandbytes) do not map onto GPTQ groups; requantize"
     if s.scale_dtype == "F32":
-        return "GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable (allow_scale_rounding=True)"
+        return "GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable (requantize with --scale-dtype f16)"
     if s.scale_dtype == "F8_E8M0":
         return "E8M0 (power-of-two) scales exceed the fp16 range; requantize"
     return None
@@ -492,7 +492,7 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
         i = np.unravel_index(int(np.argmax(s16.astype(np.float32) != s32)), s32.shape)
         raise NotRepresentableError("scale not representable in fp16", tensor=name, field="scales",
                                     expected="fp16-representable scales", found=f"{float(s32[i])!r} at {list(map(int, i))}",
-                                    hint="pass allow_scale_rounding=True to round scales to fp16, or requantize")
+                                    hint="requantize with --scale-dtype f16 to round scales to fp16")
     return s16, "scales rounded to fp16 (not exact)"
 
 

@@ -110,25 +110,35 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
     return TensorPlan(name, outs, _outputs), d
 
 
-def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str]]:
-    """Plans and ``__metadata__`` for writing ``ckpt`` natively."""
+def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str], dict | None]:
+    """Plans, ``__metadata__`` and the tied-head summary for writing ``ckpt`` natively.
+
+    The tied-embedding rule of every writer applies (:func:`converter.formats.ties.resolve_tied_head`).
+    """
+    from .ties import resolve_tied_head
+    drop, config, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans, meta = [], {"format": "pt", FORMAT_KEY: "native", "qckpt.version": VERSION,
                        "qckpt.source_format": ckpt.format}
-    if ckpt.config:
-        meta["qckpt.config"] = json.dumps(ckpt.config, sort_keys=True)
+    if config:
+        meta["qckpt.config"] = json.dumps(config, sort_keys=True)
     for name in ckpt.names():
+        if name in drop:
+            continue
         p, d = _plan(ckpt, name)
         plans.append(p)
         if d is not None:
             meta[LAYOUT_PREFIX + name] = json.dumps(d, sort_keys=True, separators=(",", ":"))
-    return plans, meta
+    return plans, meta, tie
 
 
 def write_native(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, **_: Any) -> dict:
     """Write ``ckpt`` as one native safetensors file at ``dst`` (atomically)."""
     ckpt.refuse_opaque("native")
-    plans, meta = plan_native(ckpt)
-    return write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
+    plans, meta, tie = plan_native(ckpt)
+    result = write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
+    if tie is not None:
+        result["tied_head"] = tie
+    return result
 
 
 # -- reader -------------------------------------------------------------------------------------

@@ -114,14 +114,9 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     dict with ``files`` (names written), ``tensors`` (count) and, when the rule applied,
     ``tied_head`` (head, embedding, identical, max_abs_diff, note).
     """
-    from .ties import check_tied_head
-    tie = check_tied_head(ckpt, config if config is not None else ckpt.config) \
-        if any(p.source == "lm_head.weight" for p in plans) else None
-    if tie is not None:
-        if tie.identical:
-            plans = [p for p in plans if p.source != tie.head]
-        elif config is not None:
-            config = {**config, "tie_word_embeddings": False}
+    from .ties import resolve_tied_head
+    drop, config, tie = resolve_tied_head(ckpt, config, {p.source for p in plans})
+    plans = [p for p in plans if p.source not in drop]
     shards = shard_plans(plans, max_shard_bytes)
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp:
@@ -158,8 +153,7 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
                 written.append(f.name)
     result: dict[str, Any] = {"files": written, "tensors": len(plans)}
     if tie is not None:
-        result["tied_head"] = {"head": tie.head, "embedding": tie.embedding, "identical": tie.identical,
-                               "max_abs_diff": tie.max_abs_diff, "note": tie.note}
+        result["tied_head"] = tie
     return result
 
 

@@ -129,8 +129,11 @@ def _read_prefix(path: Path, fh, file_size: int) -> int:
             raise CorruptFileError("file is a git-LFS pointer stub, not safetensors data", file=path,
                                    field="header_length", expected=f"<= {MAX_HEADER_SIZE}", found=n,
                                    hint="run `git lfs pull` to fetch the real file")
+        hint = None
+        if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+            hint = f"the file starts with text ({head.decode('ascii')!r}): it is not a safetensors or GGUF checkpoint"
         raise CorruptFileError("header length exceeds the cap", file=path, field="header_length",
-                               expected=f"<= {MAX_HEADER_SIZE}", found=n)
+                               expected=f"<= {MAX_HEADER_SIZE}", found=n, hint=hint)
     if 8 + n > file_size:
         raise CorruptFileError("header length runs past the end of the file (truncated?)", file=path,
                                field="header_length", expected=f"8 + N <= {file_size}", found=f"8 + {n}")

@@ -29,7 +29,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from .quantize import _safe_cast_scales, choose_params, codes_for
-from .recode import as_float_bias, as_integer_zero, as_signed, as_unsigned
+from .recode import as_positive_scales, as_float_bias, as_integer_zero, as_signed, as_unsigned
 
 SCALE_DTYPE_ALIASES = {"f16": "F16", "bf16": "BF16", "f32": "F32", "F16": "F16", "BF16": "BF16", "F32": "F32"}
 
@@ -516,7 +516,7 @@ def _carry_rounded_zero(t, scheme: QuantScheme, gm: GroupMap):
     z = np.clip(z, s.qmin, s.qmax).astype(s.code_dtype)
     t2 = QuantizedTensor(t.name, t.axes, t.codes, t.scales, s.replace(zero_point=ZeroPoint.INTEGER), t.group_map,
                          zero_points=z, stored={})
-    return carry(t2, scheme, gm)
+    return carry(as_positive_scales(t2), scheme, gm)
 
 
 def target_probe(spec, target: Target):

@@ -39,7 +39,7 @@ CODES: dict[str, tuple[str, str, str]] = {
     "code-range": ("error", "structure", "codes outside the scheme's range"),
     "zero-range": ("error", "structure", "zero points outside the code range, or non-finite biases"),
     "scale-nonfinite": ("error", "scales", "a scale is NaN or infinite"),
-    "scale-zero": ("error", "scales", "a scale is zero (the group decodes to 0)"),
+    "scale-zero": ("error", "scales", "a scale is zero (the group decodes to 0); info for a K-quant sub-block scale quantized to 0"),
     "scale-negative": ("error", "scales", "a negative scale in a format whose scales are positive"),
     "scale-subnormal": ("warning", "scales", "a scale is subnormal in its dtype (precision loss, kernel "
                                              "underflow)"),
