@@ -6,6 +6,7 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import click
 
 from . import exit_codes, render
 from .errors import ConverterError
+from .validate.findings import codes_help
 
 
 def _handle_errors(fn):
@@ -27,6 +29,12 @@ def _handle_errors(fn):
                 raise
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
+            if ctx.find_root().params.get("debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(exit_codes.UNREADABLE)
         except KeyboardInterrupt:
             click.echo("qckpt: interrupted; no partial output left", err=True)
             sys.exit(130)
@@ -53,6 +61,17 @@ def run_options_flags(fn):
         with run_options(workers=workers, max_memory=mem, quiet=quiet):
             return fn(*args, **kwargs)
     return wrapper
+
+
+@contextlib.contextmanager
+def _usage_errors():
+    """The one place option errors become usage errors (exit 2): a ConverterError raised while
+    checking the command line (an unknown or read-only ``--to`` format, a requantize Target
+    conflict) is about the options, not the input."""
+    try:
+        yield
+    except ConverterError as exc:
+        raise click.UsageError(exc.render()) from None
 
 
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
@@ -103,7 +122,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
     from .formats.native import write_native
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
     if group_size is not None:
         if granularity:
@@ -112,6 +131,7 @@ def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include,
     if not granularity:
         raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
                            scale_dtype={"f16": "F16", "bf16": "BF16", "f32": "F32"}[scale_dtype],
                            include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
@@ -146,8 +166,9 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
     from .formats.plain import write_plain
     from .formats.registry import load
-    from .io.atomic import check_not_inside
+    from .io.atomic import check_not_inside, refuse_existing
     check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
@@ -181,15 +202,28 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
             report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from .formats.registry import load
+    from .io.atomic import atomic_output, check_not_inside, refuse_existing
+    if to is not None:
+        with _usage_errors():
+            from .formats.registry import check_writable
+            check_writable(to)
+    if report:  # checked before any data moves, so a refused report leaves no DST behind
+        check_not_inside(src, report)
+        if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
+            raise click.UsageError("--report must not be DST or inside it")
+        refuse_existing(report, overwrite)
+    check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
     requant = any(v is not None for v in (granularity, group_size, bits, sym, scale_dtype, scale_search, reference))
     if requant:
         from .ops.requantize_model import requantize_model
         from .quant.requant import Target
         if group_size is not None and granularity:
             raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
-        target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
-                        group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
-                        scale_search=scale_search or "none")
+        with _usage_errors():
+            target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
+                            group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
+                            scale_search=scale_search or "none")
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
                                  "error-report", render.render_error_report)
     else:
@@ -197,12 +231,34 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
         to = to or load(src).format
         doc, schema, renderer = convert_exact(src, dst, to, overwrite=overwrite), "convert-report", render.render_convert
     if report:
-        from .io.atomic import atomic_output
         from .schemas import validate_document
         validate_document(doc, schema)
-        with atomic_output(report, overwrite=True) as tmp:
+        with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
     _emit(doc, as_json, renderer, schema)
+
+
+@main.command(epilog=exit_codes.epilog() + "\n\n" + codes_help())
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
+@click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
+@click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
+@_handle_errors
+def validate(path, reference, strict, self_test, as_json):
+    """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
+    from .validate import probes, report
+    from .validate import validate as do_validate
+    if self_test:
+        doc = probes.self_test()
+        _emit(doc, as_json, probes.render_self_test, "probe-report")
+        sys.exit(doc["exit_code"])
+    if path is None:
+        raise click.UsageError("give PATH (or --self-test)")
+    rep = do_validate(path, reference=reference, strict=strict)
+    _emit(rep.to_json(), as_json, report.render_report, "validation-report")
+    sys.exit(rep.exit_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,9 @@ from .errors import LayoutError
 from .layout import EXPERT, check_axes
 
 
+#: Largest group size accepted (int32 index arithmetic; far beyond any real checkpoint's axis).
+MAX_GROUP_SIZE = 2**31 - 1
+
 class Granularity(str, Enum):
     """How elements share quantization parameters."""
 
@@ -77,9 +80,9 @@ class GroupMap:
         elif self.axis is not None:
             raise LayoutError(f"{g.value} granularity takes no axis", field="group_map.axis", found=self.axis)
         if g in (Granularity.GROUP, Granularity.FLAT_BLOCK):
-            if not isinstance(self.group_size, (int, np.integer)) or self.group_size < 1:
+            if not isinstance(self.group_size, (int, np.integer)) or not 1 <= self.group_size <= MAX_GROUP_SIZE:
                 raise LayoutError("group size must be a positive integer", field="group_map.group_size",
-                                  expected=">= 1", found=self.group_size)
+                                  expected=f"1 ..= {MAX_GROUP_SIZE}", found=self.group_size)
         elif self.group_size is not None:
             raise LayoutError(f"{g.value} granularity takes no group size", field="group_map.group_size",
                               found=self.group_size)
@@ -173,7 +176,7 @@ class GroupMap:
         """True when ``g_idx`` is absent or equals ``arange(n) // group_size``."""
         if self.g_idx is None:
             return True
-        return bool(np.array_equal(self.g_idx, np.arange(n, dtype=np.int32) // self.group_size))
+        return bool(np.array_equal(self.g_idx, np.arange(n, dtype=np.int64) // self.group_size))
 
     # -- element <-> parameter ----------------------------------------------------------------
     def expand(self, params: np.ndarray, shape: Sequence[int], axes: Sequence[str]) -> np.ndarray:
@@ -193,12 +196,13 @@ class GroupMap:
         g = self.granularity
         if g is Granularity.FLAT_BLOCK:
             n = int(np.prod(shape, dtype=np.int64))
-            return np.repeat(params, self.group_size)[:n].reshape(shape)
+            # never repeat past the element count (a hostile group size must not allocate)
+            return np.repeat(params, min(self.group_size, max(n, 1)))[:n].reshape(shape)
         if g is Granularity.GROUP:
             ax = axes.index(self.axis)
             if self.g_idx is not None:
                 return np.take(params, self.g_idx, axis=ax)
-            rep = np.repeat(params, self.group_size, axis=ax)
+            rep = np.repeat(params, min(self.group_size, max(shape[ax], 1)), axis=ax)
             return rep.take(np.arange(shape[ax]), axis=ax) if rep.shape[ax] != shape[ax] else rep
         return np.broadcast_to(params, shape)
 

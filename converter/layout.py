@@ -91,8 +91,10 @@ class AxisMap:
             if a not in LOGICAL_AXES:
                 raise LayoutError("unknown axis name", field="stored_axes", expected=list(LOGICAL_AXES), found=a)
         if self.packed_axis is None:
-            if self.bits is not None and self.order is not None:
-                raise LayoutError("order given without a packed axis", field="order")
+            for f in ("order", "bits"):  # packing fields describe nothing without a packed axis
+                if getattr(self, f) is not None:
+                    raise LayoutError(f"{f} given without a packed axis", field=f, expected="packed_axis set",
+                                      found=getattr(self, f))
             return
         if self.packed_axis not in self.stored_axes:
             raise LayoutError("packed axis is not a stored axis", field="packed_axis",
@@ -141,7 +143,8 @@ class AxisMap:
         Raises
         ------
         LayoutError
-            When the stored shape does not match ``sizes`` or the axes differ.
+            When the stored shape does not match ``sizes`` or the axes differ, or packed words
+            are not integers of the container's size (float32 words are never reinterpreted).
         """
         if set(axes) != set(self.stored_axes):
             raise LayoutError("logical and stored axes differ", field="stored_axes",
@@ -151,10 +154,9 @@ class AxisMap:
             raise LayoutError("stored shape does not match the layout", field="shape",
                               expected=list(expected), found=list(stored.shape))
         arr = stored
-        if self.packed_axis is not None:
+        if self.packed_axis is not None:  # unpack_codes takes the container or its same-size signed int only
             container = _CONTAINERS[self.container]
-            words = arr.view(container) if arr.dtype.itemsize == np.dtype(container).itemsize else arr
-            arr = unpack_codes(words, self.bits, axis=self.stored_axes.index(self.packed_axis),
+            arr = unpack_codes(stored, self.bits, axis=self.stored_axes.index(self.packed_axis),
                                length=int(sizes[self.packed_axis]), container=container,
                                layout=self.packing, order=self.order, signed=signed)
         perm = [self.stored_axes.index(a) for a in axes]

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 import numpy as np
 
 from .dtypes import dtype_name
-from .errors import LayoutError, MissingTensorError
+from .errors import LayoutError, MissingTensorError, UnsupportedError
 from .groups import GroupMap
 from .layout import AxisMap, PackedCodes, check_axes
 from .scheme import QuantScheme, ZeroPoint
@@ -268,13 +268,22 @@ class StoredArray:
             raise LayoutError("unknown role", field="role", expected=list(ROLES), found=self.role)
 
 
+#: Tensor kinds of a :class:`TensorSpec`.
+KINDS = ("quantized", "dense", "opaque")
+
+
 @dataclass(frozen=True, eq=False)
 class TensorSpec:
     """What a tensor is, known from headers alone (no data read).
 
-    ``kind`` is ``"quantized"`` or ``"dense"``; quantized specs carry ``axes``, ``scheme`` and
-    ``group_map`` (``act_order`` says a non-trivial ``g_idx`` is stored); ``stored`` lists the
-    arrays that hold it, with roles and byte sizes.
+    ``kind`` is ``"quantized"``, ``"dense"`` or ``"opaque"``; quantized specs carry ``axes``,
+    ``scheme`` and ``group_map`` (checked at construction; ``act_order`` says a non-trivial
+    ``g_idx`` is stored); ``stored`` lists the arrays that hold it, with roles and byte sizes.
+    An ``opaque`` spec is a tensor the source lists in a storage type qckpt cannot decode (GGUF
+    IQ*/TQ* ...): ``dtype`` names that type, inspect and audit show its stored arrays, every
+    writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the tensor loads
+    with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
+    ``sym: true`` with stored zero points off the centre), for validators to report.
     """
 
     name: str
@@ -288,10 +297,43 @@ class TensorSpec:
     act_order: bool = False
     double_quant: str | None = None
     notes: tuple[str, ...] = ()
+    declared_scheme: QuantScheme | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise LayoutError("unknown tensor kind", tensor=self.name, field="kind", expected=list(KINDS),
+                              found=self.kind)
+        if self.kind == "quantized":
+            missing = [f for f in ("axes", "scheme", "group_map") if getattr(self, f) is None]
+            if missing:
+                raise LayoutError("a quantized spec needs axes, scheme and group map", tensor=self.name,
+                                  field=missing[0], expected="set", found="None",
+                                  hint='use kind "opaque" for a tensor whose storage type cannot be decoded')
+        elif self.kind == "opaque" and not self.dtype:
+            raise LayoutError("an opaque spec names its storage type in dtype", tensor=self.name, field="dtype",
+                              expected="a type name", found=self.dtype)
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+def opaque_reason(spec: TensorSpec) -> str | None:
+    """Why an ``opaque`` spec cannot be loaded or written (names its storage type); ``None`` otherwise.
+
+    Every writer's ``check_target`` and planning use it, so the refusal reads the same everywhere.
+    """
+    if spec.kind != "opaque":
+        return None
+    return f"stored as {spec.dtype}, a type qckpt lists but cannot decode (inspect and audit only)"
+
+
+def refuse_opaque(spec: TensorSpec, target: str) -> None:
+    """Raise UnsupportedError if ``spec`` is opaque (writers call it while planning, before data moves)."""
+    reason = opaque_reason(spec)
+    if reason:
+        raise UnsupportedError(f"cannot write to {target}: {reason}", tensor=spec.name, field="dtype",
+                               expected="a type qckpt decodes", found=spec.dtype)
 
 
 def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpec:
@@ -383,16 +425,27 @@ class Checkpoint:
         return len(self._specs)
 
     def __getitem__(self, name: str) -> Tensor:
-        self.spec(name)
+        self._check_loadable(self.spec(name))
         return self._loader(name)
+
+    def _check_loadable(self, spec: TensorSpec) -> None:
+        if spec.kind == "opaque":
+            raise UnsupportedError(f"cannot load or dequantize: {opaque_reason(spec)}", file=self.path,
+                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 
     def items(self) -> Iterator[tuple[str, Tensor]]:
         """Yield ``(name, tensor)`` one at a time, loading each on demand."""
-        for name in self._specs:
+        for name, spec in self._specs.items():
+            self._check_loadable(spec)
             yield name, self._loader(name)
+
+    def refuse_opaque(self, target: str) -> None:
+        """Raise UnsupportedError on the first ``opaque`` spec (every writer calls this before planning)."""
+        for spec in self._specs.values():
+            refuse_opaque(spec, target)
 
     def quantized_names(self) -> list[str]:
         return [n for n, s in self._specs.items() if s.kind == "quantized"]

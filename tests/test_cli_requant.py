@@ -105,7 +105,46 @@ def test_usage_errors(tmp_path):
     assert r.exit_code == USAGE
 
 
+@pytest.mark.parametrize("to, why", [("nosuch", "unknown format"), ("bitsandbytes", "format has no writer")])
+@pytest.mark.parametrize("requant", [(), ("--bits", "8")])
+def test_unknown_or_read_only_target_format_is_a_usage_error(tmp_path, to, why, requant):
+    dst = tmp_path / "x"
+    r = CliRunner().invoke(main, ["convert", str(CT), str(dst), "--to", to, *requant])
+    assert r.exit_code == USAGE, r.output
+    assert why in r.output and to in r.output and "gptq" in r.output  # the writable formats are listed
+    assert not dst.exists()
+
+
+def test_requant_target_conflict_is_a_usage_error(tmp_path, monkeypatch):
+    # a Target check click does not duplicate (here: the scale-dtype table emptied) is an option error
+    from converter.quant import requant
+    monkeypatch.setattr(requant, "SCALE_DTYPE_ALIASES", {})
+    dst = tmp_path / "x"
+    r = CliRunner().invoke(main, ["convert", str(CT), str(dst), "--scale-dtype", "f16"])
+    assert r.exit_code == USAGE and "unknown scale dtype" in r.output
+    assert not dst.exists()
+
+
 def test_plain_convert_still_repacks(tmp_path):
     r = run("convert", CT, tmp_path / "same", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["mode"] == "repack"
+
+
+def test_mlx_negative_scales_to_gptq_asym_validates_clean(tmp_path):
+    """MLX stores negative scales; GPTQ/AWQ/compressed-tensors expect positive ones. The carried grid is
+    flipped exactly (codes and zero points mirrored), so the output validates clean and decodes the same."""
+    import numpy as np
+    import converter
+    from click.testing import CliRunner
+    from converter.cli import main
+    src = SAMPLES / "mlx_affine_g64_b4"
+    for to in ("gptq", "compressed-tensors", "awq"):
+        dst = tmp_path / to
+        r = CliRunner().invoke(main, ["convert", str(src), str(dst), "--to", to, "--asym"])
+        assert r.exit_code == 0, r.output
+        v = CliRunner().invoke(main, ["validate", str(dst), "--json"])
+        assert v.exit_code == 0, v.output
+        out = converter.load(dst)
+        w = out["encoder.layer.0.attention.self.query.weight"]
+        assert (w.scales.astype(np.float32) >= 0).all()

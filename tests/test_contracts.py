@@ -102,3 +102,18 @@ def test_per_tensor_vs_per_row_small_row():
 def test_public_api_exports():
     assert converter.quantize_codes is quantize_codes
     assert callable(converter.load) and callable(converter.save)
+
+
+@pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf"), -float("inf")])
+def test_zero_or_non_finite_scale_is_a_quantization_error(bad):
+    from converter.errors import QuantizationError
+    with pytest.raises(QuantizationError, match="finite and non-zero") as e:
+        quantize_codes([[1.0, 2.0]], [1.0, bad], axis="in")
+    assert e.value.field == "scales" and not isinstance(e.value, LayoutError)
+
+
+def test_error_stats_shape_mismatch_is_a_converter_error():
+    from converter.errors import ConverterError
+    with pytest.raises(LayoutError, match="shapes differ") as e:
+        error_stats(np.zeros((2, 3)), np.zeros((3, 2)))
+    assert isinstance(e.value, ConverterError) and (e.value.expected, e.value.found) == ([2, 3], [3, 2])

@@ -38,3 +38,22 @@ def test_shape_mismatch_named():
         am.to_logical(np.zeros((3, 5), np.int32), ("out", "in"), {"out": 5, "in": 16})
     with pytest.raises(LayoutError):
         AxisMap(("in", "out"), packed_axis="out", bits=9, container="I32")
+
+
+def test_to_logical_refuses_float_words_of_the_container_size():
+    import pytest
+    from converter.errors import LayoutError
+    m = AxisMap(("out", "in"), packed_axis="in", bits=4, container="U32")
+    words = np.array([[0x76543210]], np.uint32)
+    assert m.to_logical(words, ("out", "in"), {"out": 1, "in": 8}).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert m.to_logical(words.view(np.int32), ("out", "in"), {"out": 1, "in": 8}).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    with pytest.raises(LayoutError, match="wrong dtype") as e:
+        m.to_logical(words.view(np.float32), ("out", "in"), {"out": 1, "in": 8})
+    assert e.value.field == "dtype"
+
+
+@pytest.mark.parametrize("kw", [{"bits": 4}, {"order": (0, 2, 4, 6, 1, 3, 5, 7)}, {"bits": 4, "order": (1, 0)}])
+def test_packing_fields_without_a_packed_axis_are_refused(kw):
+    with pytest.raises(LayoutError, match="without a packed axis") as e:
+        AxisMap(("out", "in"), **kw)
+    assert e.value.field == ("order" if "order" in kw else "bits")

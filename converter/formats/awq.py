@@ -44,7 +44,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..quant.packing import AWQ_ORDER
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -390,7 +390,7 @@ def check_target(spec: TensorSpec) -> str | None:
     ``G = in``), ``out % 8 == 0`` (``WQLinear_GEMM.__init__`` asserts both), no act-order.
     """
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
     if tuple(spec.axes or ()) != AXES:
         return f"AWQ stores 2-D (out, in) Linear weights only, not axes {list(spec.axes or ())}"
@@ -549,6 +549,7 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
     NotRepresentableError
         A tensor AWQ cannot hold exactly, or tensors needing different group sizes.
     """
+    ckpt.refuse_opaque("awq")
     if str(version).lower() != "gemm":
         raise UnsupportedError("the AWQ writer produces the GEMM layout only", field="version",
                                expected="gemm", found=version)

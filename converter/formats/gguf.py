@@ -57,7 +57,8 @@ from ..io.atomic import atomic_output
 from ..io.parallel import drop_pages, write_at_offsets
 from ..layout import EXPERT, IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
+                      opaque_reason)
 from .gguf_blocks import QK_K, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
 from .gguf_names import (HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation,
                          permute_heads_key)
@@ -243,7 +244,13 @@ def _corrupt(path: Path, exc: BaseException) -> CorruptFileError:
 
 
 def _open_reader(path: Path):
-    """``GGUFReader(path)``; any failure on the untrusted bytes is a CorruptFileError."""
+    """``GGUFReader(path)``; any failure on the untrusted bytes is a CorruptFileError.
+
+    The bounded pre-check :func:`~converter.formats.gguf_bounds.check_gguf_bounds` runs first, so
+    GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
+    """
+    from .gguf_bounds import check_gguf_bounds
+    check_gguf_bounds(path)
     gguf = _gguf()
     try:
         return gguf.GGUFReader(path, "r")
@@ -380,9 +387,9 @@ def _spec(e: _Entry, file: str) -> TensorSpec:
     notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
     if e.type_name in DENSE_TYPES:
         return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
-    if e.type_name not in CODECS:
-        return TensorSpec(e.name, "quantized", e.shape, stored,
-                          notes=notes + (f"unsupported ggml type {e.type_name}",))
+    if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
+        return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name,
+                          notes=notes + (f"ggml type {e.type_name} has no decoder in qckpt",))
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=_axes_for(len(e.shape)),
                       scheme=scheme_for(e.type_name), group_map=GroupMap.per_group(_group_size(e.type_name), IN),
                       double_quant=None if isinstance(codec_for(e.type_name), LegacyCodec) else e.type_name,
@@ -435,7 +442,8 @@ def read_gguf(src: Source) -> Checkpoint:
     CorruptFileError
         The file does not parse or its tensor table contradicts the file.
     UnsupportedError
-        Big-endian files; at load time, ggml types without a codec (IQ*, TQ*, ...).
+        Big-endian files. ggml types without a codec (IQ*, TQ*, ...) are listed as ``opaque``
+        specs (inspect, audit); loading one raises UnsupportedError (from :class:`Checkpoint`).
     FormatError
         Two GGUF names mapping to one logical name.
     """
@@ -468,6 +476,9 @@ def read_gguf(src: Source) -> Checkpoint:
                     raise UnsupportedError("quantized GGUF tensors must be 2-D or 3-D", field="ne",
                                            expected="2 or 3 dims", found=list(e.ne))
                 codec = codec_for(e.type_name)
+                if 0 in e.shape:  # fuzz finding: the row reshape below needs at least one block
+                    raise CorruptFileError("quantized tensor has no elements", field="ne",
+                                           expected="every dimension >= 1", found=list(e.ne))
                 raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, e.nbytes // max(1, int(np.prod(e.shape[:-1]))))
                 out = tensor_from_fields(name, codec.decode(raw), e.shape)
             else:
@@ -554,7 +565,7 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
             return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
         return t, None
     return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
-                  "in float32; not bit-exact. Requantize (quantize_to_gguf) instead")
+                  "in float32; not bit-exact. Requantize instead (e.g. --group-size 32 --sym, or --asym for Q4_1)")
 
 
 def check_target(spec: TensorSpec) -> str | None:
@@ -564,6 +575,8 @@ def check_target(spec: TensorSpec) -> str | None:
     32 along ``in``). F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is
     checked at write time (NotRepresentableError when a cast would round).
     """
+    if spec.kind == "opaque":
+        return opaque_reason(spec)
     if spec.kind == "dense":
         return None if spec.dtype in DENSE_TYPES else f"dtype {spec.dtype} has no GGUF tensor type"
     return _legacy_match(spec)[1]
@@ -582,7 +595,7 @@ def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
         raise NotRepresentableError(
             f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)", tensor=tensor,
             field=field, expected="values exact in fp16", found=f"{float(a32[idx])!r} at {list(map(int, idx))} "
-            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize (quantize_to_gguf) to write GGUF")
+            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
     return h
 
 
@@ -717,6 +730,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     FormatError
         No architecture, over-long names, missing head counts for LLaMA q/k.
     """
+    ckpt.refuse_opaque("gguf")
     gguf = _gguf()
     if gguf_type is not None and gguf_type not in LEGACY_TYPES:
         raise UnsupportedError("unsupported GGUF output type", field="gguf_type", expected=list(LEGACY_TYPES),
@@ -731,7 +745,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if not src_kv and ckpt.config:
         src_kv = _config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
-    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs()]
+    # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
+    # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
+    from .ties import resolve_tied_head
+    drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
+    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
     seen: dict[str, str] = {}
     for p in plans:
         if p.gguf_name in seen:
@@ -811,10 +829,20 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
                                   expected=p.nbytes, found=data.nbytes)
             return offsets[i], data
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
-    return {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
-            "file_type": file_type, "notes": notes}
+    result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
+              "file_type": file_type, "notes": notes}
+    if tie is not None:
+        result["tied_head"] = tie
+    return result
 
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
                                  check_target=check_target))
+
+
+from ..validate.hooks import register_hooks  # noqa: E402
+
+#: ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the signed value of largest
+#: magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``), so about half the scales are negative.
+register_hooks("gguf", negative_scales=True)

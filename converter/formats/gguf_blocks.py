@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from converter.errors import CorruptFileError, QuantizationError, UnsupportedError
+from converter.quant.rounding import round_half_away
 
 __all__ = [
     "BlockFields", "LegacyCodec", "KQuantCodec", "CODECS", "SUPPORTED_READ", "SUPPORTED_WRITE",
@@ -185,14 +186,6 @@ def _rows_slice(fields: BlockFields, start: int, stop: int) -> BlockFields:
     return BlockFields(fields.type_name, cut(fields.codes), cut(fields.scales), cut(fields.mins),
                        cut(fields.super_scales), cut(fields.super_mins), cut(fields.sub_scales),
                        cut(fields.sub_mins), fields.sub_block_size)
-
-
-def _round_half_away(x: np.ndarray) -> np.ndarray:
-    """C ``roundf`` in float32: round to nearest, ties away from zero (exact, no ``x+0.5`` error)."""
-    a = np.abs(x)
-    fl = np.floor(a)
-    up = (a - fl) >= np.float32(0.5)
-    return np.copysign(fl + up.astype(np.float32), x).astype(np.float32)
 
 
 def _check_f16_range(name: str, values: np.ndarray, type_name: str) -> None:
@@ -453,7 +446,7 @@ class LegacyCodec:
         out = np.empty((blocks.shape[0], self.type_size), dtype=np.uint8)
         out[:, :2] = _f16_bytes(d.astype(np.float16))
         if self.bits == 8:
-            codes = np.clip(_round_half_away(t), -128, 127).astype(np.int8)
+            codes = np.clip(round_half_away(t), -128, 127).astype(np.int8)
             out[:, 2:] = codes.view(np.uint8).T
         else:
             t += np.float32(self.code_offset + 0.5)
@@ -474,7 +467,7 @@ class LegacyCodec:
         d, mn = self._block_scales(blocks)
         inv = self._inverse(d)[..., None]
         if self.bits == 8:
-            codes = np.clip(_round_half_away(blocks * inv), -128, 127).astype(np.int8)
+            codes = np.clip(round_half_away(blocks * inv), -128, 127).astype(np.int8)
         elif self.affine:
             scaled = (blocks - mn[..., None]) * inv + np.float32(0.5)
             codes = np.clip(np.trunc(scaled), 0, self.code_max).astype(np.uint8)

@@ -55,7 +55,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap, PackedCodes
 from ..quant.recode import as_integer_zero, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -215,7 +215,8 @@ class _Module:
         self.fmt = fmt
         self.sym = _bool(cfg.get("sym"), True)  # AutoGPTQ from_quant_config assumes True when missing
         self.desc_act = _bool(cfg.get("desc_act"), False)
-        static = _bool(cfg.get("static_groups", (cfg.get("meta") or {}).get("static_groups")), False)
+        meta = cfg.get("meta") if isinstance(cfg.get("meta"), dict) else {}
+        static = _bool(cfg.get("static_groups", meta.get("static_groups")), False)
         O = int(n_out_s)
         if n_out != O:
             raise bad("qweight", "qweight columns differ from scales columns (out features)", "shape",
@@ -234,7 +235,9 @@ class _Module:
         gs = cfg.get("group_size")
         if gs is None:
             gs = self._infer_group(I, int(n_groups), qfile)
-        gs = int(gs)
+        if isinstance(gs, bool) or not isinstance(gs, int):
+            raise FormatError("group_size must be an integer", file=qfile, field="quantization_config.group_size",
+                              expected="-1 or an integer >= 1", found=repr(gs)[:80])
         if gs == -1 or gs == 0:
             self.group_size = None
             if n_groups != 1:
@@ -281,23 +284,44 @@ class _Module:
         return tuple(StoredArray(self.names[p], roles[p], i.dtype, tuple(i.shape), i.nbytes,
                                  src.file_of(self.names[p]).name) for p, i in self.info.items())
 
+    def zeros(self, src: Source) -> np.ndarray:
+        """Decoded zero points, ``(out, group)`` uint8 (``qzeros`` is small: ``nG * O * b / 8`` bytes)."""
+        return decode_qzeros(src.read(self.names["qzeros"]), self.bits, self.O, v1=self.fmt == V1)
+
+    def decide_scheme(self, src: Source) -> QuantScheme:
+        """The one scheme this tensor is planned and loaded with, decided once from config AND data.
+
+        ``ZeroPoint.NONE`` when the config says ``sym`` and every decoded zero point equals the
+        centre ``2^(b-1)``; otherwise ``ZeroPoint.INTEGER`` (the stored zeros are kept, never
+        dropped). Reads ``qzeros`` only; the result is cached so :meth:`spec` and :meth:`load` agree.
+        """
+        if getattr(self, "_scheme", None) is None:
+            zp = ZeroPoint.INTEGER
+            if self.sym and bool(np.all(self.zeros(src) == (1 << (self.bits - 1)))):
+                zp = ZeroPoint.NONE
+            self._scheme = QuantScheme(self.bits, False, zp, self.scale_dtype)
+        return self._scheme
+
     def spec(self, src: Source) -> TensorSpec:
-        zp = ZeroPoint.NONE if self.sym else ZeroPoint.INTEGER
+        scheme = self.decide_scheme(src)
         notes = [f"checkpoint_format {self.fmt}" + (" (stored zero points are z-1)" if self.fmt == V1 else "")]
-        if self.sym:
-            notes.append("sym per config; zero points checked when loaded")
+        declared = None
+        if self.sym and scheme.zero_point is not ZeroPoint.NONE:
+            declared = QuantScheme(self.bits, False, ZeroPoint.NONE, self.scale_dtype)
+            notes.append(f"config says sym but stored zero points are not all {1 << (self.bits - 1)}: "
+                         f"read with integer zero points")
         if self.group_size and self.I % self.group_size:
             notes.append(f"partial final group: {self.I % self.group_size} of {self.group_size} "
                          f"(padded I = {self.n_groups * self.group_size})")
         return TensorSpec(self.name, "quantized", (self.O, self.I), self.stored(src), axes=(OUT, IN),
-                          scheme=QuantScheme(self.bits, False, zp, self.scale_dtype), group_map=self.group_map,
-                          act_order=self.act_order, notes=tuple(notes))
+                          scheme=scheme, group_map=self.group_map, act_order=self.act_order, notes=tuple(notes),
+                          declared_scheme=declared)
 
     def load(self, src: Source) -> QuantizedTensor:
         n, b, O, I, nG = self.names, self.bits, self.O, self.I, self.n_groups
         codes = PackedCodes(src.read(n["qweight"]), codes_map(b), (OUT, IN), {IN: I, OUT: O}, signed=False)
         scales = np.ascontiguousarray(SCALES_MAP.to_logical(src.read(n["scales"]), (OUT, IN), {IN: nG, OUT: O}))
-        zeros = decode_qzeros(src.read(n["qzeros"]), b, O, v1=self.fmt == V1)
+        zeros = self.zeros(src)
         gm = self.group_map
         if src.has(n["g_idx"]):
             g_idx = np.asarray(src.read(n["g_idx"]))
@@ -309,13 +333,14 @@ class _Module:
                 g_idx = g_idx.astype(np.int32)
                 gm = GroupMap.per_group(self.group_size, IN, None if GroupMap.per_group(
                     self.group_size, IN, g_idx).is_trivial_g_idx(I) else g_idx)
-        centre = 1 << (b - 1)
-        if self.sym and bool(np.all(zeros == centre)):
-            scheme = QuantScheme(b, False, ZeroPoint.NONE, self.scale_dtype)
+        scheme = self.decide_scheme(src)
+        zp = zeros
+        if scheme.zero_point is ZeroPoint.NONE:
+            if not bool(np.all(zeros == scheme.center)):  # the file changed after it was read
+                raise FormatError("qzeros changed since the checkpoint was read", file=src.file_of(n["qzeros"]),
+                                  tensor=n["qzeros"], field="qzeros", expected=f"all {scheme.center}",
+                                  found="other values")
             zp = None
-        else:
-            scheme = QuantScheme(b, False, ZeroPoint.INTEGER, self.scale_dtype)
-            zp = zeros
         stored = {"codes": codes_map(b), "zero_points": zeros_map(b), "scales": SCALES_MAP}
         return QuantizedTensor(self.name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp, stored=stored)
 
@@ -421,7 +446,7 @@ def check_target(spec: TensorSpec) -> str | None:
     the cast is exact only for fp16-representable values (write with ``allow_scale_rounding=True``).
     """
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
     if tuple(spec.axes or ()) != (OUT, IN):
         return f"GPTQ stores 2-D (out, in) linear weights, not axes {list(spec.axes or ())}"
@@ -436,7 +461,7 @@ def check_target(spec: TensorSpec) -> str | None:
     if gm.granularity is Granularity.FLAT_BLOCK:
         return "flat blocks over the flattened tensor (bitsandbytes) do not map onto GPTQ groups; requantize"
     if s.scale_dtype == "F32":
-        return "GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable (allow_scale_rounding=True)"
+        return "GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable (requantize with --scale-dtype f16)"
     if s.scale_dtype == "F8_E8M0":
         return "E8M0 (power-of-two) scales exceed the fp16 range; requantize"
     return None
@@ -467,7 +492,7 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
         i = np.unravel_index(int(np.argmax(s16.astype(np.float32) != s32)), s32.shape)
         raise NotRepresentableError("scale not representable in fp16", tensor=name, field="scales",
                                     expected="fp16-representable scales", found=f"{float(s32[i])!r} at {list(map(int, i))}",
-                                    hint="pass allow_scale_rounding=True to round scales to fp16, or requantize")
+                                    hint="requantize with --scale-dtype f16 to round scales to fp16")
     return s16, "scales rounded to fp16 (not exact)"
 
 
@@ -557,6 +582,7 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
         A tensor's scheme does not fit GPTQ (reason from :func:`check_target`), mixed bits /
         group sizes across layers, or a v1 zero point of 0.
     """
+    ckpt.refuse_opaque("gptq")
     if checkpoint_format not in (V1, V2):
         raise FormatError("unknown GPTQ checkpoint format", field="checkpoint_format", expected=[V1, V2],
                           found=checkpoint_format)
@@ -625,3 +651,38 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
 
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target))
+
+
+# -- validation hooks (converter/validate/hooks.py) ------------------------------------------------
+def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
+    """Which GPTQ zero convention the stored ``qzeros`` fields follow (CASES.md B01; FORMATS.md section 1.3).
+
+    For a symmetric config every raw field is a marker: ``2^(b-1) - 1`` (v1 stores ``z - 1``) or
+    ``2^(b-1)`` (v2 stores ``z``). Asymmetric zeros carry no marker (``inferred`` is None; the
+    validator's generic zero-offset check covers them).
+
+    Returns
+    -------
+    dict ``{"claimed", "inferred", "sym", "raw_field_counts", "stored_tensor"}`` or None when the
+    spec has no stored ``qzeros``.
+    """
+    zname = next((s.name for s in spec.stored if s.role == "zero_points"), None)
+    if zname is None or spec.scheme is None:
+        return None
+    qcfg = dict(src.quantization_config or {})
+    claimed = checkpoint_format_of(qcfg, file=src.path)
+    b = spec.scheme.bits
+    words = np.asarray(src.read(zname)).view(np.uint32)
+    fields = zeros_map(b).to_logical(words, (OUT, IN), {IN: words.shape[0], OUT: int(spec.shape[0])})
+    vals, counts = np.unique(fields, return_counts=True)
+    sym = (spec.declared_scheme or spec.scheme).zero_point is ZeroPoint.NONE  # what the config says
+    inferred = None
+    if sym and vals.size == 1:
+        inferred = {(1 << (b - 1)) - 1: V1, 1 << (b - 1): V2}.get(int(vals[0]))
+    return {"claimed": claimed, "inferred": inferred, "sym": sym, "stored_tensor": zname,
+            "raw_field_counts": {int(v): int(c) for v, c in sorted(zip(vals, counts), key=lambda kv: -kv[1])[:4]}}
+
+
+from ..validate.hooks import register_hooks  # noqa: E402  (hooks module imports nothing from formats)
+
+register_hooks("gptq", zero_convention=zero_convention_evidence, always_stored=("g_idx",))

@@ -39,7 +39,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, IN, OUT, AxisMap
 from ..quant.recode import as_float_bias, as_groups, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -97,7 +97,7 @@ def layer_params(qcfg: Mapping[str, Any], module: str, *, file: Any = None) -> d
     if isinstance(entry, dict):
         base["mode"] = entry.get("mode") or base["mode"]
     mode = base["mode"]
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise FormatError("unknown MLX quantization mode", file=file, tensor=module, field="quantization.mode",
                           expected=sorted(MODES), found=mode)
     g0, b0, _, _ = MODES[mode]
@@ -378,7 +378,7 @@ def target_group_size(spec: TensorSpec) -> int | None:
 def check_target(spec: TensorSpec) -> str | None:
     """None if ``spec`` can be written as MLX affine exactly (up to bias rounding), else the reason."""
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     if not spec.name.endswith(".weight"):
         return "MLX stores a quantized weight as '<module>.weight'"
     if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
@@ -486,6 +486,7 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
     NotRepresentableError
         A quantized tensor :func:`check_target` refuses (nothing is written).
     """
+    ckpt.refuse_opaque("mlx")
     plans = []
     for spec in ckpt.specs():
         if spec.kind == "dense":
@@ -505,3 +506,9 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
 
 HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine; mxfp4, nvfp4, mxfp8 read-only)",
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target))
+
+
+from ..validate.hooks import register_hooks  # noqa: E402
+
+#: MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
+register_hooks(FORMAT, negative_scales=True)

@@ -21,7 +21,8 @@ from ..errors import FormatError, LayoutError
 from ..groups import GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..scheme import QuantScheme
-from ..tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
+                      opaque_reason)
 from .plan import TensorPlan, dense_plan, rows_plan, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -117,24 +118,35 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
     return plan, d
 
 
-def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str]]:
-    """Plans and ``__metadata__`` for writing ``ckpt`` natively."""
+def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str], dict | None]:
+    """Plans, ``__metadata__`` and the tied-head summary for writing ``ckpt`` natively.
+
+    The tied-embedding rule of every writer applies (:func:`converter.formats.ties.resolve_tied_head`).
+    """
+    from .ties import resolve_tied_head
+    drop, config, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans, meta = [], {"format": "pt", FORMAT_KEY: "native", "qckpt.version": VERSION,
                        "qckpt.source_format": ckpt.format}
-    if ckpt.config:
-        meta["qckpt.config"] = json.dumps(ckpt.config, sort_keys=True)
+    if config:
+        meta["qckpt.config"] = json.dumps(config, sort_keys=True)
     for name in ckpt.names():
+        if name in drop:
+            continue
         p, d = _plan(ckpt, name)
         plans.append(p)
         if d is not None:
             meta[LAYOUT_PREFIX + name] = json.dumps(d, sort_keys=True, separators=(",", ":"))
-    return plans, meta
+    return plans, meta, tie
 
 
 def write_native(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, **_: Any) -> dict:
     """Write ``ckpt`` as one native safetensors file at ``dst`` (atomically)."""
-    plans, meta = plan_native(ckpt)
-    return write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
+    ckpt.refuse_opaque("native")
+    plans, meta, tie = plan_native(ckpt)
+    result = write_single_file(Path(dst), plans, ckpt, metadata=meta, overwrite=overwrite)
+    if tie is not None:
+        result["tied_head"] = tie
+    return result
 
 
 # -- reader -------------------------------------------------------------------------------------
@@ -154,7 +166,32 @@ def _stored(src: Source, name: str, role: str) -> StoredArray:
     return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
 
 
+def _check_codes_dtype(src: Source, name: str, d: dict[str, Any]) -> None:
+    """The stored codes dtype must be the descriptor's container (or U8/I8 when not packed).
+
+    Raises
+    ------
+    FormatError
+        Naming the stored codes tensor and its ``dtype`` (expected vs found); float words are never
+        reinterpreted as integers.
+    """
+    try:
+        cmap, scheme = AxisMap.from_json(d["codes"]), QuantScheme.from_json(d["scheme"])
+    except LayoutError as exc:
+        raise exc.with_context(file=src.path, tensor=name)
+    stored = d["codes"]["tensor"]
+    if not src.has(stored):
+        return  # reported as a missing tensor when loaded
+    want = cmap.container if cmap.packed_axis is not None else ("I8" if scheme.signed else "U8")
+    found = src.info(stored).dtype
+    if found != want:
+        raise FormatError("stored codes dtype differs from the layout descriptor's container",
+                          file=src.file_of(stored), tensor=stored, field="dtype", expected=want, found=found,
+                          hint=f"see {LAYOUT_PREFIX}{name} codes.container")
+
+
 def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
+    _check_codes_dtype(src, name, d)
     stored = [_stored(src, d["codes"]["tensor"], "codes"), _stored(src, d["scales"]["tensor"], "scales")]
     if d["zero_points"]:
         stored.append(_stored(src, d["zero_points"]["tensor"], "zero_points"))
@@ -238,4 +275,4 @@ def detect_native(src: Source) -> Detection | None:
 
 
 HANDLER = register(FormatHandler("native", "qckpt native safetensors (self-describing layout)",
-                                 detect_native, read_native, write_native, check_target=lambda spec: None))
+                                 detect_native, read_native, write_native, check_target=opaque_reason))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..dtypes import float_dtype
 from ..errors import FormatError
-from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -72,6 +72,7 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed) and the
     source directory's other files copied.
     """
+    ckpt.refuse_opaque("plain")
     dtype = DTYPE_CHOICES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
@@ -85,4 +86,4 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
 
 
 HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",
-                                 detect_plain, read_plain, write_plain, check_target=lambda spec: None))
+                                 detect_plain, read_plain, write_plain, check_target=opaque_reason))

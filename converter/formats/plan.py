@@ -9,7 +9,9 @@ compute output shapes first; DESIGN.md section 6).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -214,6 +216,14 @@ def shard_plans(plans: Sequence[TensorPlan], max_shard_bytes: int | None) -> lis
     return shards
 
 
+def _test_shard_delay() -> None:
+    """Test-only hook: sleep ``$QCKPT_TEST_SHARD_DELAY`` seconds after each shard, so a test can
+    kill a multi-shard write mid-way deterministically (tests/io/test_kill.py). Unset: no effect."""
+    delay = os.environ.get("QCKPT_TEST_SHARD_DELAY")
+    if delay:
+        time.sleep(float(delay))
+
+
 def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,
                     config: Mapping[str, Any] | None, extra_json: Mapping[str, Any] | None = None,
                     extra_files: Sequence[str | Path] = (), max_shard_bytes: int | None = None,
@@ -235,14 +245,9 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     ``tied_head`` (head, embedding, identical, max_abs_diff, note).
     """
     from ..io.parallel import Progress
-    from .ties import check_tied_head
-    tie = check_tied_head(ckpt, config if config is not None else ckpt.config) \
-        if any(p.source == "lm_head.weight" for p in plans) else None
-    if tie is not None:
-        if tie.identical:
-            plans = [p for p in plans if p.source != tie.head]
-        elif config is not None:
-            config = {**config, "tie_word_embeddings": False}
+    from .ties import resolve_tied_head
+    drop, config, tie = resolve_tied_head(ckpt, config, {p.source for p in plans})
+    plans = [p for p in plans if p.source not in drop]
     shards = shard_plans(plans, max_shard_bytes)
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp, \
@@ -259,6 +264,7 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
                 fname = f"model-{i:05d}-of-{n:05d}.safetensors"
                 write_plans(tmp / fname, shard, ckpt, metadata, progress)
                 written.append(fname)
+                _test_shard_delay()
                 for p in shard:
                     total += p.nbytes
                     for o in p.outputs:
@@ -279,8 +285,7 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
                 written.append(f.name)
     result: dict[str, Any] = {"files": written, "tensors": len(plans)}
     if tie is not None:
-        result["tied_head"] = {"head": tie.head, "embedding": tie.embedding, "identical": tie.identical,
-                               "max_abs_diff": tie.max_abs_diff, "note": tie.note}
+        result["tied_head"] = tie
     return result
 
 

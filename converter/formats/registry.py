@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import UnknownFormatError
+import functools
+import struct
+
+from ..errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
 from .source import Source
 
 
@@ -84,14 +87,37 @@ def writable() -> list[str]:
     return sorted(n for n, h in formats().items() if h.write is not None)
 
 
+def check_writable(name: str) -> FormatHandler:
+    """The handler called ``name`` if it has a writer.
+
+    Raises
+    ------
+    UnknownFormatError
+        No such format (the known names are listed).
+    UnsupportedError
+        The format is read-only (the writable names are listed).
+    """
+    handler = get(name)
+    if handler.write is None:
+        raise UnsupportedError("format has no writer", field="--to", expected=writable(), found=name)
+    return handler
+
+
 def detect(source: Source) -> Detection:
     """The single best detection for ``source``.
+
+    Only :class:`~converter.errors.ConverterError` escapes: a detector's unexpected exception on
+    foreign data becomes :class:`~converter.errors.MalformedInputError` naming the file.
 
     Raises
     ------
     UnknownFormatError
         When no format claims the input, or when the top claims tie (candidates listed).
     """
+    return guarded(_detect, source.path, "format detection")(source)
+
+
+def _detect(source: Source) -> Detection:
     _ensure_loaded()
     claims = [d for h in _REGISTRY.values() if (d := h.detect(source)) is not None]
     if not claims:
@@ -106,8 +132,57 @@ def detect(source: Source) -> Detection:
     return top[0]
 
 
+#: Exceptions a reader may raise on unvalidated foreign data (wrapped by :func:`guarded`).
+_FOREIGN_DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+                        ZeroDivisionError, struct.error, RecursionError)
+
+
+def guarded(fn, path: Path, fmt: str):
+    """``fn`` wrapped so only ConverterError escapes: fill in the file on ours, wrap foreign ones.
+
+    Use it around any format code that runs on foreign data outside :func:`read` (validation hooks).
+    """
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConverterError as exc:
+            raise exc.with_context(file=path)
+        except _FOREIGN_DATA_ERRORS as exc:
+            tensor = args[0] if args and isinstance(args[0], str) else None
+            raise MalformedInputError(f"the {fmt} reader failed on input it did not validate "
+                                      f"({type(exc).__name__}: {str(exc)[:200]})", file=path, tensor=tensor,
+                                      hint="the file is malformed; please report this so the reader names the field"
+                                      ) from exc
+    return call
+
+
+def read(source: Source, fmt: "str | FormatHandler | None" = None):
+    """Read ``source`` with format ``fmt`` (auto-detected when ``None``) into a lazy Checkpoint.
+
+    ``fmt`` may also be a :class:`FormatHandler` (a probe testing an unregistered variant).
+
+    The one entry point to a format's reader: only :class:`~converter.errors.ConverterError`
+    escapes, from detection, from reading and from loading each tensor later (``ckpt[name]``,
+    ``ckpt.items()``): a reader's unexpected exception on foreign data becomes
+    :class:`~converter.errors.MalformedInputError` naming the file (and tensor).
+
+    Raises
+    ------
+    UnknownFormatError
+        ``fmt`` is not registered, or detection fails.
+    ConverterError
+        Whatever the reader raises (with the file filled in).
+    """
+    handler = fmt if isinstance(fmt, FormatHandler) else get(fmt or detect(source).format)
+    ckpt = guarded(handler.read, source.path, handler.name)(source)
+    ckpt._loader = guarded(ckpt._loader, source.path, handler.name)
+    return ckpt
+
+
 def load(path: str | Path, *, format: str | None = None):
-    """Read a checkpoint, auto-detecting its format unless ``format`` is given."""
-    source = Source(path)
-    name = format or detect(source).format
-    return get(name).read(source)
+    """Read a checkpoint from ``path``, auto-detecting its format unless ``format`` is given.
+
+    ``read(Source(path), format)``: only :class:`~converter.errors.ConverterError` escapes.
+    """
+    return read(Source(path), format)

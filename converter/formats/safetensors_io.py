@@ -130,8 +130,11 @@ def _read_prefix(path: Path, fh, file_size: int) -> int:
             raise CorruptFileError("file is a git-LFS pointer stub, not safetensors data", file=path,
                                    field="header_length", expected=f"<= {MAX_HEADER_SIZE}", found=n,
                                    hint="run `git lfs pull` to fetch the real file")
+        hint = None
+        if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+            hint = f"the file starts with text ({head.decode('ascii')!r}): it is not a safetensors or GGUF checkpoint"
         raise CorruptFileError("header length exceeds the cap", file=path, field="header_length",
-                               expected=f"<= {MAX_HEADER_SIZE}", found=n)
+                               expected=f"<= {MAX_HEADER_SIZE}", found=n, hint=hint)
     if 8 + n > file_size:
         raise CorruptFileError("header length runs past the end of the file (truncated?)", file=path,
                                field="header_length", expected=f"8 + N <= {file_size}", found=f"8 + {n}")
@@ -276,10 +279,15 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         and unknown entry fields; names the file, tensor and field.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a directory, FIFO or device: refuse before open() can block
+        raise CorruptFileError("not a regular file", file=path, field="header", expected="a safetensors file",
+                               found="directory or special file")
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
         raise InputNotFoundError("no such file", file=path) from None
+    except OSError as exc:
+        raise CorruptFileError(f"cannot open: {exc.strerror}", file=path) from None
     with fh:
         file_size = os.fstat(fh.fileno()).st_size
         n = _read_prefix(path, fh, file_size)

@@ -38,13 +38,19 @@ def read_json(path: Path, *, required: bool = True) -> Any:
         if required:
             raise InputNotFoundError("file not found", file=path)
         return None
+    if not path.is_file():
+        raise CorruptFileError("not a regular file", file=path, expected="a JSON file", found="directory or device")
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise CorruptFileError("JSON file too large", file=path, expected=f"<= {MAX_JSON_BYTES} bytes", found=size)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"not valid JSON: {exc}", file=path) from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CorruptFileError(f"cannot read: {exc.strerror}", file=path) from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, huge ints
+        raise CorruptFileError(f"not valid JSON: {str(exc)[:200]}", file=path) from None
 
 
 class Source:
@@ -78,6 +84,9 @@ class Source:
                 raise InputNotFoundError("directory holds no .safetensors file", file=self.path)
         elif self.path.suffix.lower() in PICKLE_SUFFIXES:
             _refuse_pickle(self.path)
+        elif not self.path.is_file():  # a FIFO or device would block or never end
+            raise CorruptFileError("not a regular file", file=self.path, expected="a file or a directory",
+                                   found="special file")
         elif self.path.suffix.lower() == ".gguf" or self._magic() == b"GGUF":
             self.kind = "gguf"
         else:
@@ -92,7 +101,8 @@ class Source:
         if self.kind == "gguf":
             return "a GGUF file"
         cfg = self.config or {}
-        qc = cfg.get("quantization_config") or {}
+        qc = cfg.get("quantization_config")
+        qc = qc if isinstance(qc, dict) else {}
         return (f"{self.kind} with {len(self.files) if self.kind != 'gguf' else 1} file(s); "
                 f"quant_method={qc.get('quant_method')!r}; tensors e.g. {self.tensor_names()[:3]}")
 
@@ -150,6 +160,9 @@ class Source:
             if target.exists() and root not in target.resolve().parents:
                 raise CorruptFileError("shard path leads outside the checkpoint directory", file=ipath,
                                        tensor=tname, field="weight_map", found=str(target.resolve()))
+            if target.exists() and not target.is_file():
+                raise CorruptFileError("shard is not a regular file", file=ipath, tensor=tname, field="weight_map",
+                                       expected="a .safetensors file", found=fname)
             if not target.exists():
                 missing[fname] = missing.get(fname, 0) + 1
         if missing:
@@ -242,5 +255,8 @@ class Source:
         if self.kind != "directory":
             return []
         skip = {f.name for f in self.files} | set(_KNOWN_JSON)
+        root = self.path.resolve()
+        # regular files only (no FIFOs); a symlink leading outside the directory is never copied
         return sorted(p for p in self.path.iterdir() if p.is_file() and p.name not in skip
-                      and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",))
+                      and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",)
+                      and root in p.resolve().parents)

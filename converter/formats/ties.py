@@ -102,3 +102,32 @@ def check_tied_head(ckpt: Checkpoint, config: Mapping[str, Any] | None = None) -
         note = (f"{HEAD} differs from {emb} ({found}) although tie_word_embeddings is true: kept as an untied "
                 f"head and tie_word_embeddings written as false (CASES.md B32)")
     return TieCheck(HEAD, emb, same, diff, note)
+
+
+def resolve_tied_head(ckpt: Checkpoint, config: Mapping[str, Any] | None, planned: set[str] | list[str]):
+    """Apply the tie rule for a writer: what to drop, the config to write, and the report entry.
+
+    Parameters
+    ----------
+    ckpt : Checkpoint being written.
+    config : the config the writer will store (None when it stores none; ``ckpt.config`` is judged).
+    planned : names of the tensors the writer plans to store.
+
+    Returns
+    -------
+    (drop, config, summary)
+        ``drop``: tensor names to leave out (the head, when identical to the embedding);
+        ``config``: ``config`` with ``tie_word_embeddings: false`` when a different head is kept;
+        ``summary``: dict for the writer's result (``tied_head``), or None when the rule did not apply.
+    """
+    tie = check_tied_head(ckpt, config if config is not None else ckpt.config) if HEAD in planned else None
+    if tie is None:
+        return set(), config, None
+    drop: set[str] = set()
+    if tie.identical:
+        drop.add(tie.head)
+    elif config is not None:
+        config = {**config, "tie_word_embeddings": False}
+    summary = {"head": tie.head, "embedding": tie.embedding, "identical": tie.identical,
+               "max_abs_diff": tie.max_abs_diff, "note": tie.note}
+    return drop, config, summary

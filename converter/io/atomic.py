@@ -19,7 +19,8 @@ from pathlib import Path
 
 from converter.errors import ConverterError, OutputExistsError
 
-__all__ = ["atomic_output", "check_not_inside", "sha256_file", "temp_sibling", "clean_stale_siblings"]
+__all__ = ["atomic_output", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
+           "clean_stale_siblings"]
 
 _TAG = ".qckpt-tmp-"
 
@@ -93,6 +94,13 @@ def _refuse_existing(dst: Path) -> OutputExistsError:
                              hint="pass --overwrite to replace it")
 
 
+def refuse_existing(dst: str | os.PathLike, overwrite: bool) -> None:
+    """Raise OutputExistsError if ``dst`` exists and ``overwrite`` is false (an early check; the
+    commit in :func:`atomic_output` checks again)."""
+    if _exists(Path(dst)) and not overwrite:
+        raise _refuse_existing(Path(dst))
+
+
 def _fsync_dir(path: Path) -> None:
     """Best-effort fsync of a directory so a rename survives a crash."""
     with contextlib.suppress(OSError):
@@ -156,7 +164,8 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
 
     Notes
     -----
-    Any exception from the body, ``KeyboardInterrupt`` included, removes the temp and propagates.
+    Any exception from the body, ``KeyboardInterrupt`` included, removes the temp and propagates;
+    a ConverterError that names the temporary path (or a file inside it) is rewritten to name ``dst``.
     Stale siblings of dead processes are removed on entry.
     """
     dst = Path(dst)
@@ -176,9 +185,29 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
             _fsync_file(tmp)
         _commit(tmp, dst, overwrite)
         _fsync_dir(dst.parent)
+    except ConverterError as exc:
+        _remove(tmp)
+        raise _retarget(exc, tmp, dst)
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _retarget(exc: ConverterError, tmp: Path, dst: Path) -> ConverterError:
+    """Rewrite mentions of the temporary sibling ``tmp`` (or a path inside it) to ``dst``: the user
+    named ``dst`` and ``tmp`` no longer exists once the error propagates. Returns ``exc``."""
+    def fix(value):
+        if isinstance(value, (str, Path)):
+            text = str(value)
+            for t in dict.fromkeys((str(tmp), str(tmp.resolve()))):
+                text = text.replace(t, str(dst))
+            return text if isinstance(value, str) else Path(text)
+        return value
+
+    for attr in ("file", "message", "expected", "found", "hint"):
+        setattr(exc, attr, fix(getattr(exc, attr)))
+    exc.args = (exc.render(),)
+    return exc
 
 
 def _fsync_file(path: Path) -> None:

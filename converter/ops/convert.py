@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import NotRepresentableError, UnsupportedError
 from ..formats import registry
 from ..quant.recode import as_unsigned
-from ..tensor import Checkpoint, QuantizedTensor
+from ..tensor import Checkpoint, QuantizedTensor, opaque_reason
 
 #: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
 FLOAT_CAPABLE = ("plain", "native")
@@ -50,15 +50,17 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
     ``options`` are the writer's options; those the target's ``check_target`` accepts are passed
     to it (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
     """
-    handler = registry.get(to)
-    if handler.write is None:
-        raise UnsupportedError("format has no writer", field="--to", expected=registry.writable(), found=to)
+    handler = registry.check_writable(to)
     if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
         raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
                                     file=ckpt.path, field="--to", expected="a quantized source",
                                     found=f"{ckpt.format} with {len(ckpt)} dense tensors",
                                     hint="quantize it first: qckpt quantize SRC DST --bits B "
                                          "(--per-channel | --group-size G)")
+    for spec in ckpt.specs():  # not a scheme question: requantizing cannot help either
+        if spec.kind == "opaque":
+            raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
+                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
     check = _target_checker(handler, options)
     problems = []
     for spec in ckpt.specs():

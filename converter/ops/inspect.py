@@ -16,7 +16,7 @@ def describe_spec(spec: TensorSpec) -> dict[str, Any]:
         "stored": [{"name": s.name, "role": s.role, "dtype": s.dtype, "shape": list(s.shape), "bytes": s.nbytes,
                     "file": s.file} for s in spec.stored],
     }
-    if spec.kind == "dense":
+    if spec.kind in ("dense", "opaque"):  # opaque: the storage type qckpt cannot decode (GGUF IQ4_NL ...)
         row["dtype"] = spec.dtype
     else:
         gm = spec.group_map

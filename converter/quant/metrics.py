@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..errors import LayoutError
+
 
 @dataclass(frozen=True)
 class ErrorStats:
@@ -29,11 +31,18 @@ class ErrorStats:
 
 
 def error_stats(ref: np.ndarray, approx: np.ndarray) -> ErrorStats:
-    """Compute :class:`ErrorStats`; ``rel_frobenius`` is None when ``ref`` is all zero."""
+    """Compute :class:`ErrorStats`; ``rel_frobenius`` is None when ``ref`` is all zero.
+
+    Raises
+    ------
+    LayoutError
+        When ``ref`` and ``approx`` have different shapes.
+    """
     r = np.asarray(ref, dtype=np.float32)
     a = np.asarray(approx, dtype=np.float32)
     if r.shape != a.shape:
-        raise ValueError(f"shapes differ: {r.shape} vs {a.shape}")
+        raise LayoutError("reference and approximation shapes differ", field="shape", expected=list(r.shape),
+                          found=list(a.shape))
     n = int(r.size)
     if n == 0:
         return ErrorStats(0, 0.0, 0.0, 0.0, None, None, True, 0.0)

@@ -234,7 +234,9 @@ def quantize_codes(values: np.ndarray, scales: np.ndarray, *, axis: str, zero_po
     Raises
     ------
     LayoutError
-        Unknown axis, wrong scale length, non-2-D values, or a zero scale.
+        Unknown axis, wrong scale length, non-2-D values.
+    QuantizationError
+        A zero or non-finite scale (the arithmetic cannot be done).
 
     Examples
     --------
@@ -254,7 +256,8 @@ def quantize_codes(values: np.ndarray, scales: np.ndarray, *, axis: str, zero_po
         raise LayoutError(f"one scale per '{axis}' index expected", field="scales", expected=x.shape[ax],
                           found=s.shape[0])
     if (s == 0).any() or not np.isfinite(s).all():
-        raise LayoutError("scales must be finite and non-zero", field="scales", found=s[(s == 0) | ~np.isfinite(s)][:4].tolist())
+        raise QuantizationError("scales must be finite and non-zero", field="scales", expected="finite, != 0",
+                                found=s[(s == 0) | ~np.isfinite(s)][:4].tolist())
     bshape = (1, -1) if ax == 1 else (-1, 1)
     q = round_values(x / s.reshape(bshape), rounding)
     if zero_points is not None:

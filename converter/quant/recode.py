@@ -175,3 +175,30 @@ def as_groups(t, group_size: int):
             a = np.repeat(a, gm.group_size // group_size, axis=ax)[(slice(None),) * ax + (slice(0, pshape[ax]),)]
         return np.ascontiguousarray(np.broadcast_to(a, pshape))
     return t.replace(scales=spread(t.scales), zero_points=spread(t.zero_points), group_map=new)
+
+
+def as_positive_scales(t):
+    """Make every scale non-negative by flipping the grid of negatively scaled groups (exact).
+
+    MLX's ``affine_quantize`` picks a negative scale when the group's largest magnitude is its
+    maximum (FORMATS.md section 4.2); GPTQ, AWQ and compressed-tensors expect positive scales. For an
+    integer zero point, ``s (q - z) = (-s) ((qmin + qmax - q) - (qmin + qmax - z))`` holds exactly and
+    the flipped codes stay in range. Other families are returned unchanged (their flip is not exact).
+
+    Returns
+    -------
+    QuantizedTensor with ``scales >= 0`` (integer zero points), else ``t`` itself.
+    """
+    s = t.scheme
+    if s.zero_point is not ZeroPoint.INTEGER:
+        return t
+    sc = t.scales.astype(np.float32)
+    neg = sc < 0
+    if not neg.any():
+        return t
+    total = s.qmin + s.qmax
+    mask = t.group_map.expand(neg, t.shape, t.axes)
+    codes = np.where(mask, total - t.codes.astype(np.int16), t.codes).astype(s.code_dtype)
+    zp = np.where(neg, total - t.zero_points.astype(np.int16), t.zero_points).astype(t.zero_points.dtype)
+    scales = np.where(neg, -t.scales, t.scales).astype(t.scales.dtype)
+    return t.replace(codes=codes, zero_points=zp, scales=scales)

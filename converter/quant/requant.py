@@ -24,12 +24,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import QuantizationError, UnsupportedError
+from ..errors import NotRepresentableError, QuantizationError, UnsupportedError
 from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from .quantize import _safe_cast_scales, choose_params, codes_for
-from .recode import as_float_bias, as_integer_zero, as_signed, as_unsigned
+from .recode import as_positive_scales, as_float_bias, as_integer_zero, as_signed, as_unsigned
 
 SCALE_DTYPE_ALIASES = {"f16": "F16", "bf16": "BF16", "f32": "F32", "F16": "F16", "BF16": "BF16", "F32": "F32"}
 
@@ -343,7 +343,7 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
         if scheme.zero_point is ZeroPoint.INTEGER:
             try:
                 u = as_integer_zero(u)
-            except Exception:
+            except NotRepresentableError:  # a float bias that is not an integer zero: not carried exactly
                 return None
         elif scheme.zero_point is ZeroPoint.FLOAT:
             u = u.replace(scales=u.scales.astype(scheme.scale_np_dtype),
@@ -566,7 +566,7 @@ def _carry_rounded_zero(t, scheme: QuantScheme, gm: GroupMap):
     z = np.clip(z, s.qmin, s.qmax).astype(s.code_dtype)
     t2 = QuantizedTensor(t.name, t.axes, t.codes, t.scales, s.replace(zero_point=ZeroPoint.INTEGER), t.group_map,
                          zero_points=z, stored={})
-    return carry(t2, scheme, gm)
+    return carry(as_positive_scales(t2), scheme, gm)
 
 
 def target_probe(spec, target: Target):

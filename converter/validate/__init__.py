@@ -1,0 +1,34 @@
+"""Validation of quantized checkpoints: structure, axis probes, data-driven checks, reference checks.
+
+``validate(path, reference=None, strict=False) -> ValidationReport`` (see :mod:`.run`);
+``self_test()`` runs the axis probes on every writable format (see :mod:`.probes`). Finding codes
+are defined once in :data:`converter.validate.findings.CODES`.
+
+Imports here stay light (no format modules), so a format module can import
+:mod:`converter.validate.hooks` to register its validation hooks.
+"""
+
+from __future__ import annotations
+
+from .findings import CODES, Finding
+
+__all__ = ["validate", "self_test", "ValidationReport", "Finding", "CODES"]
+
+
+def validate(path, reference=None, strict: bool = False):
+    """Validate a checkpoint; see :func:`converter.validate.run.validate`."""
+    from .run import validate as _validate
+    return _validate(path, reference=reference, strict=strict)
+
+
+def self_test(**kwargs):
+    """Run the axis probes on every registered format with a writer; see :func:`converter.validate.probes.self_test`."""
+    from .probes import self_test as _self_test
+    return _self_test(**kwargs)
+
+
+def __getattr__(name: str):
+    if name == "ValidationReport":
+        from .report import ValidationReport
+        return ValidationReport
+    raise AttributeError(name)

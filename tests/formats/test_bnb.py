@@ -113,8 +113,16 @@ def test_int8_hand_and_errors(tmp_path):
     base = {"l.weight": w, "l.SCB": scb, "l.weight_format": np.array(0, np.uint8)}
     q = read_bnb(Source(make_dir(tmp_path / "ok", base)))["l.weight"]
     assert np.array_equal(q.codes, w)
-    assert np.allclose(q.dequantize(), w * scb[:, None] / 127, rtol=2 ** -22, atol=0)
-    assert q.dequantize()[0, 0] == np.float32(127) * (np.float32(2.54) * np.float32(1 / 127))
+    # against the exact rational w * SCB / 127 of the stored float32 SCB: within one float32 ulp
+    # (bitsandbytes and we round twice, in different orders; the real sample test pins the tool's own)
+    from fractions import Fraction
+    x = q.dequantize()
+    for (o, i), got in np.ndenumerate(x):
+        exact = Fraction(int(w[o, i])) * Fraction(float(scb[o])) / 127
+        assert abs(Fraction(float(got)) - exact) <= Fraction(float(np.spacing(np.float32(abs(float(exact)))))), (o, i)
+    # SCB = 254 and 63.5: the scales are exactly 2 and 1/2, so every value is exact, computed by hand
+    exact = read_bnb(Source(make_dir(tmp_path / "exact", {**base, "l.SCB": np.array([254.0, 63.5], np.float32)})))
+    assert exact["l.weight"].dequantize().tolist() == [[254.0, -254.0, 0.0], [32.0, 0.5, -64.0]]
     bad = read_bnb(Source(make_dir(tmp_path / "col", {**base, "l.weight_format": np.array(1, np.uint8)})))
     with pytest.raises(UnsupportedError, match="weight_format"):
         bad["l.weight"]

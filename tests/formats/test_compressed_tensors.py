@@ -347,3 +347,21 @@ def test_tensor_strategy_round_trip(tmp_path, fmt, zp):
     assert qc["config_groups"]["group_0"]["weights"]["strategy"] == "tensor"
     if arrays is not None:
         assert arrays["l.weight_scale"].shape == (1,)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_wide_unpacked_zero_points_range_checked_before_narrowing(tmp_path, dtype):
+    # int-quantized 8-bit asym, channel: zero points stored as I16/I32. 200 used to wrap to -56.
+    qc = _qc(bits=8, strategy="channel", group_size=None, symmetric=False, fmt="int-quantized")
+    base = {"l.weight": np.arange(-16, 16, dtype=np.int8).reshape(4, 8), "l.weight_scale": np.ones((4, 1), np.float16)}
+    ok = _make(tmp_path, {**base, "l.weight_zero_point": np.array([[-128], [0], [5], [127]], dtype)}, qc, name="ok")
+    t = load(ok)["l.weight"]
+    assert t.zero_points.tolist() == [[-128], [0], [5], [127]]
+    assert t.dequantize()[2].tolist() == list(np.arange(0, 8) - 5.0)  # codes 0..7 of row 2 minus z = 5
+    bad = _make(tmp_path, {**base, "l.weight_zero_point": np.array([[0], [200], [5], [-3]], dtype)}, qc, name="bad")
+    with pytest.raises(FormatError) as ei:
+        load(bad)["l.weight"]
+    e = ei.value
+    assert (e.tensor, e.field, e.expected, e.found) == ("l.weight_zero_point", "weight_zero_point", "[-128, 127]",
+                                                        "[-3, 200]")
+    assert str(bad / "model.safetensors") in str(e)

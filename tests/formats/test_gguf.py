@@ -13,8 +13,8 @@ import pytest
 import gguf  # noqa: E402  (a declared runtime dependency)
 from safetensors.numpy import load_file  # noqa: E402
 
-from converter.errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,  # noqa: E402
-                              OutputExistsError, UnsupportedError)
+from converter.errors import (ConverterError, CorruptFileError, FormatError, MalformedInputError,  # noqa: E402
+                              NotRepresentableError, OutputExistsError, UnsupportedError)
 from converter.formats.gguf import check_target, quantize_to_gguf, write_gguf  # noqa: E402
 from converter.formats.gguf_names import gguf_to_hf, hf_to_gguf, llama_row_permutation  # noqa: E402
 from converter.formats.registry import detect, get, load  # noqa: E402
@@ -432,18 +432,88 @@ def test_detection():
     assert d.format == "gguf" and d.confidence == 100
 
 
-def test_unsupported_type_listed_but_refused_on_load(tmp_path):
+def _opaque_file(tmp_path):
+    """IQ4_NL (raw blocks) and TQ1_0 (gguf.quants.quantize) tensors beside a Q8_0 weight and a norm."""
     path = tmp_path / "iq.gguf"
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
     w = gguf.GGUFWriter(path, "llama")
-    w.add_tensor("blk.0.ffn_up.weight", np.zeros((2, 36), np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    w.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.TQ1_0),
+                 raw_dtype=gguf.GGMLQuantizationType.TQ1_0)
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((2, 36), np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    w.add_tensor("blk.0.ffn_gate.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(256, np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    ck = load(path)
-    name = "model.layers.0.mlp.up_proj.weight"
-    assert ck.spec(name).shape == (2, 64) and ck.spec(name).kind == "quantized"
-    assert "not supported" in check_target(ck.spec(name)) or "IQ4_NL" in check_target(ck.spec(name))
+    return path
+
+
+UP, DOWN, GATE = (f"model.layers.0.mlp.{m}_proj.weight" for m in ("up", "down", "gate"))
+
+
+def test_unsupported_type_listed_as_opaque_and_refused_on_load(tmp_path):
+    ck = load(_opaque_file(tmp_path))
+    spec = ck.spec(DOWN)
+    assert (spec.kind, spec.shape, spec.dtype, spec.scheme, spec.axes) == ("opaque", (2, 64), "IQ4_NL", None, None)
+    assert [(a.role, a.dtype, a.nbytes) for a in spec.stored] == [("other", "IQ4_NL", 72)]
+    assert (ck.spec(UP).kind, ck.spec(UP).dtype, ck.spec(UP).stored[0].nbytes) == ("opaque", "TQ1_0", 4 * 54)
+    assert ck.quantized_names() == [GATE]
+    assert "IQ4_NL" in check_target(spec) and "cannot decode" in check_target(spec)
     with pytest.raises(UnsupportedError, match="IQ4_NL") as ei:
-        ck[name]
-    assert name in str(ei.value) and "iq.gguf" in str(ei.value)
+        ck[DOWN]
+    assert DOWN in str(ei.value) and "iq.gguf" in str(ei.value)
+    with pytest.raises(UnsupportedError, match="TQ1_0"):  # iterating refuses it too: dequantize is impossible
+        for _, t in ck.items():
+            t.dequantize()
+    assert ck[GATE].scheme.bits == 8  # the decodable tensors still load
+
+
+def test_every_writer_refuses_opaque_tensors_naming_the_ggml_type(tmp_path):
+    from converter.formats.registry import formats
+    ck = load(_opaque_file(tmp_path))
+    for name, h in formats().items():
+        if h.write is None:
+            continue
+        reason = h.check_target(ck.spec(DOWN))
+        assert reason and "IQ4_NL" in reason, name
+        assert h.check_target(ck.spec("model.norm.weight")) is None, name
+        with pytest.raises(UnsupportedError, match="TQ1_0|IQ4_NL") as ei:
+            h.write(ck, tmp_path / f"out-{name}")
+        assert not isinstance(ei.value, NotRepresentableError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iq.gguf"]  # nothing written
+
+
+def test_opaque_tensors_in_inspect_audit_convert_cli(tmp_path):
+    from click.testing import CliRunner
+    from converter.cli import main
+    from converter.schemas import validate_document
+    path = _opaque_file(tmp_path)
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
+    r = run("inspect", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    validate_document(doc, "inspect")
+    rows = {t["name"]: t for t in doc["tensors"]}
+    assert rows[DOWN]["kind"] == "opaque" and rows[DOWN]["dtype"] == "IQ4_NL"
+    assert rows[DOWN]["stored"][0]["role"] == "other" and doc["n_quantized"] == 1
+    assert run("inspect", path).exit_code == 0
+    r = run("audit", path, "--json", "--what-if")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    validate_document(doc, "audit")
+    rows = {t["name"]: t for t in doc["tensors"]}
+    assert rows[UP]["bytes"]["other"] == 216 and rows[DOWN]["bytes"]["other"] == 72 and "bits" not in rows[UP]
+    assert doc["totals"]["bytes_by_role"]["other"] == 288 and doc["totals"]["quantized_weights"] == 4 * 256
+    assert run("audit", path).exit_code == 0
+    for args in (("--to", "native"), ("--to", "gguf"), ("--to", "plain"), ("--bits", "4", "--group-size", "32")):
+        r = run("convert", path, tmp_path / "out", *args)
+        assert r.exit_code == 3, (args, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("qckpt: error:") and "TQ1_0" in lines[0], r.output
+    r = run("validate", path, "--json")
+    assert r.exit_code == 0, r.output
+    found = {(f["code"], f["tensor"]) for f in json.loads(r.output)["findings"]}
+    assert found == {("opaque", UP), ("opaque", DOWN)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iq.gguf"]
 
 
 def _corrupt_variants():
@@ -483,6 +553,8 @@ def test_random_header_damage_only_typed_errors(tmp_path):
             ck = load(path)
             for _, t in ck.items():
                 t.dequantize()
+        except MalformedInputError as exc:  # a ConverterError too: without this the test could never fail
+            pytest.fail(f"reader bug on damaged header: {exc}")
         except ConverterError:
             pass
 

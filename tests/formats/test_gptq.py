@@ -170,6 +170,35 @@ def test_b01_same_words_labelled_v1_give_the_buggy_values(tmp_path):
     assert load(d1)["l.weight"].dequantize().tolist() == [[0, -1.5, 3.5, 0], [1.0, 0, -2.0, 0.25]]
 
 
+def test_sym_config_with_off_centre_zeros_is_planned_as_loaded(tmp_path):
+    # config says sym, but one zero is 9: the spec (headers + qzeros) and the load agree on INTEGER
+    # zero points, and the config claim is kept in declared_scheme for the validator
+    d = make_dir(tmp_path, layer(B01_Q, [[8, 9]], B01_S, 4, g_idx=[0] * 4), qcfg(group_size=4))
+    ck = load(d)
+    spec, t = ck.spec("l.weight"), ck["l.weight"]
+    assert spec.scheme == t.scheme == QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
+    assert spec.declared_scheme == QuantScheme(4, False, ZeroPoint.NONE, "F16")
+    assert t.zero_points.tolist() == [[8], [9]]
+    assert t.dequantize().tolist() == [[0, -1.5, 3.5, 0], [0.75, -0.25, -2.25, 0]]
+    # all zeros at the centre: symmetric in both, nothing declared apart
+    d8 = make_dir(tmp_path, layer(B01_Q, [[8, 8]], B01_S, 4, g_idx=[0] * 4), qcfg(group_size=4), name="c")
+    ck8 = load(d8)
+    assert ck8.spec("l.weight").scheme == ck8["l.weight"].scheme and ck8.spec("l.weight").declared_scheme is None
+    assert ck8.spec("l.weight").scheme.zero_point is ZeroPoint.NONE
+
+
+def test_sym_config_with_off_centre_zeros_converts_through_the_cli(tmp_path):
+    from click.testing import CliRunner
+    from converter.cli import main
+    d = make_dir(tmp_path, layer(B01_Q, [[8, 9]], B01_S, 4, g_idx=[0] * 4), qcfg(group_size=4))
+    out = tmp_path / "out.safetensors"
+    r = CliRunner().invoke(main, ["convert", str(d), str(out), "--to", "native"])
+    assert r.exit_code == 0, r.output
+    back = load(out)["l.weight"]
+    assert back.zero_points.tolist() == [[8], [9]]
+    assert back.dequantize().tolist() == [[0, -1.5, 3.5, 0], [0.75, -0.25, -2.25, 0]]
+
+
 def test_missing_checkpoint_format_means_v1(tmp_path):
     cfg = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True}
     d = make_dir(tmp_path, layer(B01_Q, [[7, 7]], B01_S, 4), cfg)

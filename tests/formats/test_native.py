@@ -85,3 +85,27 @@ def test_existing_destination_untouched(tmp_path):
     with pytest.raises(ConverterError, match="exists"):
         converter.save(_ckpt(), p, format="native")
     assert p.read_bytes() == b"keep me"
+
+
+def test_float_codes_are_refused_not_reinterpreted(tmp_path):
+    # the qcodes array rewritten as float32 with the same bytes: the old reader viewed it as uint32
+    # words and decoded it silently; now a FormatError names the stored tensor and its dtype
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+    ck = _ckpt()
+    p = tmp_path / "m.safetensors"
+    converter.save(ck, p, format="native")
+    with safe_open(str(p), "np") as f:
+        arrays, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    assert arrays["a.weight.qcodes"].dtype == np.uint32
+    arrays["a.weight.qcodes"] = arrays["a.weight.qcodes"].view(np.float32)
+    bad = tmp_path / "bad.safetensors"
+    save_file(arrays, str(bad), metadata=meta)
+    with pytest.raises(FormatError) as e:
+        converter.load(bad)
+    assert (e.value.tensor, e.value.field, e.value.expected, e.value.found) == ("a.weight.qcodes", "dtype", "U32", "F32")
+    # an int32 view of the same words is the container's signed twin, also refused by the native reader
+    arrays["a.weight.qcodes"] = arrays["a.weight.qcodes"].view(np.int32)
+    save_file(arrays, str(bad), metadata=meta)
+    with pytest.raises(FormatError, match="container"):
+        converter.load(bad)

@@ -147,3 +147,41 @@ def test_sha256_file(tmp_path):
     data = os.urandom(3000)
     (tmp_path / "f").write_bytes(data)
     assert sha256_file(tmp_path / "f", chunk_size=1000) == hashlib.sha256(data).hexdigest()
+
+
+# -- errors name the destination, never the temporary sibling ------------------------------------
+def test_converter_error_naming_the_temp_is_rewritten_to_dst(tmp_path):
+    from converter.errors import FormatError
+    dst = tmp_path / "out.safetensors"
+    with pytest.raises(FormatError) as info:
+        with atomic_output(dst) as tmp:
+            raise FormatError(f"bad header in {tmp}", file=tmp, tensor="a", field="shape", found=str(tmp))
+    e = info.value
+    assert e.file == str(dst) and e.found == str(dst) and e.message == f"bad header in {dst}"
+    assert ".qckpt-tmp-" not in str(e) and str(dst) in str(e)
+
+
+def test_converter_error_naming_a_file_inside_the_temp_dir_is_rewritten(tmp_path):
+    from converter.errors import FormatError
+    dst = tmp_path / "model_dir"
+    with pytest.raises(FormatError) as info:
+        with atomic_output(dst, is_dir=True) as tmp:
+            raise FormatError("shape does not match the plan", file=tmp / "model-00001-of-00002.safetensors")
+    assert info.value.file == str(dst / "model-00001-of-00002.safetensors")
+    assert ".qckpt-tmp-" not in str(info.value)
+
+
+@pytest.mark.parametrize("fmt, name", [("native", "o.safetensors"), ("plain", "p.safetensors"), ("gptq", "g")])
+def test_writer_errors_name_the_destination(tmp_path, fmt, name):
+    # a loader returning another shape than its spec: the writer's plan check names DST, not the temp
+    import numpy as np
+    from converter.errors import FormatError
+    from converter.formats.registry import get
+    from converter.tensor import Checkpoint, DenseTensor, spec_of
+    t = DenseTensor("a", np.zeros((2, 2), np.float32))
+    ck = Checkpoint({"a": spec_of(t)}, lambda n: DenseTensor("a", np.zeros((3, 3), np.float32)), format="memory")
+    dst = tmp_path / name
+    with pytest.raises(FormatError, match="shape does not match the plan") as info:
+        get(fmt).write(ck, dst)
+    assert ".qckpt-tmp-" not in str(info.value) and info.value.file.startswith(str(dst))
+    assert list(tmp_path.iterdir()) == []

@@ -20,14 +20,40 @@ matrices = hnp.arrays(np.float32, st.tuples(st.integers(1, 7), st.integers(1, 11
                       elements=st.floats(-100, 100, width=32, allow_subnormal=False))
 
 
+def _group_labels(gi: int, shape: tuple[int, int]) -> np.ndarray:
+    """Independent group id of every element of an (out, in) matrix for GMAPS[gi] (no GroupMap code)."""
+    o, i = np.indices(shape)
+    return [np.zeros(shape, int), o, i, o * 10_000 + i // 3, (o // 4) * 10_000 + i][gi]
+
+
+def _per_element(x: np.ndarray, labels: np.ndarray, fn) -> np.ndarray:
+    """``fn`` (np.maximum / np.minimum) reduced over each group, broadcast back to every element."""
+    _, inv = np.unique(labels.reshape(-1), return_inverse=True)
+    init = -np.inf if fn is np.maximum else np.inf
+    red = np.full(inv.max() + 1, init, dtype=x.dtype)
+    fn.at(red, inv, x.reshape(-1))
+    return red[inv].reshape(x.shape)
+
+
 @settings(max_examples=120, deadline=None)
 @given(x=matrices, si=st.integers(0, len(SCHEMES) - 1), gi=st.integers(0, len(GMAPS) - 1))
 def test_error_at_most_half_a_step(x, si, gi):
     s, gm = SCHEMES[si], GMAPS[gi]
     t = quantize(x, s, gm)
-    step = gm.expand(np.abs(t.scales.astype(np.float32)), x.shape, ("out", "in"))
-    err = np.abs(t.dequantize() - x)
-    # round-to-nearest: |x - x_hat| <= scale/2 (+ float32 rounding of the arithmetic)
+    labels = _group_labels(gi, x.shape)
+    if s.symmetric:  # step = absmax / qmax, computed here (float32, as stored in F32 scales)
+        amax = _per_element(np.abs(x), labels, np.maximum)
+        step = np.where(amax > 0, amax / np.float32((1 << (s.bits - 1)) - 1), np.float32(1.0)).astype(np.float32)
+        stored = gm.expand(t.scales.astype(np.float32), x.shape, ("out", "in"))
+        np.testing.assert_array_equal(stored, step.astype(s.scale_np_dtype).astype(np.float32))
+        step = np.where(amax > 0, step, 0.0)  # an all-zero group reconstructs exactly
+    else:  # step = (max - min) / (2^b - 1), the range widened to include 0, in float64
+        x64 = x.astype(np.float64)
+        hi = np.maximum(_per_element(x64, labels, np.maximum), 0)
+        lo = np.minimum(_per_element(x64, labels, np.minimum), 0)
+        step = (hi - lo) / ((1 << s.bits) - 1) * (1 + 1e-6)  # float32 rounding of the stored scale
+    err = np.abs(t.dequantize().astype(np.float64) - x)
+    # round-to-nearest: |x - x_hat| <= step/2 (+ float32 rounding of the arithmetic)
     assert (err <= step / 2 * (1 + 1e-5) + 1e-6 * np.abs(x) + 1e-30).all()
 
 

@@ -72,3 +72,17 @@ def test_float_bias_round_trip_and_symmetric_centre():
     fb, exact = as_float_bias(sym)  # bias = -8*s, centre of the unsigned form
     assert exact and np.array_equal(fb.zero_points, np.float16(-8) * sym.scales)
     assert np.array_equal(as_signed(as_unsigned(sym)).codes, sym.codes)
+
+
+def test_as_positive_scales_flips_negative_groups_exactly():
+    # MLX-style negative scale in group 0: s=-0.5, z=3 (unsigned 4-bit): x = -0.5*(q-3)
+    from converter.quant.recode import as_positive_scales
+    t = QuantizedTensor("w", ("out", "in"), np.array([[0, 3, 15, 1, 2, 9]], np.uint8),
+                        np.array([[-0.5, 0.25]], np.float16), QuantScheme(4, False, ZeroPoint.INTEGER),
+                        GroupMap.per_group(3), zero_points=np.array([[3, 8]], np.uint8))
+    p = as_positive_scales(t)
+    assert p.scales.astype(np.float32).tolist() == [[0.5, 0.25]]
+    assert p.codes.tolist() == [[15, 12, 0, 1, 2, 9]] and p.zero_points.tolist() == [[12, 8]]
+    # x = [1.5, 0, -6, -1.75, -1.5, 0.25] both ways
+    np.testing.assert_array_equal(p.dequantize(), t.dequantize())
+    assert t.dequantize().tolist() == [[1.5, 0.0, -6.0, -1.75, -1.5, 0.25]]

@@ -131,6 +131,20 @@ def test_float_bias_to_integer_rounds_zero_and_carries():
     assert np.abs(out.dequantize() - t.dequantize()).max() < 1e-3
 
 
+def test_carry_declines_only_a_non_integer_bias_and_lets_bugs_through(monkeypatch):
+    f = QuantScheme(4, signed=False, zero_point=ZeroPoint.FLOAT)
+    a = QuantScheme(4, signed=False, zero_point=ZeroPoint.INTEGER)
+    t = qt([[0, 5, 15]], [[0.1]], f, GroupMap.per_tensor(), zp=np.array([[-0.3]], np.float16))
+    assert carry(t, a, GroupMap.per_tensor()) is None  # -b/s is not an integer: not carried exactly
+    from converter.quant import requant
+
+    def broken(_):
+        raise TypeError("a bug, not a refusal")
+    monkeypatch.setattr(requant, "as_integer_zero", broken)
+    with pytest.raises(TypeError):  # was swallowed by `except Exception` and reported as "not carried"
+        carry(t, a, GroupMap.per_tensor())
+
+
 def test_exact_regroup_refuses_lossy():
     t = quantize(np.random.default_rng(0).normal(size=(2, 64)).astype(np.float32), S4, GroupMap.per_group(32))
     with pytest.raises(QuantizationError):

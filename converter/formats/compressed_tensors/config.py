@@ -115,6 +115,13 @@ class CTConfig:
         return None
 
 
+def _check_str_list(value: Any, *, file, field: str) -> None:
+    """``targets`` / ``ignore`` must be a list of strings (checked where config.json enters)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise FormatError("must be a string or a list of strings", file=file, field=field,
+                          expected="list of str", found=repr(value)[:80])
+
+
 def _matches(pattern: str, module: str, *, class_ok: bool = False) -> bool:
     if pattern.startswith("re:"):
         try:
@@ -199,6 +206,9 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
     if status not in (None, "compressed"):
         raise UnsupportedError("only compressed checkpoints are read", file=file,
                                field="quantization_config.quantization_status", expected="compressed", found=status)
+    if qc.get("sparsity_config") and not isinstance(qc["sparsity_config"], Mapping):
+        raise FormatError("sparsity_config must be an object", file=file, field="quantization_config.sparsity_config",
+                          expected="object", found=type(qc["sparsity_config"]).__name__)
     if qc.get("sparsity_config") and qc["sparsity_config"].get("format") not in (None, "dense"):
         raise UnsupportedError("sparse compressed-tensors checkpoints are not supported", file=file,
                                field="quantization_config.sparsity_config.format", found=qc["sparsity_config"]["format"])
@@ -213,6 +223,7 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
         targets = g.get("targets") or []
         if isinstance(targets, str):
             targets = [targets]
+        _check_str_list(targets, file=file, field=field + ".targets")
         gfmt = g.get("format")
         _check_format(gfmt, file=file, field=field + ".format")
         w = g.get("weights")
@@ -222,6 +233,7 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
     ignore = qc.get("ignore") or []
     if isinstance(ignore, str):
         ignore = [ignore]
+    _check_str_list(ignore, file=file, field="quantization_config.ignore")
     return CTConfig(format=fmt, version=qc.get("version"), groups=tuple(groups), ignore=tuple(ignore), raw=qc)
 
 

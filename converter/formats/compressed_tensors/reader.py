@@ -280,8 +280,14 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
                 zmap = zero_map(bits, m.packing)
                 zeros = _unsigned_to_signed(zmap.to_logical(raw, AXES, {OUT: m.out_features, IN: pshape[1]}), bits)
                 stored_maps["zero_points"] = zmap
-            else:
-                zeros = np.asarray(raw).reshape(pshape).astype(np.int8)
+            else:  # I8/I16/I32: range-check in the stored dtype before narrowing (no silent wrap)
+                z = np.asarray(raw).reshape(pshape)
+                s = m.scheme
+                if z.size and (int(z.min()) < s.qmin or int(z.max()) > s.qmax):
+                    raise FormatError(f"weight_zero_point outside the {bits}-bit signed code range",
+                                      file=src.file_of(zname), tensor=zname, field="weight_zero_point",
+                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(z.min())}, {int(z.max())}]")
+                zeros = z.astype(np.int8)
                 stored_maps["zero_points"] = PARAM_MAP
         elif src.has(zname):  # symmetric: tolerate all-zero zero points, refuse anything else
             raw = np.asarray(src.read(zname))

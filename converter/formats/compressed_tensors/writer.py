@@ -33,7 +33,7 @@ from ...groups import Granularity
 from ...layout import IN, OUT
 from ...quant.packing import packed_length
 from ...scheme import ZeroPoint
-from ...tensor import Checkpoint, QuantizedTensor, TensorSpec
+from ...tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from ..plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from .reader import AXES, codes_map, zero_map
@@ -64,7 +64,7 @@ def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: 
     is exact; anything else raises NotRepresentableError).
     """
     if spec.kind != "quantized":
-        return None
+        return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
     if s.codebook is not None:
         return "compressed-tensors int formats have no codebook (NF4/FP4 need requantization)"
@@ -224,6 +224,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     FormatError
         Bad options.
     """
+    ckpt.refuse_opaque("compressed-tensors")
     version, vt, fmt = _options(ct_version, ct_format)
     plans: list[TensorPlan] = []
     by_args: dict[WeightArgs, list[str]] = {}

@@ -1,0 +1,398 @@
+"""Data-driven checks that need no reference: code saturation by grouping, zero offset, scale anomalies.
+
+Saturation (DESIGN.md section 4, FORMATS.md section 12). A range-fitting quantizer (symmetric
+absmax, asymmetric min-max, bitsandbytes absmax blocks) puts at least one code of every group at
+the end of its range: ``|q - c| >= 2^(b-1) - 1`` around a centre zero point, ``q = 0`` or
+``q = 2^b - 1`` for an asymmetric grid, ``|codebook[q]| = max |codebook|`` for a codebook. The
+fraction of groups that contain such a code is therefore close to 1 under the declared grouping;
+under a grouping along the other axis, on transposed codes, or with sequential groups instead of a
+real ``g_idx``, the saturated codes are scattered and the fraction falls to about ``1 - 1/e`` (one
+saturated code per group, placed at random). A checkpoint whose declared grouping saturates
+markedly less than an alternative one has its codes or groups on the wrong axis.
+
+Zero offset. Weight matrices are close to zero-mean, so the mean code offset ``mean(q - z)`` (in
+code units) is near 0 under the right zero point and near -1 or +1 when the zero points are off
+by one (GPTQ v1 read as v2 or the reverse, CASES.md B01/B06).
+
+Thresholds were calibrated on every real checkpoint in ``sample_checkpoints/`` (see
+``tests/validate/``): the declared grouping saturates in every group (fraction 1.0) on all of
+them, while the alternatives reach 0.11-0.99 (a per-column grouping of a tall 1536 x 384 matrix
+still catches a saturated code in most columns). A fault is therefore flagged when the declared
+grouping leaves at least :data:`SATURATION_MIN_UNSATURATED` of its groups unsaturated and an
+alternative leaves at most :data:`SATURATION_RATIO` times as many: transposed codes of a square
+384 x 384 layer leave 8-18 % of the declared groups unsaturated and 0 % of the right ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..groups import Granularity, GroupMap
+from ..layout import EXPERT
+from ..scheme import ZeroPoint
+from ..tensor import QuantizedTensor
+from .findings import Finding, finding
+
+#: The declared grouping is suspicious when at least this fraction of its groups lacks a saturated code ...
+SATURATION_MIN_UNSATURATED = 0.03
+#: ... and an alternative grouping leaves at most this share of that many groups unsaturated.
+SATURATION_RATIO = 0.25
+#: |mean(q - z)| in code units above which the zero points look off by one.
+ZERO_OFFSET_LIMIT = 0.5
+#: ... and above this fraction of the codes' spread (std of q - z).
+ZERO_OFFSET_RATIO = 0.15
+#: Fewer groups than this give no statistics worth reporting.
+MIN_GROUPS = 16
+#: Fewer elements than this give no mean offset worth reporting (standard error std / 32).
+MIN_ELEMENTS = 1024
+
+
+def _other(axis: str, axes: tuple[str, ...]) -> str | None:
+    rest = [a for a in axes if a not in (axis, EXPERT)]
+    return rest[0] if rest else None
+
+
+def saturated_mask(t: QuantizedTensor) -> np.ndarray:
+    """Boolean mask, logical shape: codes at the end of their group's range (see module docstring)."""
+    s = t.scheme
+    q = t.codes
+    if s.codebook is not None:
+        cb = np.abs(np.asarray(s.codebook, dtype=np.float32))
+        return np.isin(q, np.flatnonzero(cb == np.nanmax(cb)))
+    ends = (q == s.qmin) | (q == s.qmax)
+    half = (1 << (s.bits - 1)) - 1
+    if s.zero_point is ZeroPoint.NONE:
+        return ends | (np.abs(q.astype(np.int16) - int(s.center)) >= half)
+    if s.zero_point is ZeroPoint.INTEGER:
+        z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes)
+        centred = z == int(s.center)
+        return ends | (centred & (np.abs(q.astype(np.int16) - z) >= half))
+    return ends
+
+
+def saturation_fraction(mask: np.ndarray, gm: GroupMap, axes: tuple[str, ...]) -> tuple[float, int]:
+    """(fraction of groups holding a saturated code, number of groups) under ``gm``."""
+    per_group = gm.reduce(mask.astype(np.uint8), np.maximum, axes)
+    n = int(per_group.size)
+    return (float(per_group.mean()) if n else 1.0), n
+
+
+def alternative_groupings(t: QuantizedTensor) -> dict[str, tuple[np.ndarray, GroupMap]]:
+    """name -> (mask, group map) of the groupings a swapped layout would produce, for saturation."""
+    gm, axes = t.group_map, t.axes
+    out: dict[str, tuple[np.ndarray, GroupMap]] = {}
+    g = gm.granularity
+    if g is Granularity.TENSOR or len(axes) < 2:
+        return out
+    mask = saturated_mask(t)
+    if g is Granularity.GROUP:
+        other = _other(gm.axis, axes)
+        if other is not None and t.shape[axes.index(other)] >= gm.group_size:
+            out[f"groups along {other}"] = (mask, GroupMap.per_group(gm.group_size, other))
+        if gm.g_idx is not None:
+            out["sequential groups (g_idx ignored)"] = (mask, GroupMap.per_group(gm.group_size, gm.axis))
+    elif g is Granularity.CHANNEL:
+        other = _other(gm.axis, axes)
+        if other is not None:
+            out[f"one scale per {other} index"] = (mask, GroupMap.per_channel(other))
+    elif g is Granularity.FLAT_BLOCK and len(axes) == 2:
+        out["flat blocks over the transposed matrix"] = (np.ascontiguousarray(mask.T), gm)
+    return out
+
+
+def saturation_profile(t: QuantizedTensor) -> dict[str, Any]:
+    """Saturation fractions under the declared grouping and each alternative."""
+    mask = saturated_mask(t)
+    declared, n = saturation_fraction(mask, t.group_map, t.axes)
+    alts = {}
+    for name, (m, gm) in alternative_groupings(t).items():
+        alts[name] = round(saturation_fraction(m, gm, t.axes)[0], 4)
+    return {"declared": round(declared, 4), "groups": n, "alternatives": alts}
+
+
+def check_saturation(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any]]:
+    """``axis-swap`` when an alternative grouping saturates markedly more often than the declared one."""
+    prof = saturation_profile(t)
+    if prof["groups"] < MIN_GROUPS or not prof["alternatives"]:
+        return [], prof
+    best_name, best = max(prof["alternatives"].items(), key=lambda kv: kv[1])
+    unsat, unsat_alt = 1.0 - prof["declared"], 1.0 - best
+    if unsat >= SATURATION_MIN_UNSATURATED and unsat_alt <= SATURATION_RATIO * unsat:
+        return [finding("axis-swap", t.name,
+                        f"codes saturate their range in {prof['declared']:.0%} of the declared "
+                        f"{t.group_map.describe()} groups but in {best:.0%} under '{best_name}': the codes or the "
+                        f"groups are on the wrong axis", declared_grouping=t.group_map.describe(),
+                        declared_saturation=prof["declared"], best_alternative=best_name,
+                        alternative_saturation=best, alternatives=prof["alternatives"], groups=prof["groups"])], prof
+    return [], prof
+
+
+def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
+    """(mean, std) of ``q - z`` in code units over the tensor; None for float-bias and codebook schemes."""
+    s = t.scheme
+    if s.codebook is not None or s.zero_point is ZeroPoint.FLOAT or not t.numel:
+        return None
+    # exact integer sums of r = q - z (and r^2) over row blocks, instead of float64 copies of the
+    # whole tensor (8 bytes per code, twice): the mean is the same exact quotient numpy forms
+    # (sums of small integers are exact in float64); the spread agrees to rounding
+    codes = t.codes
+    n = int(codes.size)
+    s1 = s2 = 0
+    if s.zero_point is ZeroPoint.NONE or codes.ndim < 2:
+        if s.zero_point is ZeroPoint.NONE:
+            flat = codes.reshape(-1).view(np.uint8)
+            counts = sum(np.bincount(flat[i:i + (1 << 20)], minlength=256)  # bincount widens to int64:
+                         for i in range(0, flat.size, 1 << 20)).astype(object)  # count in 1M chunks
+            values = np.arange(256, dtype=np.int64)
+            if codes.dtype == np.int8:
+                values = np.where(values >= 128, values - 256, values)
+            v = (values - int(s.center)).astype(object)
+            s1, s2 = int((counts * v).sum()), int((counts * v * v).sum())
+        else:
+            r = codes.astype(np.int64) - t.group_map.expand(t.zero_points.astype(np.int64), t.shape, t.axes)
+            s1, s2 = int(r.sum()), int((r * r).sum())
+    else:
+        step = max(1, (1 << 20) // max(1, int(np.prod(codes.shape[1:]))))
+        z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes) \
+            if t.group_map.granularity.value == "tensor" else None
+        for r0 in range(0, codes.shape[0], step):
+            sub = t.replace(codes=codes[r0:r0 + step],
+                            scales=t.scales if z is not None else t.scales[r0:r0 + step],
+                            zero_points=t.zero_points if z is not None else t.zero_points[r0:r0 + step])
+            zz = z[r0:r0 + step] if z is not None else sub.group_map.expand(sub.zero_points.astype(np.int16),
+                                                                            sub.shape, sub.axes)
+            r = sub.codes.astype(np.int32) - zz
+            s1 += int(r.sum(dtype=np.int64))
+            r64 = r.astype(np.int64).reshape(-1)
+            s2 += int(r64 @ r64)
+    mean = s1 / n
+    var = max(0.0, (s2 - s1 * s1 / n) / n) if n else 0.0
+    return float(mean), float(np.sqrt(var))
+
+
+def check_zero_offset(t: QuantizedTensor) -> tuple[list[Finding], dict[str, float] | None]:
+    """``zero-offset`` when the mean code offset is about one step away from the declared zero.
+
+    Both limits must be passed: ``|mean| > ZERO_OFFSET_LIMIT`` code units and ``|mean| / std >
+    ZERO_OFFSET_RATIO`` (8-bit grids have so many steps that a real weight mean of -1 step is
+    ordinary: the intermediate.dense samples sit at -1.01 steps with a spread of about 20).
+    """
+    res = zero_offset(t)
+    if res is None:
+        return [], None
+    m, sd = res
+    stats = {"mean_code_offset": round(m, 4), "std_code_offset": round(sd, 4)}
+    if t.numel < MIN_ELEMENTS or abs(m) <= ZERO_OFFSET_LIMIT or abs(m) <= ZERO_OFFSET_RATIO * sd:
+        return [], stats
+    kind = "zero points" if t.scheme.zero_point is ZeroPoint.INTEGER else f"implicit centre {t.scheme.center}"
+    return [finding("zero-offset", t.name,
+                    f"codes sit {m:+.2f} steps from the declared {kind} on average (near-zero-mean weights give "
+                    f"about 0): the zero points look off by {round(m):+d}",
+                    **stats, limit=ZERO_OFFSET_LIMIT, ratio_limit=ZERO_OFFSET_RATIO,
+                    suggested_zero_shift=int(round(m)))], stats
+
+
+def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
+    """Scale anomalies: NaN/inf, zero, negative (unless the format allows it), subnormal in the scale dtype."""
+    out: list[Finding] = []
+    s = np.asarray(t.scales)
+    s32 = s.astype(np.float32)
+    n = int(s32.size)
+
+    def where(mask: np.ndarray) -> list[int]:
+        return [int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)] if mask.ndim else []
+
+    bad = ~np.isfinite(s32)
+    if bad.any():
+        out.append(finding("scale-nonfinite", t.name, f"{int(bad.sum())} of {n} scales are NaN or infinite",
+                           count=int(bad.sum()), first_index=where(bad), first_value=float(s32[bad].flat[0]),
+                           scale_dtype=t.scheme.scale_dtype))
+    zero = s32 == 0
+    if zero.any() and t.scheme.scale_dtype != "F8_E8M0":
+        if t.double_quant is not None:  # a sub-block scale quantized to 0 (llama.cpp K-quants): lossy, not a fault
+            out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} effective scales are zero: "
+                               f"{t.double_quant.kind} sub-block scales quantized to 0 (those groups decode to their "
+                               f"offset only)", severity="info", count=int(zero.sum()), first_index=where(zero),
+                               double_quant=t.double_quant.kind))
+        else:
+            out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} scales are zero: those groups decode "
+                               f"to 0 and requantizing them divides by zero", count=int(zero.sum()),
+                               first_index=where(zero)))
+    neg = s32 < 0
+    if neg.any() and not negative_ok:
+        out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative",
+                           count=int(neg.sum()), first_index=where(neg), first_value=float(s32[neg].flat[0])))
+    try:
+        tiny = float(ml_dtypes.finfo(t.scheme.scale_np_dtype).smallest_normal)
+    except (ValueError, TypeError):
+        tiny = 0.0
+    sub = np.isfinite(s32) & (s32 != 0) & (np.abs(s32) < tiny)
+    if sub.any():
+        out.append(finding("scale-subnormal", t.name, f"{int(sub.sum())} of {n} scales are subnormal in "
+                           f"{t.scheme.scale_dtype}", count=int(sub.sum()), first_index=where(sub),
+                           smallest_normal=tiny))
+    if t.scheme.zero_point is ZeroPoint.FLOAT and t.zero_points is not None:
+        zb = ~np.isfinite(np.asarray(t.zero_points, dtype=np.float32))
+        if zb.any():
+            out.append(finding("zero-range", t.name, f"{int(zb.sum())} float biases are NaN or infinite",
+                               count=int(zb.sum()), first_index=where(zb)))
+    return out
+
+
+def check_degenerate(t: QuantizedTensor) -> list[Finding]:
+    """``degenerate`` when every element decodes to one value (all-zero codes after a packing bug, B17)."""
+    if t.numel < 2:
+        return []
+    q = t.codes
+    if np.all(q == q.flat[0]):
+        return [finding("degenerate", t.name, f"all {t.numel} codes equal {int(q.flat[0])}: the tensor decodes to "
+                        f"one value per group (an empty pack loop, CASES.md B17)", code_value=int(q.flat[0]),
+                        numel=t.numel)]
+    return []
+
+
+# -- nibble order plausibility (checkpoint level) ------------------------------------------------------
+#: An alternative in-word order is reported when it correlates with a sibling's profile at least this well ...
+NIBBLE_MIN_CORR = 0.3
+#: ... and raises the sum of positive sibling correlations by at least this much (clean samples: <= 0.1).
+NIBBLE_MARGIN = 0.3
+
+
+def _word_perms(t: QuantizedTensor) -> tuple[str, int, dict[str, np.ndarray]] | None:
+    """(packed axis, its length, {alternative order name: index permutation along it}) for packed codes."""
+    from .interpretations import _orders
+    amap = (t.stored or {}).get("codes")
+    if amap is None or amap.packed_axis is None or amap.packed_axis not in t.axes or amap.word_bits % amap.bits:
+        return None
+    n = amap.word_bits // amap.bits
+    length = t.shape[t.axes.index(amap.packed_axis)]
+    if n < 2 or length % n:
+        return None
+    declared = tuple(amap.order) if amap.order else tuple(range(n))
+    out = {}
+    for label, order in _orders(n).items():
+        if order == declared:
+            continue
+        within = np.empty(n, dtype=np.int64)
+        within[list(order)] = list(declared)  # alternative element order[k] = declared element declared[k]
+        out[f"nibble order {label}"] = (np.arange(0, length, n)[:, None] + within[None, :]).ravel()
+    return amap.packed_axis, length, out
+
+
+def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
+    """RMS of the dequantized weights per index of the packed axis, and the alternative orders' index maps."""
+    wp = _word_perms(t)
+    if wp is None or len(t.axes) < 2:
+        return None
+    axis, length, perms = wp
+    if tuple(t.axes) == ("out", "in"):
+        # the same mean of squares accumulated over row blocks of values (never the whole float64 matrix)
+        from ..quant.kernels import Rows
+        rows = Rows(t)
+        n_rows = t.shape[0]
+        acc = np.zeros(length, dtype=np.float64) if axis == "in" else np.empty(length, dtype=np.float64)
+        for r0 in range(0, n_rows, rows.step):
+            b = rows[r0:r0 + rows.step].astype(np.float64)
+            b *= b
+            if axis == "in":
+                acc += b.sum(axis=0)
+            else:
+                acc[r0:r0 + b.shape[0]] = b.mean(axis=1)
+        prof = np.sqrt(acc / n_rows if axis == "in" else acc)
+        return {"axis": axis, "length": length, "profile": prof, "perms": perms}
+    w = t.dequantize().astype(np.float64)
+    ax = t.axes.index(axis)
+    prof = np.sqrt(np.mean(np.moveaxis(w, ax, -1).reshape(-1, length) ** 2, axis=0))
+    return {"axis": axis, "length": length, "profile": prof, "perms": perms}
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _score(prof: np.ndarray, sibs: list[np.ndarray]) -> tuple[float, float]:
+    """(sum of positive correlations with the siblings, the best single one)."""
+    cs = [_corr(prof, x) for x in sibs]
+    return float(sum(max(c, 0.0) for c in cs)), max(cs)
+
+
+def check_nibble_order(profiles: dict[str, dict[str, Any]]) -> list[Finding]:
+    """``nibble-order``, from the data alone: siblings sharing the packed axis (q/k/v share their
+    input features) have correlated per-index magnitude profiles; a tensor whose profile matches its
+    siblings' only after re-reading its words in another order has its nibbles permuted.
+
+    A permuted tensor also lowers its partners' scores, so the tensor whose alternative explains the
+    most is reported first, its profile is corrected, and the rest are re-scored ("explaining away").
+    Undetectable when every sibling is permuted the same way, or for a tensor without siblings.
+    """
+    profs = {n: dict(p) for n, p in profiles.items()}
+    out: list[Finding] = []
+    for _ in range(len(profs)):
+        best = None
+        for name, p in profs.items():
+            sibs = [q["profile"] for n, q in profs.items() if n != name and q["axis"] == p["axis"]
+                    and q["length"] == p["length"]]
+            if not sibs or not p["perms"]:
+                continue
+            declared, dbest = _score(p["profile"], sibs)
+            for label, perm in p["perms"].items():
+                score, single = _score(p["profile"][perm], sibs)
+                gain = score - declared
+                if single >= NIBBLE_MIN_CORR and gain >= NIBBLE_MARGIN and (best is None or gain > best[0]):
+                    best = (gain, name, label, perm, declared, score, dbest, single)
+        if best is None:
+            break
+        gain, name, label, perm, declared, score, dbest, single = best
+        p = profs[name]
+        out.append(finding("nibble-order", name, f"the per-{p['axis']} magnitude profile matches its sibling layers' "
+                           f"(best correlation {single:.2f}) only when the words are read in '{label}' order "
+                           f"(declared order: {dbest:.2f})", declared_correlation=round(dbest, 4),
+                           best_alternative=label, alternative_correlation=round(single, 4),
+                           declared_score=round(declared, 4), alternative_score=round(score, 4), axis=p["axis"]))
+        p["profile"] = p["profile"][perm]
+        p["perms"] = {}
+    return out
+
+
+def zero_pairing_spread(t: QuantizedTensor, codes: np.ndarray) -> float:
+    """RMS over groups of the group mean of ``q - z`` (code units): small when codes sit with their own zeros."""
+    z = t.group_map.expand(t.zero_points.astype(np.float64), t.shape, t.axes)
+    r = codes.astype(np.float64) - z
+    sums = t.group_map.reduce(r, np.add, t.axes)
+    counts = t.group_map.reduce(np.ones_like(r), np.add, t.axes)
+    return float(np.sqrt(np.mean((sums / counts) ** 2)))
+
+
+def check_zero_pairing(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any] | None]:
+    """``nibble-order`` for codes packed across groups (AWQ packs along ``out``): with integer zero points,
+    each group's codes centre on its own zero (group mean of ``q - z`` near 0: 0.21-0.28 steps RMS on
+    the real samples); codes read in the wrong in-word order land in other rows' groups and sit
+    several steps off (above 1.0 on every sample). Reported when another order brings the spread
+    below :data:`PAIRING_RATIO` times the declared one."""
+    from .interpretations import nibble_alternatives
+    if t.scheme.zero_point is not ZeroPoint.INTEGER or t.numel < MIN_ELEMENTS:
+        return [], None
+    alts = nibble_alternatives(t)
+    if not alts:
+        return [], None
+    declared = zero_pairing_spread(t, t.codes)
+    spreads = {k: round(zero_pairing_spread(t, v), 4) for k, v in alts.items()}
+    stats = {"declared": round(declared, 4), "alternatives": spreads}
+    best, val = min(spreads.items(), key=lambda kv: kv[1])
+    if declared > PAIRING_MIN and val < PAIRING_RATIO * declared:
+        return [finding("nibble-order", t.name, f"codes sit {declared:.2f} steps (RMS of group means) from their "
+                        f"groups' zero points, but {val:.2f} when the words are read in '{best}' order: the codes "
+                        f"were packed in another order than declared", declared_spread=round(declared, 4),
+                        best_alternative=best, alternative_spread=val, alternatives=spreads)], stats
+    return [], stats
+
+
+#: Zero-pairing spreads: flag when the best alternative is below this fraction of the declared spread ...
+PAIRING_RATIO = 0.5
+#: ... and the declared spread exceeds this many steps.
+PAIRING_MIN = 0.5

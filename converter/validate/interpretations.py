@@ -1,0 +1,157 @@
+"""Alternative interpretations of a quantized tensor's stored arrays (DESIGN.md section 4).
+
+A reader declares one interpretation (axes, group axis, nibble order, zero offset). Each function
+here rebuilds what a *different* reader would decode from the same bytes, generically on the
+logical model and the stored :class:`~converter.layout.AxisMap` records:
+
+- ``transposed storage``: the stored ``(in, out)`` buffer read as ``(out, in)`` (``C.T`` reshaped);
+- ``reversed dims``: GGUF-style ``ne`` reversal (the buffer reshaped as ``(in, out)`` and transposed);
+- ``scales transposed`` / ``scales reshaped``: the scale (and zero) array in the other orientation;
+- ``groups along <other axis>``: scales applied along the other logical axis (square tensors, B06);
+- ``scales shifted one group forward / back``: every group given a neighbour's scale (wrong groups);
+- ``nibble order <o>``: codes repacked with the declared AxisMap and unpacked with another in-word
+  order (sequential, reversed, AWQ interleave and its inverse; B09);
+- ``zero +1`` / ``zero -1``: the zero point (or implicit centre, or float bias) one step off (B01);
+- ``sequential groups``: ``g_idx`` ignored (B11).
+
+Decoding here is plain float32 arithmetic with no invariants checked, because an alternative may
+be out of range by construction (``z + 1 = 2^b``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from ..errors import LayoutError, QuantizationError
+from ..groups import Granularity, GroupMap
+from ..layout import EXPERT, AxisMap
+from ..quant.packing import AWQ_ORDER
+from ..scheme import ZeroPoint
+from ..tensor import QuantizedTensor
+
+
+def decode(t: QuantizedTensor, *, codes: np.ndarray | None = None, scales: np.ndarray | None = None,
+           zero_points: np.ndarray | None = None, group_map: GroupMap | None = None,
+           zero_shift: float = 0.0) -> np.ndarray:
+    """Float32 decode of ``t`` with any of its parts replaced (shapes must stay consistent).
+
+    ``zero_shift`` moves the zero point by that many code steps (integer zero, implicit centre, or
+    a float bias shifted by ``-zero_shift * scale``).
+    """
+    s = t.scheme
+    q = t.codes if codes is None else codes
+    gm = t.group_map if group_map is None else group_map
+    sc = t.scales if scales is None else scales
+    zp = t.zero_points if zero_points is None else zero_points
+    shape, axes = q.shape, t.axes
+    s_el = gm.expand(np.asarray(sc, dtype=np.float32), shape, axes)
+    if s.codebook is not None:
+        return np.asarray(s.codebook, dtype=np.float32)[q] * s_el
+    qf = q.astype(np.float32)
+    if s.zero_point is ZeroPoint.NONE:
+        return (qf - np.float32(s.center + zero_shift)) * s_el
+    z_el = gm.expand(np.asarray(zp, dtype=np.float32), shape, axes)
+    if s.zero_point is ZeroPoint.INTEGER:
+        return (qf - (z_el + np.float32(zero_shift))) * s_el
+    return qf * s_el + z_el - np.float32(zero_shift) * s_el
+
+
+def _orders(n: int) -> dict[str, tuple[int, ...]]:
+    out = {"sequential": tuple(range(n)), "reversed": tuple(reversed(range(n)))}
+    if n == len(AWQ_ORDER):
+        out["AWQ interleave"] = tuple(AWQ_ORDER)
+        out["inverse AWQ interleave"] = tuple(int(i) for i in np.argsort(AWQ_ORDER))
+    return out
+
+
+def nibble_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
+    """Codes as another in-word order would read the same words (empty when codes are not packed)."""
+    amap: AxisMap | None = (t.stored or {}).get("codes")
+    if amap is None or amap.packed_axis is None or set(amap.stored_axes) != set(t.axes):
+        return {}
+    if amap.word_bits % amap.bits or amap.packing not in ("stream", "padded"):
+        return {}
+    n = amap.word_bits // amap.bits
+    if n < 2:
+        return {}
+    sizes = dict(zip(t.axes, t.shape))
+    declared = tuple(amap.order) if amap.order else tuple(range(n))
+    try:
+        words = amap.to_stored(t.codes, t.axes)
+    except (LayoutError, QuantizationError):  # a layout we cannot repack has no nibble alternative
+        return {}
+    out = {}
+    for label, order in _orders(n).items():
+        if order == declared:
+            continue
+        alt = replace(amap, order=None if order == tuple(range(n)) else order)
+        codes = alt.to_logical(words, t.axes, sizes, signed=t.scheme.signed)
+        out[f"nibble order {label}"] = np.ascontiguousarray(codes).astype(t.codes.dtype, copy=False)
+    return out
+
+
+def _param_alternatives(t: QuantizedTensor) -> dict[str, tuple[np.ndarray, np.ndarray | None, GroupMap]]:
+    """name -> (scales, zero_points, group map) for scales on the wrong axis or the wrong groups."""
+    out: dict[str, tuple[np.ndarray, np.ndarray | None, GroupMap]] = {}
+    s, z, gm, axes = t.scales, t.zero_points, t.group_map, t.axes
+    if s.ndim != 2 or EXPERT in axes:
+        return out
+    a, b = s.shape
+
+    def both(f: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        return f(s), (f(z) if z is not None else None)
+
+    if a > 1 and b > 1:
+        if a == b:
+            out["scales transposed"] = (*both(lambda x: np.ascontiguousarray(x.T)), gm)
+        out["scales stored in the other orientation"] = (*both(lambda x: x.T.reshape(a, b)), gm)
+        out["scales read in the other orientation"] = (*both(lambda x: x.reshape(b, a).T), gm)
+    O, I = t.shape
+    if gm.granularity is Granularity.GROUP and O == I and gm.g_idx is None:
+        other = [x for x in axes if x != gm.axis][0]
+        out[f"groups along {other}"] = (*both(lambda x: np.ascontiguousarray(x.T)), GroupMap.per_group(gm.group_size, other))
+    if gm.granularity is Granularity.CHANNEL and O == I:
+        other = [x for x in axes if x != gm.axis][0]
+        shape = (1, I) if gm.axis == axes[0] else (O, 1)
+        out[f"one scale per {other} index"] = (*both(lambda x: x.reshape(shape)), GroupMap.per_channel(other))
+    if gm.granularity is Granularity.GROUP:
+        ax = axes.index(gm.axis)
+        if s.shape[ax] > 1:
+            out["scales shifted one group forward"] = (*both(lambda x: np.roll(x, 1, axis=ax)), gm)
+            out["scales shifted one group back"] = (*both(lambda x: np.roll(x, -1, axis=ax)), gm)
+    return out
+
+
+def alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
+    """Every alternative decode of ``t`` (float32, logical shape), keyed by a readable name.
+
+    Only 2-D ``(out, in)`` tensors get the reshape alternatives; alternatives identical to the
+    declared arrays (a 1-wide scale array "transposed") are dropped.
+    """
+    out: dict[str, np.ndarray] = {}
+    q = t.codes
+    if q.ndim == 2 and EXPERT not in t.axes:
+        O, I = q.shape
+        if O == I:
+            out["transposed codes"] = decode(t, codes=np.ascontiguousarray(q.T))
+        else:
+            out["transposed storage"] = decode(t, codes=np.ascontiguousarray(q.T).reshape(O, I))
+            out["reversed dims"] = decode(t, codes=np.ascontiguousarray(q.reshape(I, O).T))
+        for name, (sc, zp, gm) in _param_alternatives(t).items():
+            if gm is t.group_map and np.array_equal(sc, t.scales):
+                continue
+            out[name] = decode(t, scales=sc, zero_points=zp, group_map=gm)
+    for name, codes in nibble_alternatives(t).items():
+        out[name] = decode(t, codes=codes)
+    if t.scheme.codebook is None:
+        out["zero +1"] = decode(t, zero_shift=1.0)
+        out["zero -1"] = decode(t, zero_shift=-1.0)
+    gm = t.group_map
+    if gm.granularity is Granularity.GROUP and gm.g_idx is not None:
+        seq = GroupMap.per_group(gm.group_size, gm.axis)
+        if seq.param_shape(t.shape, t.axes) == tuple(t.scales.shape):
+            out["sequential groups (g_idx ignored)"] = decode(t, group_map=seq)
+    return out

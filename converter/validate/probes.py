@@ -1,0 +1,201 @@
+"""Axis probes (DESIGN.md section 4): every writer, read back by its reader, must be unambiguous.
+
+For each registered format with a writer, probe tensors are built in schemes the format accepts
+(asked through its ``check_target``: symmetric / asymmetric, 4 / 8 bits, group sizes 8-128, with
+a partial final group where the format allows one, act-order ``g_idx`` where it allows that):
+
+- rectangular, with distinct sizes (``13 x 40`` before falling back to multiples the format needs);
+- power-of-two scales that vary by row *and* by group (``2^((3o mod 7) - 3 + 2(g mod 3) - 2)``),
+  so a scale applied on the wrong axis is off by a power of two;
+- distinct codes along the packed axis (``(5i + 3o) mod 2^b``: 16 consecutive codes all differ),
+  so any permutation inside a word shows;
+- zero points that vary by row and group and never sit at the centre.
+
+The probe is written with the format's writer to a temporary directory and read back with its
+reader. The declared decode must equal the probe's own decode bit for bit, and every alternative
+interpretation of :mod:`converter.validate.interpretations` (transposed storage, reversed dims,
+scales in the other orientation / on the other axis / on the wrong groups, other nibble orders,
+zero offset +-1, sequential groups instead of ``g_idx``) must *fail* to reproduce it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import exit_codes
+from ..errors import ConverterError
+from ..formats import registry
+from ..formats.source import Source
+from ..groups import GroupMap
+from ..layout import IN, OUT
+from ..scheme import QuantScheme, ZeroPoint
+from ..tensor import Checkpoint, QuantizedTensor, spec_of
+from .interpretations import alternatives
+
+#: A Hugging Face name every writer can map (GGUF maps names per architecture), with its config.
+PROBE_NAME = "encoder.layer.0.attention.self.query.weight"
+PROBE_CONFIG = {"model_type": "bert", "architectures": ["BertModel"]}
+GROUP_SIZES = (16, 32, 8, 64, 128)
+#: (bits, signed, zero point) candidates, in order of preference.
+SCHEMES = ((4, False, ZeroPoint.NONE), (4, False, ZeroPoint.INTEGER), (8, False, ZeroPoint.NONE),
+           (4, True, ZeroPoint.NONE), (8, True, ZeroPoint.NONE), (4, False, ZeroPoint.FLOAT))
+MAX_PER_FORMAT = 8
+#: Formats whose writer stores dense floats: nothing to probe.
+DENSE_ONLY = ("plain",)
+
+
+def probe_tensor(out: int, inp: int, group: int, bits: int, signed: bool, zero: ZeroPoint, *,
+                 act_order: bool = False, name: str = PROBE_NAME) -> QuantizedTensor:
+    """A probe tensor ``(out, in)`` with groups of ``group`` along ``in`` (see module docstring)."""
+    o = np.arange(out)[:, None]
+    i = np.arange(inp)[None, :]
+    n = 1 << bits
+    step = 5 if bits <= 4 else 37
+    codes = (step * i + 3 * o) % n
+    scheme = QuantScheme(bits, signed, zero, "F16")
+    codes = (codes - (n // 2)).astype(np.int8) if signed else codes.astype(np.uint8)
+    g_idx = None
+    ng = -(-inp // group)
+    if act_order:
+        rng = np.random.default_rng(7)
+        g_idx = (rng.permutation(inp) // group).astype(np.int32)
+    gm = GroupMap.per_group(group, IN, g_idx)
+    go = np.arange(out)[:, None]
+    gg = np.arange(ng)[None, :]
+    exps = (3 * go) % 7 - 3 + 2 * (gg % 3) - 2
+    scales = np.exp2(exps).astype(np.float16)
+    zp = None
+    if zero is ZeroPoint.INTEGER:
+        z = (go + 3 * gg + 1) % (n - 2) + 1
+        z = np.where(z == n // 2, z + 1, z)
+        zp = (z - (n // 2) if signed else z).astype(np.int16)
+    elif zero is ZeroPoint.FLOAT:
+        z = ((go + 3 * gg + 1) % (n - 2) + 1).astype(np.float32)
+        zp = (-(z * scales.astype(np.float32))).astype(np.float16)
+    return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp)
+
+
+def _shapes(group: int) -> Iterator[tuple[int, int]]:
+    """(out, in) candidates: distinct odd sizes with a partial tail first, then what strict formats need."""
+    yield 13, 2 * group + group // 2
+    yield 13, 3 * group
+    yield 24, 2 * group + group // 2
+    yield 24, 3 * group
+    yield 40, 5 * group
+
+
+@dataclass
+class ProbeResult:
+    """One probe: the scheme, the declared decode check and each alternative's verdict."""
+
+    format: str
+    scheme: str
+    shape: tuple[int, int]
+    groups: str
+    declared_exact: bool = False
+    alternatives: dict[str, bool] = field(default_factory=dict)  # name -> rejected (True is good)
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.declared_exact and bool(self.alternatives) and all(self.alternatives.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "scheme": self.scheme, "shape": list(self.shape), "groups": self.groups,
+                "declared_exact": self.declared_exact, "alternatives": dict(self.alternatives),
+                "passed": self.passed, "error": self.error}
+
+
+def _first_accepted(handler, bits: int, signed: bool, zero: ZeroPoint, act: bool) -> QuantizedTensor | None:
+    for g in GROUP_SIZES:
+        for out, inp in _shapes(g):
+            t = probe_tensor(out, inp, g, bits, signed, zero, act_order=act)
+            if handler.check_target is None or handler.check_target(spec_of(t)) is None:
+                return t
+    return None
+
+
+def _candidates(handler) -> Iterator[QuantizedTensor]:
+    """One probe per accepted (bits, signed, zero point, act-order) combination, preferred shapes first."""
+    for bits, signed, zero in SCHEMES:
+        for act in (False, True):
+            t = _first_accepted(handler, bits, signed, zero, act)
+            if t is not None:
+                yield t
+
+
+def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
+    """Write ``t`` with ``handler``, read it back, check the declared decode and every alternative."""
+    res = ProbeResult(handler.name, t.scheme.describe(), t.shape, t.group_map.describe())
+    dst = workdir / f"{handler.name}-{len(list(workdir.iterdir()))}"
+    if handler.name == "native":
+        dst = dst.with_suffix(".safetensors")
+    elif handler.name == "gguf":
+        dst = dst.with_suffix(".gguf")
+    try:
+        handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
+        back = registry.read(Source(dst), handler)[t.name]
+    except ConverterError as exc:
+        res.error = exc.render()
+        return res
+    if not isinstance(back, QuantizedTensor):
+        res.error = "read back as a dense tensor"
+        return res
+    ref = t.dequantize()
+    res.declared_exact = bool(np.array_equal(back.dequantize(), ref))
+    for name, alt in alternatives(back).items():
+        res.alternatives[name] = not bool(np.allclose(alt, ref, rtol=1e-3, atol=0.0))
+    return res
+
+
+def self_test(formats: list[str] | None = None) -> dict[str, Any]:
+    """Run the probes on every registered format with a writer (or ``formats``); JSON-ready summary.
+
+    A format passes when at least one probe ran and every probe passed; formats that only write
+    dense floats are listed as skipped.
+    """
+    rows: list[dict[str, Any]] = []
+    verdicts: dict[str, str] = {}
+    names = formats or registry.writable()
+    with tempfile.TemporaryDirectory(prefix="qckpt-probe-") as tmp:
+        work = Path(tmp)
+        for name in names:
+            handler = registry.get(name)
+            if handler.write is None or name in DENSE_ONLY:
+                verdicts[name] = "skipped (no quantized writer)"
+                continue
+            results = []
+            for t in _candidates(handler):
+                results.append(run_probe(handler, t, work))
+                if len(results) >= MAX_PER_FORMAT:
+                    break
+            rows += [r.to_json() for r in results]
+            ok = bool(results) and all(r.passed for r in results)
+            verdicts[name] = "pass" if ok else ("no probe accepted" if not results else "FAIL")
+    failed = [n for n, v in verdicts.items() if v not in ("pass",) and not v.startswith("skipped")]
+    return {"schema": "qckpt.probe-report/1", "formats": verdicts, "probes": rows,
+            "exit_code": exit_codes.FINDINGS if failed else exit_codes.OK}
+
+
+def render_self_test(doc: dict[str, Any]) -> None:
+    """Table: one row per probe, alternatives rejected n/n, and the verdict per format."""
+    from rich.table import Table
+
+    from ..render import console
+    c = console()
+    t = Table("format", "scheme", "shape", "groups", "declared exact", "alternatives rejected", "result",
+              title="qckpt validate --self-test: axis probes")
+    for r in doc["probes"]:
+        alts = r["alternatives"]
+        missed = [k for k, v in alts.items() if not v]
+        t.add_row(r["format"], r["scheme"], "x".join(map(str, r["shape"])), r["groups"],
+                  "yes" if r["declared_exact"] else "NO", f"{sum(alts.values())}/{len(alts)}"
+                  + (f" (matched: {', '.join(missed)})" if missed else ""),
+                  "pass" if r["passed"] else ("error: " + r["error"][:60] if r["error"] else "FAIL"))
+    c.print(t)
+    c.print("formats: " + ", ".join(f"{k}: {v}" for k, v in doc["formats"].items()))

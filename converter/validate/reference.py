@@ -1,0 +1,102 @@
+"""Checks against a float reference checkpoint (``qckpt validate --reference FLOAT_CKPT``).
+
+Per quantized tensor ``W`` with a same-named, same-shaped reference ``W_ref``:
+
+- the weight error of the declared decode, as a relative RMS ``||W - W_ref|| / ||W_ref||`` and in
+  quantization steps ``rms(W - W_ref) / rms(step)`` (a right decode of a range-fitting quantizer
+  sits near ``1/sqrt(12) = 0.29`` steps; clipping adds a little);
+- ``dequant(W) @ x`` against ``W_ref @ x`` for a small seeded random batch ``x`` (``in x 8``,
+  float32), before anyone runs a large multiply;
+- every alternative interpretation (:mod:`converter.validate.interpretations`): if one matches
+  the reference clearly better than the declared one, the finding ``layout-mismatch`` names it.
+
+Thresholds (calibrated on ``sample_checkpoints/`` against ``minilm_fp16.safetensors``, where the
+declared decodes sit at 0.14-0.34 steps and the closest alternative has at least 1.55 times the
+declared relative error): ``layout-mismatch`` when an alternative's relative error is below
+:data:`ALT_RATIO` times the declared one; otherwise ``reference-mismatch`` above
+:data:`STEP_LIMIT` steps or a matmul error above :data:`MATMUL_FACTOR` times the weight-noise
+prediction ``(rms step / sqrt(12)) / rms(W_ref)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..tensor import QuantizedTensor
+from .findings import Finding, finding
+from .interpretations import alternatives
+
+STEP_LIMIT = 0.5
+ALT_RATIO = 0.5
+MATMUL_FACTOR = 2.0
+MATMUL_FLOOR = 0.02
+BATCH = 8
+SEED = 20240607
+
+
+def step_rms(t: QuantizedTensor) -> float:
+    """RMS of the quantization step per element (scale, or scale x median codebook gap)."""
+    s = np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes)).astype(np.float64)
+    if t.scheme.codebook is not None:
+        cb = np.unique(np.asarray(t.scheme.codebook, dtype=np.float64))
+        cb = cb[np.isfinite(cb)]
+        s = s * (float(np.median(np.diff(cb))) if cb.size > 1 else 1.0)
+    return float(np.sqrt(np.mean(s * s))) if s.size else 0.0
+
+
+def _norm(x: np.ndarray) -> float:
+    v = np.ascontiguousarray(x).reshape(-1)
+    return float(np.sqrt(np.dot(v.astype(np.float64, copy=False), v.astype(np.float64, copy=False)))) if v.size else 0.0
+
+
+def _rel(a: np.ndarray, ref: np.ndarray, ref_norm: float | None = None) -> float:
+    """``||a - ref|| / ||ref||`` (float32 difference, float64 accumulation)."""
+    d = _norm(np.subtract(a, ref, dtype=np.float32))
+    n = _norm(ref) if ref_norm is None else ref_norm
+    return d / n if n else (0.0 if d == 0 else float("inf"))
+
+
+def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings and statistics of ``t`` against the float reference ``ref`` (same logical shape)."""
+    ref32 = np.asarray(ref, dtype=np.float32)
+    ref64 = ref32.astype(np.float64)
+    ref_norm = _norm(ref32)
+    deq = t.dequantize()
+    err = deq.astype(np.float64) - ref64
+    rms = float(np.sqrt(np.mean(err * err))) if err.size else 0.0
+    step = step_rms(t)
+    steps = rms / step if step else (0.0 if rms == 0 else float("inf"))
+    rel = _rel(deq, ref32, ref_norm)
+    stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps, "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0}
+    findings: list[Finding] = []
+    if t.codes.ndim == 2:
+        rng = np.random.default_rng(SEED)
+        x = rng.standard_normal((t.shape[1], BATCH)).astype(np.float32)
+        y, y_ref = deq @ x, (ref64 @ x.astype(np.float64))
+        mm = _rel(y, y_ref)
+        stats["matmul_rel_error"] = mm
+        ref_rms = float(np.sqrt(np.mean(ref64 * ref64))) if ref64.size else 0.0
+        predicted = (step / np.sqrt(12.0)) / ref_rms if ref_rms else 0.0
+        stats["matmul_predicted"] = predicted
+        mm_limit = max(MATMUL_FLOOR, MATMUL_FACTOR * predicted)
+    else:
+        mm, mm_limit = None, None
+    alts = {name: _rel(a, ref32, ref_norm) for name, a in alternatives(t).items()}
+    stats["alternatives_rel_rms"] = {k: round(v, 4) for k, v in alts.items()}
+    best = min(alts.items(), key=lambda kv: kv[1]) if alts else None
+    if best is not None and best[1] < ALT_RATIO * rel:
+        findings.append(finding("layout-mismatch", t.name,
+                                f"'{best[0]}' reproduces the reference (relative error {best[1]:.3g}) far better than "
+                                f"the declared interpretation ({rel:.3g}): the stored arrays are laid out differently "
+                                f"than declared", declared_rel_rms=rel, declared_rms_steps=steps, best_alternative=best[0],
+                                alternative_rel_rms=best[1], alternatives=stats["alternatives_rel_rms"]))
+    elif steps > STEP_LIMIT or (mm is not None and mm > mm_limit):
+        findings.append(finding("reference-mismatch", t.name,
+                                f"the dequantized weights differ from the reference by {steps:.2f} quantization steps "
+                                f"RMS (relative {rel:.3g}); dequant(W) @ x differs by {mm if mm is not None else 0:.3g} "
+                                f"relative: the decode is wrong", rms_steps=steps, step_limit=STEP_LIMIT, rel_rms=rel,
+                                matmul_rel_error=mm, matmul_limit=mm_limit, best_alternative=best[0] if best else None,
+                                alternative_rel_rms=best[1] if best else None))
+    return findings, stats

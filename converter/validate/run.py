@@ -1,0 +1,137 @@
+"""``validate(path)``: files, then the reader, then each quantized tensor, one at a time.
+
+Order: file-level checks of a model directory (an error there stops before the reader, which
+could not open the shards anyway); format detection (unknown -> exit 3); the reader (an error
+about tensors vs config becomes a finding, see :mod:`converter.validate.structural`);
+checkpoint-level checks (widths vs config, tied embeddings, skipped layers); then per quantized
+tensor: header checks, load (errors -> findings), config vs loaded arrays, padding bits, scales,
+saturation, zero offset, the format's zero-convention hook and, with a reference, the reference
+comparison. Only one tensor is materialised at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConverterError, InputNotFoundError
+from ..formats import registry
+from ..formats.source import Source
+from ..tensor import QuantizedTensor
+from . import data_checks, structural
+from .findings import finding
+from .hooks import hooks_for
+from .report import ValidationReport
+
+
+def _zero_convention(hook, source: Source, spec, report: ValidationReport) -> None:
+    try:
+        ev = registry.guarded(hook, source.path, f"{report.format} zero-convention hook")(source, spec)
+    except ConverterError:
+        return
+    if ev and ev.get("inferred") and ev.get("claimed") and ev["inferred"] != ev["claimed"]:
+        report.add(finding("zero-convention", spec.name,
+                           f"stored zero points follow the {ev['inferred']!r} convention but the config claims "
+                           f"{ev['claimed']!r}: every weight decodes one step off", **ev))
+
+
+def _load_reference(reference: str | Path):
+    return registry.load(reference)
+
+
+def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False) -> ValidationReport:
+    """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint).
+
+    Returns
+    -------
+    ValidationReport
+        ``.exit_code`` is 0 when clean and 1 with findings.
+
+    Raises
+    ------
+    ConverterError
+        When the input (or the reference) cannot be read at all: exit status 3 (see
+        :mod:`converter.validate.structural` for what counts as unreadable).
+    """
+    report = ValidationReport(path=str(path), reference=str(reference) if reference else None, strict=strict)
+    p = Path(path)
+    if not p.exists():
+        raise InputNotFoundError("no such file or directory", file=p)
+    report.checks.append("files")
+    report.add(*structural.check_files(p))
+    if any(f.severity == "error" for f in report.findings):
+        return report
+    source = Source(p)
+    det = registry.detect(source)
+    report.format = det.format
+    report.checks.append("structure")
+    try:
+        ckpt = registry.read(source, det.format)
+    except ConverterError as exc:
+        if structural.unreadable(exc):
+            raise
+        report.add(structural.error_finding(exc))
+        return report
+    ref_ckpt = _load_reference(reference) if reference else None
+    hooks = hooks_for(ckpt.format)
+    report.add(*structural.check_shape_config(ckpt), *structural.check_group_skip(ckpt))
+    try:
+        report.add(*structural.check_tied(ckpt))
+    except ConverterError as exc:
+        report.add(structural.error_finding(exc))
+    report.checks.append("data")
+    if ref_ckpt is not None:
+        report.checks.append("reference")
+    profiles: dict[str, dict[str, Any]] = {}
+    for spec in ckpt.specs():
+        if spec.kind == "opaque":
+            report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
+                               dtype=spec.dtype, stored=[s.name for s in spec.stored]))
+        if spec.kind != "quantized":
+            continue
+        report.add(*structural.check_spec(spec, always_stored=hooks.get("always_stored", ())))
+        try:
+            t = ckpt[spec.name]
+        except ConverterError as exc:
+            report.add(structural.error_finding(exc, tensor=spec.name))
+            continue
+        if not isinstance(t, QuantizedTensor):
+            continue
+        report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
+        prof = data_checks.column_profile(t)
+        if prof is not None:
+            profiles[spec.name] = prof
+    report.add(*data_checks.check_nibble_order(profiles))
+    return report
+
+
+def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: dict,
+                  ref_ckpt) -> dict[str, Any]:
+    stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
+    report.add(*structural.check_loaded(spec, t))
+    report.add(*structural.check_padding(source, spec, t))
+    report.add(*data_checks.check_scales(t, negative_ok=bool(hooks.get("negative_scales"))))
+    report.add(*data_checks.check_degenerate(t))
+    sat_findings, stats["saturation"] = data_checks.check_saturation(t)
+    report.add(*sat_findings)
+    zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t)
+    report.add(*zo_findings)
+    zp_findings, pairing = data_checks.check_zero_pairing(t)
+    report.add(*zp_findings)
+    if pairing is not None:
+        stats["zero_pairing"] = pairing
+    if hooks.get("zero_convention"):
+        _zero_convention(hooks["zero_convention"], source, spec, report)
+    if ref_ckpt is not None:
+        if spec.name not in ref_ckpt or tuple(ref_ckpt.spec(spec.name).shape) != tuple(t.shape):
+            found = list(ref_ckpt.spec(spec.name).shape) if spec.name in ref_ckpt else "absent"
+            report.add(finding("reference-missing", t.name, "no tensor of the same name and shape in the reference",
+                               expected=list(t.shape), found=found))
+        else:
+            from .reference import compare
+            ref = np.asarray(ref_ckpt[spec.name].dequantize(), dtype=np.float32)
+            ref_findings, stats["reference"] = compare(t, ref)
+            report.add(*ref_findings)
+    return stats

@@ -1,0 +1,181 @@
+"""Atomic, deterministic, read-only output under hostile conditions: SIGKILL / Ctrl-C mid-way
+through a multi-shard write, DST == SRC, existing outputs and reports, corrupt directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from converter.cli import main
+from converter.io.atomic import sha256_file
+from tests.conftest import REPO, SAMPLES
+
+GPTQ = SAMPLES / "gptq_w4_g128_sym"
+SHARD = 400_000  # bytes: the f32 dequantized GPTQ sample needs several shards
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def hashes(d: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def temp_siblings(dst: Path) -> list[Path]:
+    return sorted(p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.qckpt-tmp-"))
+
+
+@pytest.fixture
+def src(tmp_path):
+    s = tmp_path / "src"
+    shutil.copytree(GPTQ, s)
+    return s
+
+
+def _start(src: Path, dst: Path, delay: str) -> subprocess.Popen:
+    env = {**os.environ, "QCKPT_TEST_SHARD_DELAY": delay, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "converter", "dequantize", str(src), str(dst),
+                             "--max-shard-size", str(SHARD)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_first_shard(proc: subprocess.Popen, dst: Path, timeout: float = 60) -> Path:
+    """Poll until the first shard is complete inside the temp directory (the hook then sleeps)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        for tmp in temp_siblings(dst):
+            if list(tmp.glob("model-00001-of-*.safetensors")):
+                return tmp
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail("no shard appeared")
+
+
+def test_sigkill_mid_write_leaves_only_a_named_temp_then_next_run_cleans(src, tmp_path):
+    before = hashes(src)
+    dst = tmp_path / "out"
+    proc = _start(src, dst, "30")
+    tmp = _wait_first_shard(proc, dst)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not dst.exists()
+    left = temp_siblings(dst)
+    assert left == [tmp] and tmp.name.startswith(".out.qckpt-tmp-")  # clearly named as temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["src", tmp.name])
+    assert hashes(src) == before  # input untouched
+    # the next run removes the stale sibling (its pid is dead) and writes a complete output
+    r = run("dequantize", src, dst, "--max-shard-size", SHARD)
+    assert r.exit_code == 0, r.output
+    assert temp_siblings(dst) == []
+    files = sorted(p.name for p in dst.iterdir())
+    assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) >= 3
+    assert hashes(src) == before
+
+
+def test_ctrl_c_mid_write_leaves_nothing(src, tmp_path):
+    before = hashes(src)
+    dst = tmp_path / "out"
+    proc = _start(src, dst, "30")
+    _wait_first_shard(proc, dst)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted; no partial output left" in err and "Traceback" not in err
+    assert not dst.exists() and temp_siblings(dst) == []
+    assert hashes(src) == before
+
+
+@pytest.mark.parametrize("cmd", [["dequantize"], ["convert", "--to", "gptq"], ["quantize", "--bits", "4", "--per-channel"]])
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_dst_equal_or_inside_src_refused(src, cmd, where):
+    before = hashes(src)
+    dst = src if where == "same" else src / "out"
+    r = run(cmd[0], src, dst, *cmd[1:], "--overwrite")
+    assert r.exit_code == 2, r.output
+    assert "destination is" in r.output and "Traceback" not in r.output
+    assert hashes(src) == before and not (src / "out").exists()
+
+
+def test_existing_destination_untouched_without_overwrite(src, tmp_path):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    r = run("dequantize", src, dst)
+    assert r.exit_code == 2 and "--overwrite" in r.output
+    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
+    r = run("dequantize", src, dst, "--overwrite")
+    assert r.exit_code == 0 and not (dst / "keep.txt").exists()
+
+
+def test_convert_report_respects_overwrite_and_src(src, tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text("old")
+    dst = tmp_path / "out"
+    r = run("convert", src, dst, "--report", report)
+    assert r.exit_code == 2 and report.read_text() == "old" and not dst.exists()  # refused before writing DST
+    r = run("convert", src, dst, "--report", src / "config.json", "--overwrite")
+    assert r.exit_code == 2 and not dst.exists()
+    r = run("convert", src, dst, "--report", report, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert json.loads(report.read_text())["summary"]["all_exact"] is True
+
+
+def test_outputs_are_deterministic(src, tmp_path):
+    for i in (1, 2):
+        assert run("dequantize", src, tmp_path / f"d{i}", "--max-shard-size", SHARD).exit_code == 0
+        assert run("convert", src, tmp_path / f"c{i}", "--to", "gptq", "--report", tmp_path / f"r{i}.json").exit_code == 0
+        assert run("quantize", SAMPLES / "minilm_fp16.safetensors", tmp_path / f"q{i}.safetensors", "--bits", 4,
+                   "--group-size", 128).exit_code == 0
+    assert hashes(tmp_path / "d1") == hashes(tmp_path / "d2")
+    assert hashes(tmp_path / "c1") == hashes(tmp_path / "c2")
+    assert sha256_file(tmp_path / "q1.safetensors") == sha256_file(tmp_path / "q2.safetensors")
+    r1 = json.loads((tmp_path / "r1.json").read_text())
+    r2 = json.loads((tmp_path / "r2.json").read_text())
+    assert {k: v for k, v in r1.items() if k != "destination"} == {k: v for k, v in r2.items() if k != "destination"}
+
+
+def test_b34_missing_shard_through_cli(src, tmp_path):
+    dst = tmp_path / "sharded"
+    assert run("dequantize", src, dst, "--max-shard-size", SHARD).exit_code == 0
+    second = sorted(dst.glob("model-00002-of-*.safetensors"))[0]
+    second.unlink()
+    r = run("inspect", dst)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 3 and len(lines) == 1 and "Traceback" not in r.output
+    assert f"missing shard {second.name}" in lines[0] and "weight_map" in lines[0]
+
+
+def test_extra_file_symlink_outside_not_copied(src, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not copy")
+    (src / "tokenizer.json").symlink_to(secret)
+    (src / "special_tokens_map.json").write_text("{}")
+    dst = tmp_path / "out"
+    assert run("dequantize", src, dst).exit_code == 0
+    assert (dst / "special_tokens_map.json").exists() and not (dst / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("src_name,to", [("gptq_w4_g128_sym", "awq"), ("gptq_w4_g128_sym", "mlx"),
+                                         ("gptq_w4_g128_sym", "compressed-tensors"),
+                                         ("gguf/minilm_gguf_Q4_0.gguf", "gguf")])
+def test_every_writer_is_deterministic(tmp_path, src_name, to):
+    src = SAMPLES / src_name
+    outs = []
+    for i in (1, 2):
+        dst = tmp_path / (f"o{i}.gguf" if to == "gguf" else f"o{i}")
+        r = run("convert", src, dst, "--to", to)
+        assert r.exit_code == 0, r.output
+        outs.append(hashes(dst) if dst.is_dir() else sha256_file(dst))
+    assert outs[0] == outs[1]

@@ -1,0 +1,226 @@
+"""CASES.md faults a validator should catch, each with its right values and the right finding."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import converter
+from converter.formats import gptq
+from converter.groups import GroupMap
+from converter.layout import IN, OUT
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
+from converter.validate import validate
+from converter.validate.interpretations import alternatives
+from tests.conftest import SAMPLES
+from tests.validate.helpers import OUTPUT, assert_finding, copy_sample, edit_config, edit_tensors, FP16
+
+U4 = QuantScheme(4, False, ZeroPoint.NONE, "F16")
+U4Z = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
+
+
+def _write_gptq(tmp_path, t, name="m", **kw):
+    d = tmp_path / name
+    gptq.write_gptq(Checkpoint.from_tensors([t]), d, **kw)
+    return d
+
+
+def test_b01_v2_zeros_read_as_v1(tmp_path):
+    stored = np.array([[8, 12], [5, 8], [15, 0], [8, 9]], dtype=np.uint8)  # [I=4, O=2]
+    t = QuantizedTensor("m.fc.weight", (OUT, IN), stored.T.copy(), np.array([[0.5], [0.25]], np.float16), U4,
+                        GroupMap.per_channel(OUT))
+    right = np.array([[0, -1.5, 3.5, 0], [1.0, 0, -2.0, 0.25]], np.float32)
+    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    assert np.array_equal(converter.load(d)["m.fc.weight"].dequantize(), right)
+    assert validate(d).findings == []
+    edit_config(d, lambda qc: qc.update(checkpoint_format="gptq", format="gptq"))  # the buggy reading
+    wrong = converter.load(d)["m.fc.weight"]
+    assert np.array_equal(wrong.dequantize(), [[-0.5, -2.0, 3.0, -0.5], [0.75, -0.25, -2.25, 0]])
+    assert np.array_equal(alternatives(wrong)["zero -1"], right)
+    f = assert_finding(validate(d), "zero-convention", "m.fc.weight")
+    assert f.evidence["claimed"] == "gptq" and f.evidence["inferred"] == "gptq_v2" and f.evidence["raw_field_counts"] == {"8": 2}
+
+
+def test_b03_unmasked_v1_zero_packing_is_caught_against_the_reference(tmp_path):
+    z = np.array([3, 4, 5, 6, 7, 0, 2, 9])
+    q = np.tile(np.array([0, 5, 15], np.uint8), (8, 1))  # (out=8, in=3)
+    s = np.float16(0.1)
+    d = tmp_path / "b03"
+    d.mkdir()
+    qweight = gptq.codes_map(4).to_stored(q, (OUT, IN))
+    save_file({"m.fc.qweight": qweight, "m.fc.qzeros": np.array([[0xFFF65432]], np.uint32).view(np.int32),
+               "m.fc.scales": np.full((1, 8), s, np.float16), "m.fc.g_idx": np.zeros(3, np.int32)},
+              str(d / "model.safetensors"), metadata={"format": "pt"})
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": -1, "sym": False, "desc_act": False,
+          "checkpoint_format": "gptq"}
+    (d / "config.json").write_text(json.dumps({"quantization_config": qc}))
+    right = (q.astype(np.float32) - z[:, None]) * np.float32(s)
+    assert np.allclose(right[5], [0, 0.5, 1.5], atol=1e-3)
+    save_file({"m.fc.weight": right}, str(tmp_path / "ref.safetensors"))
+    rep = validate(d, reference=tmp_path / "ref.safetensors")
+    f = assert_finding(rep, "reference-mismatch", "m.fc.weight")
+    assert f.evidence["rms_steps"] > 1
+
+
+def test_b09_linear_nibbles_under_an_awq_config(tmp_path):
+    from converter.formats.awq import GEMM_QWEIGHT
+    # 8 codes packed linearly -> 0x87654321; the AWQ unpacker reads [1,5,2,6,3,7,4,8]
+    words = GEMM_QWEIGHT.__class__(GEMM_QWEIGHT.stored_axes, GEMM_QWEIGHT.packed_axis, 4, "I32").to_stored(
+        np.arange(1, 9, dtype=np.uint8).reshape(8, 1), (OUT, IN))
+    assert int(words.view(np.uint32)[0, 0]) == 0x87654321
+    read = GEMM_QWEIGHT.to_logical(words, (OUT, IN), {OUT: 8, IN: 1})
+    assert read[:, 0].tolist() == [1, 5, 2, 6, 3, 7, 4, 8]
+    t = QuantizedTensor("m.fc.weight", (OUT, IN), read, np.full((8, 1), 0.5, np.float16), U4Z,
+                        GroupMap.per_channel(OUT), zero_points=np.full((8, 1), 8, np.int16), stored={"codes": GEMM_QWEIGHT})
+    assert t.dequantize()[:, 0].tolist() == [-3.5, -1.5, -3.0, -1.0, -2.5, -0.5, -2.0, 0.0]
+    assert alternatives(t)["nibble order sequential"][:, 0].tolist() == [-3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0]
+    # on the real AWQ sample: output.dense repacked linearly, config unchanged
+    from dataclasses import replace
+    d = copy_sample("awq_gemm_w4_g128_zp", tmp_path)
+    real = converter.load(SAMPLES / "awq_gemm_w4_g128_zp")[OUTPUT]
+    linear = replace(GEMM_QWEIGHT, order=None)
+    edit_tensors(d, lambda s: s.__setitem__("encoder.layer.0.output.dense.qweight", linear.to_stored(real.codes, (OUT, IN))))
+    f = assert_finding(validate(d, reference=FP16), "layout-mismatch", OUTPUT)
+    assert f.evidence["best_alternative"] == "nibble order sequential"
+    # without the reference: AWQ packs across rows, so the codes land beside other rows' zero points
+    f = assert_finding(validate(d), "nibble-order", OUTPUT)
+    assert f.evidence["best_alternative"] == "nibble order sequential"
+    assert f.evidence["alternative_spread"] < 0.3 < 1.0 < f.evidence["declared_spread"]
+
+
+def test_b11_g_idx_with_act_order_not_declared(tmp_path):
+    t = QuantizedTensor("m.fc.weight", (OUT, IN), np.array([[10, 11, 12, 13]], np.uint8),
+                        np.array([[0.1, 1.0]], np.float16), U4,
+                        GroupMap.per_group(2, IN, np.array([1, 0, 1, 0], np.int32)))
+    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    back = converter.load(d)["m.fc.weight"]
+    assert np.allclose(back.dequantize(), [[2.0, 0.3, 4.0, 0.5]], rtol=1e-3)
+    assert np.allclose(alternatives(back)["sequential groups (g_idx ignored)"], [[0.2, 0.3, 4.0, 5.0]], rtol=1e-3)
+    assert not [f for f in validate(d).findings if f.code == "g-idx"]  # desc_act true: declared
+    edit_config(d, lambda qc: qc.update(desc_act=False))
+    f = assert_finding(validate(d), "g-idx", "m.fc.weight")
+    assert "act-order" in f.message and f.evidence["first_difference"] == 0
+
+
+def test_b12_actorder_on_a_channel_scheme(tmp_path):
+    d = copy_sample("ct_pack_w8a16_channel_sym", tmp_path)
+    edit_config(d, lambda qc: qc["config_groups"]["group_0"]["weights"].update(actorder="static"))
+    rep = validate(d)
+    f = assert_finding(rep, "config-mismatch")
+    assert "actorder requires strategy=group and a g_idx of length I" in f.message and rep.exit_code == 1
+
+
+@pytest.mark.parametrize("width, group, padded, legal", [(6, 4, 8, []), (192, 128, 256, [16, 32, 64])])
+def test_b13_b14_partial_group_reports_padding_and_legal_sizes(tmp_path, width, group, padded, legal):
+    rel = np.resize(np.array([2, -1, 3, 1, 4, -2]), width)
+    ng = -(-width // group)
+    scales = np.resize(np.array([0.125, 0.5], np.float16), ng).reshape(1, ng)
+    t = QuantizedTensor("m.fc.weight", (OUT, IN), (rel + 8).astype(np.uint8).reshape(1, width), scales, U4,
+                        GroupMap.per_group(group, IN))
+    d = _write_gptq(tmp_path, t)
+    back = converter.load(d)["m.fc.weight"].dequantize()
+    if width == 6:
+        assert back.tolist() == [[0.25, -0.125, 0.375, 0.125, 2.0, -1.0]]  # the tail keeps its own scale
+    rep = validate(d)
+    f = assert_finding(rep, "group-tail", "m.fc.weight")
+    assert f.severity == "info" and rep.exit_code == 0
+    assert (f.evidence["logical_width"], f.evidence["padded_width"], f.evidence["n_groups"]) == (width, padded, ng)
+    assert f.evidence["legal_group_sizes"] == legal
+
+
+def test_b15_layer_left_dense_reports_legal_group_sizes(tmp_path):
+    from converter.validate.probes import probe_tensor
+    q = probe_tensor(16, 128, 64, 4, False, ZeroPoint.NONE, name="m.a.weight")
+    dense = DenseTensor("m.b.weight", np.zeros((4, 4304), np.float16))
+    d = tmp_path / "mlx"
+    converter.save(Checkpoint.from_tensors([q, dense]), d, format="mlx")
+    rep = validate(d)
+    f = assert_finding(rep, "group-skip", "m.b.weight")
+    assert f.evidence["legal_group_sizes"] == [16] and f.evidence["group_size"] == 64 and rep.exit_code == 0
+
+
+def test_b27_bits_and_group_relabeled(tmp_path):
+    d = copy_sample("mlx_affine_g64_b4", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization"] = cfg["quantization_config"] = {"group_size": 128, "bits": 2, "mode": "affine"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    f = assert_finding(validate(d), "config-mismatch")
+    assert "bits=4, group_size=64" in f.evidence["expected"]
+
+
+def test_b29_padded_vs_dense_3bit_packing(tmp_path):
+    from converter.validate.probes import probe_tensor
+    t = probe_tensor(8, 512, 128, 3, False, ZeroPoint.NONE, name="m.fc.weight")
+    d = tmp_path / "ct3"
+    converter.save(Checkpoint.from_tensors([t]), d, format="compressed-tensors")
+    assert validate(d).findings == []
+    edit_config(d, lambda qc: qc.update(version="0.17.0"))
+    f = assert_finding(validate(d), "config-mismatch", "m.fc.weight_packed")
+    assert f.evidence["found"] == 48 and "52" in f.evidence["expected"]  # dense words vs padded words for I=512
+
+
+def _tied_dir(tmp_path, head, tie):
+    d = tmp_path / f"tied-{len(list(tmp_path.iterdir()))}"
+    d.mkdir()
+    e = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
+    tensors = {"model.embed_tokens.weight": e}
+    if head is not None:
+        tensors["lm_head.weight"] = np.asarray(head, np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"tie_word_embeddings": tie, "hidden_size": 2, "vocab_size": 3}))
+    return d
+
+
+def test_b32_b33_tied_embeddings(tmp_path):
+    e = [[1, 0], [0, 1], [1, 1]]
+    h = np.array([2, 1], np.float32)
+    assert (h @ np.array(e, np.float32).T).tolist() == [2, 1, 3]
+    dup = validate(_tied_dir(tmp_path, e, True))
+    f = assert_finding(dup, "tied-embeddings", "lm_head.weight")
+    assert f.severity == "warning" and f.evidence["duplicate_bytes"] == 24
+    real_head = [[1, 0], [0, 1], [1.5, 1]]
+    assert (h @ np.array(real_head, np.float32).T).tolist() == [2, 1, 4]
+    f = assert_finding(validate(_tied_dir(tmp_path, real_head, True)), "tied-embeddings", "lm_head.weight")
+    assert f.severity == "error" and f.evidence["max_abs_diff"] == 0.5
+    f = assert_finding(validate(_tied_dir(tmp_path, None, False)), "tied-embeddings", "model.embed_tokens.weight")
+    assert f.severity == "error"
+    assert validate(_tied_dir(tmp_path, real_head, False)).findings == []
+
+
+def test_b34_missing_shard_counts_its_tensors(tmp_path):
+    d = tmp_path / "b34"
+    d.mkdir()
+    save_file({"a.qweight": np.zeros((1, 8), np.int32), "a.scales": np.ones((1, 8), np.float16)}, str(d / "s1.safetensors"))
+    wm = {"a.qweight": "s1.safetensors", "a.scales": "s1.safetensors", "b.qweight": "s2.safetensors",
+          "b.scales": "s2.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    rep = validate(d)
+    f = assert_finding(rep, "missing-shard", "s2.safetensors")
+    assert f.message == "missing shard s2.safetensors (2 tensors)" and rep.exit_code == 1
+
+
+def test_b36_lfs_stub(tmp_path):
+    stub = "version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 9876543210\n"
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+    (d / "model.safetensors").write_text(stub)
+    f = assert_finding(validate(d), "lfs-pointer", "model.safetensors")
+    assert f.evidence["bytes"] == len(stub)
+    # a lone stub file is unreadable (exit 3), and the error says why
+    from converter.errors import CorruptFileError
+    lone = tmp_path / "lone.safetensors"
+    lone.write_text(stub)
+    with pytest.raises(CorruptFileError, match="git-LFS"):
+        validate(lone)
+
+
+def test_b38_block_size_512_is_reported_with_the_exact_reblocking(tmp_path):
+    K, N, G = 2048, 4, 512
+    t = QuantizedTensor("m.fc.weight", (OUT, IN), np.full((N, K), 2, np.uint8), np.full((N, K // G), 0.5, np.float16),
+                        U4Z, GroupMap.per_group(G, IN), zero_points=np.full((N, K // G), 3, np.int16))
+    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    w = converter.load(d)["m.fc.weight"].dequantize()
+    assert (w @ np.ones(K, np.float32)).tolist() == [-1024.0] * N
+    f = assert_finding(validate(d), "group-size", "m.fc.weight")
+    assert f.evidence["group_size"] == 512 and f.evidence["exact_reblock_to"] == 256
