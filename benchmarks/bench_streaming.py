@@ -189,7 +189,7 @@ def command_table(src: Path, work: Path, repeat: int) -> tuple[list[dict], dict]
     cmds = [("inspect", ["inspect", str(src), "--json"], None),
             ("audit", ["audit", str(src), "--json"], None)]
     if has_validate():
-        cmds.append(("validate", ["validate", str(src), "--json", "--quiet"], None))
+        cmds.append(("validate", ["validate", str(src), "--json"], None))
     cmds += [
         ("repack gptq->ct", ["convert", str(src), str(work / "ct"), "--to", "compressed-tensors", "--json",
                              "--overwrite", "--quiet"], work / "ct"),

@@ -327,3 +327,18 @@ def test_blocked_comparison_matches_whole_array_formulas():
         assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-9)
         assert got["output_rel_error"] == pytest.approx(
             output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)
+
+
+def test_gguf_write_identical_for_any_workers(gptq_dir, tmp_path):
+    """GGUF goes through write_at_offsets (offsets fixed after the header): same bytes for 1 or 2 workers."""
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    outs = []
+    for n in (1, 2):
+        with run_options(workers=n):
+            requantize_model(gptq_dir, tmp_path / f"w{n}.gguf", Target(bits=4, granularity="group", group_size=32),
+                             to="gguf", overwrite=True)
+        outs.append((tmp_path / f"w{n}.gguf").read_bytes())
+    assert outs[0] == outs[1]
+    back = load(tmp_path / "w2.gguf")
+    assert back.format == "gguf" and len(back.quantized_names()) == 2 * 7
