@@ -41,6 +41,28 @@ def _handle_errors(fn):
     return wrapper
 
 
+def run_options_flags(fn):
+    """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
+    writes tensor data (see :mod:`converter.io.parallel`)."""
+    @click.option("--workers", type=click.IntRange(1), default=None,
+                  help="Worker processes (default: the number of cores); output is identical for any N.")
+    @click.option("--max-memory", default=None, metavar="SIZE",
+                  help="Working-memory budget for all workers, e.g. 512M or 2G (default 320M); larger tensors go in row blocks.")
+    @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
+    @functools.wraps(fn)
+    def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
+        from .io.parallel import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
+        limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
+        fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
+        try:
+            mem = parse_size(max_memory) if max_memory is not None else None
+        except ConverterError as exc:
+            raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
+        with run_options(workers=workers, max_memory=mem, quiet=quiet):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 @contextlib.contextmanager
 def _usage_errors():
     """The one place option errors become usage errors (exit 2): a ConverterError raised while
@@ -94,6 +116,7 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
 @click.option("--exclude", default=None, help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
+@run_options_flags
 @_handle_errors
 def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
@@ -137,6 +160,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON.")
+@run_options_flags
 @_handle_errors
 def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
@@ -172,6 +196,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
+@run_options_flags
 @_handle_errors
 def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale_search, reference, overwrite,
             report, as_json):

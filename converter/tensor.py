@@ -15,7 +15,7 @@ import numpy as np
 from .dtypes import dtype_name
 from .errors import LayoutError, MissingTensorError, UnsupportedError
 from .groups import GroupMap
-from .layout import AxisMap, check_axes
+from .layout import AxisMap, PackedCodes, check_axes
 from .scheme import QuantScheme, ZeroPoint
 
 
@@ -67,6 +67,26 @@ class DenseTensor:
         return np.asarray(self.data, dtype=np.float32)
 
 
+class _CodesField:
+    """Data descriptor behind ``QuantizedTensor.codes``: a :class:`PackedCodes` is unpacked on first read.
+
+    Readers may hand over codes still in their stored words; whoever reads ``t.codes`` gets the
+    array (unpacked once, then cached), while writers with a compatible layout use ``t.packed``.
+    """
+
+    def __get__(self, obj, owner=None):
+        if obj is None:  # no class-level default (dataclasses treats the field as required)
+            raise AttributeError("codes")
+        value = obj.__dict__["_codes"]
+        if isinstance(value, PackedCodes):
+            value = value.unpack()
+            obj.__dict__["_codes"] = value
+        return value
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["_codes"] = value
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedTensor:
     """A quantized tensor in logical orientation.
@@ -98,7 +118,7 @@ class QuantizedTensor:
 
     name: str
     axes: tuple[str, ...]
-    codes: np.ndarray
+    codes: np.ndarray = _CodesField()
     scales: np.ndarray
     scheme: QuantScheme
     group_map: GroupMap
@@ -115,20 +135,25 @@ class QuantizedTensor:
     def _check(self) -> None:
         axes = check_axes(self.axes)
         object.__setattr__(self, "axes", axes)
-        if self.codes.ndim != len(axes):
+        codes = self.__dict__["_codes"]
+        if codes.ndim != len(axes):
             raise LayoutError("codes rank differs from the axes", field="codes", expected=len(axes),
-                              found=self.codes.ndim)
+                              found=codes.ndim)
         s = self.scheme
-        if self.codes.dtype != s.code_dtype:
+        if codes.dtype != s.code_dtype:
             raise LayoutError("codes dtype does not match the scheme", field="codes",
-                              expected=str(s.code_dtype), found=str(self.codes.dtype))
-        if self.codes.size and s.bits < 8:
-            lo, hi = int(self.codes.min()), int(self.codes.max())
+                              expected=str(s.code_dtype), found=str(codes.dtype))
+        if isinstance(codes, PackedCodes):  # b-bit fields hold only in-range codes
+            if codes.bits != s.bits:
+                raise LayoutError("packed code width differs from the scheme", field="codes",
+                                  expected=s.bits, found=codes.bits)
+        elif codes.size and s.bits < 8:
+            lo, hi = int(codes.min()), int(codes.max())
             if lo < s.qmin or hi > s.qmax:
                 raise LayoutError("codes outside the scheme's range", field="codes",
                                   expected=f"[{s.qmin}, {s.qmax}]", found=f"[{lo}, {hi}]")
-        self.group_map.check_shape(self.codes.shape, axes)
-        pshape = self.group_map.param_shape(self.codes.shape, axes)
+        self.group_map.check_shape(codes.shape, axes)
+        pshape = self.group_map.param_shape(codes.shape, axes)
         if tuple(self.scales.shape) != pshape:
             raise LayoutError("scales shape does not match the group map", field="scales",
                               expected=list(pshape), found=list(self.scales.shape))
@@ -157,11 +182,17 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
+        return tuple(self.__dict__["_codes"].shape)
 
     @property
     def numel(self) -> int:
-        return int(self.codes.size)
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def packed(self) -> PackedCodes | None:
+        """The codes still in their stored words (None once unpacked, or when given as an array)."""
+        value = self.__dict__["_codes"]
+        return value if isinstance(value, PackedCodes) else None
 
     def dequantize(self) -> np.ndarray:
         """Reconstructed values, float32, logical shape (see :func:`converter.quant.dequantize`)."""
@@ -169,11 +200,54 @@ class QuantizedTensor:
         return dequantize(self)
 
     def replace(self, **changes: Any) -> "QuantizedTensor":
+        """A copy with ``changes``; codes still packed stay packed."""
         from dataclasses import replace
+        changes.setdefault("codes", self.__dict__["_codes"])
         return replace(self, **changes)
 
 
 Tensor = Union[QuantizedTensor, DenseTensor]
+
+
+def row_splittable(t: Tensor) -> bool:
+    """True when :func:`take_rows` can cut ``t`` along its outermost axis without copying it whole:
+    a dense tensor with a leading axis, or a quantized ``(out, in)`` tensor whose parameters run
+    per ``out`` row (or per tensor) and whose codes are an array or packed along ``in``."""
+    if isinstance(t, DenseTensor):
+        return t.data.ndim >= 1
+    if t.axes != ("out", "in") or t.double_quant is not None:
+        return False
+    gm = t.group_map
+    if gm.granularity.value == "flat_block" or (gm.granularity.value == "group" and gm.axis != "in") \
+            or (gm.granularity.value == "channel" and gm.axis != "out"):
+        return False
+    return t.packed is None or t.packed.rows(0, 0) is not None
+
+
+def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
+    """Rows ``start:stop`` of the outermost logical axis, as a tensor of the same kind.
+
+    Dense data and packed codes are sliced as views (nothing is read until used); scales and
+    zero points are sliced per row (a per-tensor scale is kept); ``g_idx`` runs along ``in`` and
+    is kept. Check :func:`row_splittable` first.
+    """
+    if isinstance(t, DenseTensor):
+        return DenseTensor(t.name, t.data[start:stop])
+    raw = t.__dict__["_codes"]
+    codes = raw.rows(start, stop) if isinstance(raw, PackedCodes) else raw[start:stop]
+    per_tensor = t.group_map.granularity.value == "tensor"
+
+    def cut(a):
+        return a if a is None or per_tensor else a[start:stop]
+    return t.replace(codes=codes, scales=cut(t.scales), zero_points=cut(t.zero_points))
+
+
+def source_arrays(t: Tensor) -> list:
+    """The (possibly memory-mapped) arrays a tensor reads lazily, for :func:`converter.io.parallel.drop_pages`."""
+    if isinstance(t, DenseTensor):
+        return [t.data]
+    raw = t.__dict__["_codes"]
+    return [raw.words] if isinstance(raw, PackedCodes) else [raw]
 
 ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other")
 

@@ -344,7 +344,7 @@ def read_awq(src: Source) -> Checkpoint:
     def load(name: str):
         if name in layers:
             return _load(src, layers[name], zero_point)
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     meta = {"version": version, "config_version": _version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
             "quantization_config": copy.deepcopy(src.quantization_config or {})}

@@ -245,7 +245,7 @@ def read_bnb(src: Source) -> Checkpoint:
     def load(name: str):
         spec = specs[name]
         if spec.kind == "dense":
-            return DenseTensor(name, np.array(src.read(name)))
+            return DenseTensor(name, src.read(name))
         if name in states:
             return _load_4bit(src, spec, states[name])
         return _load_int8(src, spec)

@@ -54,6 +54,7 @@ from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresen
                       UnsupportedError)
 from ..groups import Granularity, GroupMap
 from ..io.atomic import atomic_output
+from ..io.parallel import drop_pages, write_at_offsets
 from ..layout import EXPERT, IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
@@ -488,6 +489,9 @@ def read_gguf(src: Source) -> Checkpoint:
                 perm = _qk_permutation(e.gguf_name, e.shape[0], arch, kv, {}, file=path, tensor=name)
             if perm is not None:
                 out = _permute_rows(out, np.argsort(perm))
+            # the reader maps the whole file once: release the pages this tensor touched (its arrays
+            # are copies), so resident memory does not grow with every tensor read
+            drop_pages(reader.data)
             return out
         except ConverterError as exc:
             raise exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
@@ -801,14 +805,30 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             writer.write_header_to_file(path=Path(tmp))
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for p in plans:
-                data = _encode(ckpt[p.name], p)
-                if data.nbytes != p.nbytes:
-                    raise FormatError("encoded size differs from the plan", tensor=p.name, field="nbytes",
-                                      expected=p.nbytes, found=data.nbytes)
-                writer.write_tensor_data(data)
+            fout = writer.fout[0]
+            fout.flush()
+            # GGUFWriter.write_tensor_data pads to the alignment, writes the tensor, pads its size:
+            # every offset is known now, so tensors are encoded and pwritten in any order / process
+            align = int(writer.data_alignment)
+            start = writer.ggml_pad(fout.tell(), align)
         finally:
             writer.close()
+        offsets, pos = [], start
+        for p in plans:
+            offsets.append(pos)
+            pos += writer.ggml_pad(p.nbytes, align)
+
+        def produce(i: int):
+            p = plans[i]
+            try:
+                data = _encode(ckpt[p.name], p)
+            except ConverterError as exc:
+                raise exc.with_context(tensor=p.name)
+            if data.nbytes != p.nbytes:
+                raise FormatError("encoded size differs from the plan", tensor=p.name, field="nbytes",
+                                  expected=p.nbytes, found=data.nbytes)
+            return offsets[i], data
+        write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes}
     if tie is not None:

@@ -164,6 +164,11 @@ def _join_nibbles(q: np.ndarray) -> np.ndarray:
     return (lo | (hi << np.uint8(4))).astype(np.uint8)
 
 
+#: Q4_0 byte -> ``q - 8`` of its low / high nibble, float32 (:meth:`LegacyCodec.dequantize_raw`).
+_Q4_LO = ((np.arange(256) & 0x0F) - 8).astype(np.float32)
+_Q4_HI = ((np.arange(256) >> 4) - 8).astype(np.float32)
+_Q4_PAIRS = np.stack([_Q4_LO, _Q4_HI], axis=1).view(np.uint64).reshape(256)
+
 _CHUNK_ELEMENTS = 1 << 16
 """Rows are processed in chunks of about this many elements so temporaries stay in cache."""
 
@@ -305,6 +310,45 @@ class LegacyCodec:
             out[start:start + chunks.step] = self._dequantize_rows(_rows_slice(fields, start, start + chunks.step))
         return out
 
+    def dequantize_raw(self, raw: np.ndarray) -> np.ndarray:
+        """Raw blocks straight to float32: ``dequantize(decode(raw))`` without the codes array.
+
+        Q4_0 and Q8_0 read the bytes once: Q4_0 through a 256-entry table (byte -> its two
+        ``q - 8`` values as a float32 pair), then ``d *``, then the pairs are laid out low nibble
+        to element ``j``, high nibble to ``j + 16``; Q8_0 multiplies the int8 bytes by ``d`` in one ufunc pass. Same float32
+        products as :meth:`dequantize`, so the results are bit-identical. Other types decode
+        the fields first.
+
+        Parameters
+        ----------
+        raw : ndarray of uint8, shape (rows, n_blocks * type_size)
+
+        Returns
+        -------
+        ndarray of float32, shape (rows, n_blocks * block_size)
+        """
+        if self.name not in ("Q4_0", "Q8_0"):
+            return self.dequantize(self.decode(raw))
+        blocks = _block_view(raw, self.name, self.type_size)
+        rows, n_blocks, _ = blocks.shape
+        out = np.empty((rows, n_blocks, self.block_size), dtype=np.float32)
+        step = max(1, (1 << 17) // max(1, n_blocks * self.block_size))
+        pairs = np.empty((min(step, rows), n_blocks, 16), dtype=np.uint64) if self.bits == 4 else None
+        for start in range(0, rows, step):
+            b = blocks[start:start + step]
+            o = out[start:start + step]
+            k = b.shape[0]
+            d = np.ascontiguousarray(b[..., :2]).view("<f2")[..., 0].astype(np.float32)[..., None]
+            if self.bits == 8:
+                np.multiply(b[..., 2:].view(np.int8), d, out=o)  # q * d, q widened exactly
+            else:
+                t = pairs[:k]
+                np.take(_Q4_PAIRS, b[..., 2:], out=t, mode="wrap")  # byte j -> (lo - 8, hi - 8)
+                tv = t.view(np.float32).reshape(k, n_blocks, 16, 2)
+                np.multiply(d[..., None], tv, out=tv)  # d * (q - 8)
+                o.reshape(k, n_blocks, 2, 16)[...] = tv.transpose(0, 1, 3, 2)  # lo -> j, hi -> j + 16
+        return out.reshape(rows, n_blocks * self.block_size)
+
     def _dequantize_rows(self, fields: BlockFields) -> np.ndarray:
         """:meth:`dequantize` on one chunk of rows."""
         rows, row_len = fields.codes.shape
@@ -373,8 +417,51 @@ class LegacyCodec:
             out[start:start + chunks.step] = self._encode_rows(values[start:start + chunks.step])
         return out
 
+    def _encode_rows_transposed(self, values: np.ndarray) -> np.ndarray:
+        """Q4_0 / Q8_0 :meth:`encode` of one chunk with the blocks transposed to ``(32, n_blocks)``.
+
+        Per-block reductions over 32 contiguous floats are slow in numpy (one short inner loop
+        per block); on the transposed chunk they are 31 element-wise passes over long rows. The
+        arithmetic is unchanged: Q8_0 ``amax = max|x|``; Q4_0 ``mx`` = the element of largest
+        magnitude, taken from the block max / min, with the first-on-ties rule of
+        ``quantize_row_q4_0_ref`` (and the sign of an all-zero block's first element) resolved by
+        ``argmax`` on the few blocks where ``max == -min``.
+        """
+        rows, row_len = values.shape
+        blocks = values.reshape(-1, self.block_size)
+        t = np.ascontiguousarray(blocks.T)  # (32, M)
+        pmax, nmin = t.max(axis=0), t.min(axis=0)
+        if self.bits == 8:
+            d = np.abs(np.maximum(pmax, -nmin)) / np.float32(127)  # abs: +0.0 for an all-zero block
+        else:
+            mx = np.where(pmax > -nmin, pmax, nmin)
+            tie = pmax == -nmin
+            if tie.any():
+                sub = blocks[tie]
+                mx[tie] = sub[np.arange(sub.shape[0]), np.abs(sub).argmax(axis=1)]
+            d = mx / np.float32(-self.code_offset)
+        _check_f16_range("d", d, self.name)
+        inv = self._inverse(d)
+        t *= inv
+        out = np.empty((blocks.shape[0], self.type_size), dtype=np.uint8)
+        out[:, :2] = _f16_bytes(d.astype(np.float16))
+        if self.bits == 8:
+            codes = np.clip(round_half_away(t), -128, 127).astype(np.int8)
+            out[:, 2:] = codes.view(np.uint8).T
+        else:
+            t += np.float32(self.code_offset + 0.5)
+            np.minimum(t, np.float32(self.code_max), out=t)  # in [0, 2^b + 0.5]: the cast truncates
+            codes = t.astype(np.uint8)
+            half = self.block_size // 2
+            codes[half:] <<= np.uint8(4)
+            codes[half:] |= codes[:half]
+            out[:, 2:] = codes[half:].T
+        return out.reshape(rows, -1)
+
     def _encode_rows(self, values: np.ndarray) -> np.ndarray:
         """:meth:`encode` on one chunk of shape-checked float32 rows."""
+        if self.name in ("Q4_0", "Q8_0"):
+            return self._encode_rows_transposed(values)
         rows, row_len = values.shape
         blocks = values.reshape(rows, row_len // self.block_size, self.block_size)
         d, mn = self._block_scales(blocks)
@@ -385,8 +472,12 @@ class LegacyCodec:
             scaled = (blocks - mn[..., None]) * inv + np.float32(0.5)
             codes = np.clip(np.trunc(scaled), 0, self.code_max).astype(np.uint8)
         else:
-            scaled = blocks * inv + np.float32(self.code_offset + 0.5)
-            codes = np.clip(np.trunc(scaled), 0, self.code_max).astype(np.uint8)
+            scaled = blocks * inv
+            scaled += np.float32(self.code_offset + 0.5)
+            # |x| <= |mx| puts x/d + off + 0.5 in [0, 2^b + 0.5]: trunc is the float -> uint8 cast
+            # there, and only the upper clip can bite
+            np.minimum(scaled, np.float32(self.code_max), out=scaled)
+            codes = scaled.astype(np.uint8)
         mins = None if mn is None else mn.astype(np.float16)
         fields = BlockFields(self.name, codes.reshape(rows, -1), scales=d.astype(np.float16), mins=mins)
         return self.pack(fields)

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..errors import FormatError, MissingTensorError, NotRepresentableError, QuantizationError, UnsupportedError
 from ..groups import Granularity, GroupMap
-from ..layout import IN, OUT, AxisMap
+from ..layout import IN, OUT, AxisMap, PackedCodes
 from ..quant.recode import as_integer_zero, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
@@ -319,7 +319,7 @@ class _Module:
 
     def load(self, src: Source) -> QuantizedTensor:
         n, b, O, I, nG = self.names, self.bits, self.O, self.I, self.n_groups
-        codes = codes_map(b).to_logical(src.read(n["qweight"]), (OUT, IN), {IN: I, OUT: O})
+        codes = PackedCodes(src.read(n["qweight"]), codes_map(b), (OUT, IN), {IN: I, OUT: O}, signed=False)
         scales = np.ascontiguousarray(SCALES_MAP.to_logical(src.read(n["scales"]), (OUT, IN), {IN: nG, OUT: O}))
         zeros = self.zeros(src)
         gm = self.group_map
@@ -402,7 +402,7 @@ def read_gptq(src: Source) -> Checkpoint:
 
     def load(name: str):
         m = modules.get(name)
-        return m.load(src) if m is not None else DenseTensor(name, np.array(src.read(name)))
+        return m.load(src) if m is not None else DenseTensor(name, src.read(name))
 
     meta = {"checkpoint_format": fmt, "quantization_config": qcfg,
             "v1_zero_decode": ("word-level + packed constant (GPTQModel convert_gptq_v1_to_v2_format_module); "
@@ -530,7 +530,8 @@ def _encode(t: QuantizedTensor, *, v1: bool, allow_rounding: bool, notes: list[s
         g_idx = gm.g_idx if gm.g_idx is not None else (np.arange(I, dtype=np.int32) // gm.group_size)
     else:
         g_idx = np.zeros(I, dtype=np.int32)
-    return {f"{prefix}.qweight": codes_map(b).to_stored(t.codes, (OUT, IN)),
+    raw = t.packed if t.packed is not None else t.codes
+    return {f"{prefix}.qweight": codes_map(b).store_codes(raw, (OUT, IN)),
             f"{prefix}.qzeros": encode_qzeros(zeros, b, v1=v1),
             f"{prefix}.scales": SCALES_MAP.to_stored(np.ascontiguousarray(s16), (OUT, IN)),
             f"{prefix}.g_idx": np.ascontiguousarray(g_idx, dtype=np.int32)}

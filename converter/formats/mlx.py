@@ -40,7 +40,7 @@ from ..layout import EXPERT, IN, OUT, AxisMap
 from ..quant.recode import as_float_bias, as_groups, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
-from .plan import TensorPlan, dense_plan, write_model_dir
+from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
@@ -318,7 +318,7 @@ def read_mlx(src: Source) -> Checkpoint:
         spec = specs[name]
         if spec.kind == "quantized":
             return _load(src, spec, modes[name])
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config,
                       metadata={"quantization": qcfg, "modes": modes}, files=[str(f) for f in src.files],
@@ -457,7 +457,9 @@ def _plan(spec: TensorSpec) -> TensorPlan:
         codes, scales, biases, _exact = as_affine(as_groups(t, g))
         return {f"{p}.weight": cmap.to_stored(codes, t.axes), f"{p}.scales": np.ascontiguousarray(scales),
                 f"{p}.biases": np.ascontiguousarray(biases)}
-    return TensorPlan(spec.name, outs, encode, notes)
+    plan = TensorPlan(spec.name, outs, encode, notes)
+    # weight [out, in*b/32], scales / biases [out, n_groups]: every array is a block of rows
+    return rows_plan(plan) if tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group" else plan
 
 
 def mlx_config(ckpt: Checkpoint) -> dict:

@@ -19,11 +19,11 @@ import numpy as np
 from ..dtypes import dtype_name
 from ..errors import FormatError, LayoutError
 from ..groups import GroupMap
-from ..layout import IN, AxisMap
+from ..layout import IN, OUT, AxisMap
 from ..scheme import QuantScheme
 from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
                       opaque_reason)
-from .plan import TensorPlan, dense_plan, write_single_file
+from .plan import TensorPlan, dense_plan, rows_plan, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
@@ -107,7 +107,15 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
         outs.append((d["zero_points"]["tensor"], zdt, pshape))
     if d["g_idx"]:
         outs.append((d["g_idx"]["tensor"], "I32", (spec.shape[axes.index(spec.group_map.axis)],)))
-    return TensorPlan(name, outs, _outputs), d
+    plan = TensorPlan(name, outs, _outputs)
+    if axes == (OUT, IN):  # codes [out, in/w], parameters [out, ...] (per tensor and g_idx: row-independent)
+        once = [o[0] for o in outs if o[0].endswith(".g_idx")]
+        if spec.group_map.granularity.value == "tensor":
+            once += [o[0] for o in outs[1:] if not o[0].endswith(".g_idx")]
+        elif spec.group_map.granularity.value == "group" and spec.group_map.axis != IN:
+            return plan, d
+        rows_plan(plan, once=once)
+    return plan, d
 
 
 def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str], dict | None]:
@@ -251,7 +259,7 @@ def read_native(src: Source) -> Checkpoint:
     def load(name: str):
         if name in descs:
             return _load_quantized(src, name, descs[name])
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     config = json.loads(meta["qckpt.config"]) if "qckpt.config" in meta else None
     return Checkpoint(specs, load, format="native", path=str(src.path), config=config,

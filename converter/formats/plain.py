@@ -14,7 +14,7 @@ import numpy as np
 from ..dtypes import float_dtype
 from ..errors import FormatError
 from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec, opaque_reason
-from .plan import TensorPlan, dense_plan, write_model_dir, write_single_file
+from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
 
@@ -29,7 +29,7 @@ def read_plain(src: Source) -> Checkpoint:
         specs[name] = TensorSpec(name, "dense", info.shape,
                                  (StoredArray(name, "dense", info.dtype, info.shape, info.nbytes, src.file_of(name).name),),
                                  dtype=info.dtype)
-    return Checkpoint(specs, lambda n: DenseTensor(n, np.array(src.read(n))), format="plain", path=str(src.path),
+    return Checkpoint(specs, lambda n: DenseTensor(n, src.read(n)), format="plain", path=str(src.path),
                       config=src.config, metadata={}, files=[str(f) for f in src.files],
                       extra_files=[str(p) for p in src.extra_files()])
 
@@ -51,9 +51,9 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
         else:
-            plans.append(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                    lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
-                                    [f"dequantized to {dtype}"]))
+            plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
+                                              lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
+                                              [f"dequantized to {dtype}"])))
     return plans
 
 

@@ -13,6 +13,7 @@ any order with ``os.pwrite``.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -309,6 +310,22 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     return SafetensorsHeader(path, n, 8 + n, {t.name: t for t in infos}, metadata, file_size)
 
 
+#: Tensors up to this size are mapped with ``MAP_POPULATE``: one system call maps every page
+#: instead of one page fault per 4 KiB (about 2x less system time reading a checkpoint). Larger
+#: ones stay lazily mapped, so a row-block reader holds only the rows it touches.
+POPULATE_MAX = 64 * 2**20
+
+
+def _map_populated(path: Path, offset: int, nbytes: int) -> np.ndarray:
+    """Read-only ``uint8[nbytes]`` view of ``path[offset:offset+nbytes]``, prefaulted (the map lives
+    as long as the array, like ``numpy.memmap``)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), offset - start + nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                       prot=mmap.PROT_READ, offset=start)
+    return np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=offset - start)
+
+
 def read_tensor(header: SafetensorsHeader, name: str) -> np.ndarray:
     """A read-only view of one tensor, memory-mapped.
 
@@ -342,6 +359,8 @@ def read_tensor(header: SafetensorsHeader, name: str) -> np.ndarray:
     np_dtype = DTYPES[info.dtype].numpy
     if info.nbytes == 0:
         raw = np.empty(0, dtype=np.uint8)
+    elif info.nbytes <= POPULATE_MAX and hasattr(mmap, "MAP_POPULATE"):
+        raw = _map_populated(header.path, header.data_start + info.begin, info.nbytes)
     else:
         raw = np.memmap(header.path, dtype=np.uint8, mode="r", offset=header.data_start + info.begin,
                         shape=(info.nbytes,))
@@ -549,6 +568,7 @@ class SafetensorsWriter:
         self.path = Path(path)
         prefix, self._plan = plan_header(entries, metadata)
         self._written: set[str] = set()
+        self._rows: dict[str, int] = {}
         self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -587,6 +607,75 @@ class SafetensorsWriter:
         except ConverterError as exc:
             raise exc.with_context(file=self.path) from None
         self._pwrite(view, slot.offset)
+        self._written.add(name)
+
+    def slot(self, name: str) -> _Planned:
+        """The planned dtype, shape, absolute offset and size of ``name``."""
+        slot = self._plan.get(name)
+        if slot is None:
+            raise FormatError("tensor was not planned", file=self.path, tensor=name,
+                              expected=f"one of {list(self._plan)[:10]}", found="unplanned name")
+        return slot
+
+    def write_rows(self, name: str, array: np.ndarray, row_start: int) -> int:
+        """Write rows ``row_start .. row_start + len(array)`` of a planned tensor (leading axis).
+
+        Blocks may come in any order; the tensor counts as written once every row has been.
+        Returns the number of bytes written.
+
+        Raises
+        ------
+        FormatError
+            Unplanned name, a dtype or trailing-shape mismatch, rows out of range, a tensor
+            already complete, or a sub-byte dtype (F4 / F6 rows are not byte-addressable).
+        """
+        if self._fd is None:
+            raise FormatError("writer is closed", file=self.path, tensor=name)
+        slot = self.slot(name)
+        if name in self._written:
+            raise FormatError("tensor written twice", file=self.path, tensor=name)
+        array = np.asarray(array)
+        np_dtype = DTYPES[slot.dtype].numpy
+        if np_dtype is None or not slot.shape:
+            raise FormatError("row blocks need a byte-addressable tensor with a leading axis", file=self.path,
+                              tensor=name, field="dtype", found=slot.dtype)
+        found = name_for_numpy(array.dtype)
+        if found != slot.dtype:
+            raise FormatError("dtype does not match the plan", file=self.path, tensor=name, field="dtype",
+                              expected=slot.dtype, found=found)
+        n = array.shape[0] if array.ndim else 0
+        if tuple(array.shape[1:]) != slot.shape[1:] or row_start < 0 or row_start + n > slot.shape[0]:
+            raise FormatError("row block does not fit the plan", file=self.path, tensor=name, field="shape",
+                              expected=f"rows within [0, {slot.shape[0]}) x {list(slot.shape[1:])}",
+                              found=f"rows [{row_start}, {row_start + n}) x {list(array.shape[1:])}")
+        row_bytes = slot.nbytes // slot.shape[0] if slot.shape[0] else 0
+        data = np.ascontiguousarray(array, dtype=np_dtype)
+        self._pwrite(memoryview(data.reshape(-1).view(np.uint8)), slot.offset + row_start * row_bytes)
+        self.mark_rows(name, n)
+        return n * row_bytes
+
+    def mark_rows(self, name: str, n: int) -> None:
+        """Count ``n`` rows of ``name`` as written (by this or another process)."""
+        slot = self.slot(name)
+        done = self._rows.get(name, 0) + int(n)
+        if done > slot.shape[0]:
+            raise FormatError("more rows written than planned", file=self.path, tensor=name,
+                              expected=slot.shape[0], found=done)
+        self._rows[name] = done
+        if done == slot.shape[0]:
+            self._written.add(name)
+
+    def adopt(self, names) -> None:
+        """Count ``names`` as written (by a worker process at their planned offsets); idempotent."""
+        for name in names:
+            self.slot(name)
+            self._written.add(name)
+
+    def mark_written(self, name: str) -> None:
+        """Count ``name`` as written (its bytes were written by a worker process at its offset)."""
+        self.slot(name)
+        if name in self._written:
+            raise FormatError("tensor written twice", file=self.path, tensor=name)
         self._written.add(name)
 
     def _abort(self) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from ..audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
 from ..errors import FormatError
 from ..groups import GroupMap
+from ..io.parallel import SharedDict
 from ..layout import IN, OUT
 from ..quant.metrics import error_stats
 from ..quant.quantize import quantize
@@ -68,7 +69,7 @@ def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
 def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> tuple[Checkpoint, dict[str, dict]]:
     """A lazily quantized view of ``src`` and the dict its per-tensor stats are recorded into."""
     scheme, gm = opts.scheme(), opts.group_map()
-    stats: dict[str, dict] = {}
+    stats: dict[str, dict] = SharedDict()  # filled by the loader, possibly in worker processes
     specs: dict[str, TensorSpec] = {}
     for spec in src.specs():
         if selected(spec, opts):

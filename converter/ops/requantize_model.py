@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ConverterError, NotRepresentableError
 from ..formats import registry
+from ..io.parallel import SharedDict
 from ..quant.error_report import summarize, tensor_report
 from ..quant.requant import Target, classify, requantize, target_probe
 from ..tensor import Checkpoint, QuantizedTensor, spec_of
@@ -27,10 +28,30 @@ OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G
 
 
 def _digest(t: QuantizedTensor) -> str:
-    """sha256 of the dequantized float32 values (logical shape) and the shape."""
+    """sha256 of what the dequantized values are a function of: the scheme (up to the scale dtype),
+    groups, shape, and the codes (unsigned domain), float32 scales and float32 zero points (explicit
+    integer zero points, so a symmetric centre and its explicit zero agree).
+
+    Equal digests mean identical dequantized float32 values (dequantize is a deterministic function
+    of exactly these), at a quarter of the bytes to hash of the values themselves. A tensor whose
+    zero points have no integer form (float biases) is hashed by its values instead.
+    """
     import hashlib
-    d = np.ascontiguousarray(t.dequantize())
-    return hashlib.sha256(repr(d.shape).encode() + d.tobytes()).hexdigest()
+    from ..quant.recode import as_integer_zero, as_unsigned
+    try:
+        c = as_integer_zero(as_unsigned(t))
+    except ConverterError:
+        d = np.ascontiguousarray(t.dequantize())
+        return "v:" + hashlib.sha256(repr(d.shape).encode() + memoryview(d).cast("B")).hexdigest()
+    gm = c.group_map
+    h = hashlib.sha256(repr((c.shape, c.axes, c.scheme.replace(scale_dtype="F32"), gm.granularity.value, gm.axis,
+                             gm.group_size)).encode())
+    if gm.g_idx is not None:
+        h.update(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data)
+    h.update(np.ascontiguousarray(c.codes).data)
+    h.update(np.ascontiguousarray(c.scales, dtype=np.float32).data)
+    h.update(np.ascontiguousarray(c.zero_points, dtype=np.float32).data)
+    return "p:" + h.hexdigest()
 
 
 def plan(ckpt: Checkpoint, target: Target) -> dict[str, tuple[str, str]]:
@@ -45,8 +66,9 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     specs = {}
     for spec in src.specs():
         specs[spec.name] = spec_of(target_probe(spec, target)) if spec.kind == "quantized" else spec
-    rows: dict[str, dict] = {}
-    written: dict[str, Any] = {}
+    # filled by the loader, which may run in worker processes (converter.io.parallel)
+    rows: dict[str, dict] = SharedDict()
+    written: dict[str, Any] = SharedDict()
 
     def load(name: str):
         t = src[name]

@@ -24,8 +24,120 @@ N_INPUTS = 8
 SEED = 0
 
 
+#: Elements per block of the fused comparison (rows x in).
+_BLOCK = 1 << 17
+#: Tensors above this many elements get their output error from float32 products.
+LARGE = 1 << 20
+#: Elements per GEMM super-block of the output error.
+_GEMM_BLOCK = 1 << 22
+
+
+def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str, Any] | None:
+    """:func:`comparison` in one pass of cache-sized row blocks (2-D ``(out, in)``; groups per tensor,
+    per ``out`` channel or along ``in`` without ``g_idx``), or None when not applicable.
+
+    The same figures with float64 accumulation; sums are formed block by block, so the last
+    digits may differ from the whole-array formulas (the figures are reports, not outputs).
+    """
+    g = group_map.granularity.value
+    same = approx is None  # known identical: only the reference's own figures are computed
+    if (tuple(axes) != ("out", "in") or ref.ndim != 2 or (not same and ref.shape != approx.shape) or ref.size == 0
+            or not (g == "tensor" or (g == "channel" and group_map.axis == "out")
+                    or (g == "group" and group_map.axis == "in" and group_map.g_idx is None))):
+        return None
+    rows, n = ref.shape
+    G = int(group_map.group_size) if g == "group" else n
+    nfull, full = n // G, (n // G) * G
+    ngr = nfull + (1 if full < n else 0)
+    x = np.random.default_rng(SEED).standard_normal((n, N_INPUTS))
+    # float64 products for small tensors; above LARGE elements float32 GEMMs of W and of the
+    # error E = W' - W (so W'X - WX is never a difference of two large products): relative
+    # precision ~1e-6, far finer than the 8-input estimate itself. GEMMs run on super-blocks of
+    # _GEMM_BLOCK elements (few BLAS calls: waking BLAS threads per small block costs more than
+    # the products), the other figures on cache-sized blocks inside them.
+    large = rows * n > LARGE
+    x32 = x.astype(np.float32) if large else None
+    outer = max(1, (_GEMM_BLOCK if large else LARGE) // n)
+    step = max(1, _BLOCK // n)
+    sr = oe = orf = 0.0
+    max_abs = 0.0
+    changed = 0
+    row_se = np.empty(rows, dtype=np.float64)
+    grp_se = np.empty((rows, ngr), dtype=np.float64)
+    for o0 in range(0, rows, outer):
+        o1 = min(rows, o0 + outer)
+        A = np.asarray(ref[o0:o1], dtype=np.float32)
+        if same:
+            y = (A @ x32).astype(np.float64) if large else A.astype(np.float64) @ x
+            orf += float(np.sum(y * y))
+            row_se[o0:o1] = 0.0
+            grp_se[o0:o1] = 0.0
+            for r0 in range(o0, o1, step):
+                a64 = A[r0 - o0:min(o1, r0 + step) - o0].astype(np.float64)
+                sr += float(np.einsum("ij,ij->", a64, a64))
+            continue
+        B = np.asarray(approx[o0:o1], dtype=np.float32)
+        E = B - A  # float32, as error_stats forms it
+        if large:
+            y = (A @ x32).astype(np.float64)
+            dy = (E @ x32).astype(np.float64)
+        else:
+            y = A.astype(np.float64) @ x
+            dy = B.astype(np.float64) @ x
+            dy -= y
+        orf += float(np.sum(y * y))
+        oe += float(np.sum(dy * dy))
+        for r0 in range(o0, o1, step):
+            r1 = min(o1, r0 + step)
+            a, e = A[r0 - o0:r1 - o0], E[r0 - o0:r1 - o0]
+            changed += int(np.count_nonzero(e))
+            if e.size:
+                max_abs = max(max_abs, float(e.max()), -float(e.min()))
+            e64 = e.astype(np.float64)
+            e64 *= e64
+            if nfull:
+                grp_se[r0:r1, :nfull] = e64[:, :full].reshape(r1 - r0, nfull, G).sum(axis=2)
+            if full < n:
+                grp_se[r0:r1, nfull] = e64[:, full:].sum(axis=1)
+            row_se[r0:r1] = grp_se[r0:r1].sum(axis=1)
+            a64 = a.astype(np.float64)
+            sr += float(np.einsum("ij,ij->", a64, a64))
+        del A, B, E
+    se = float(row_se.sum())
+    numel = rows * n
+    mse = se / numel
+    exact = se == 0.0
+    st = {"numel": numel, "mse": mse, "rmse": float(np.sqrt(mse)), "max_abs": max_abs,
+          "rel_frobenius": float(np.sqrt(se / sr)) if sr > 0 else None,
+          "sqnr_db": None if exact or sr == 0 else float(10.0 * np.log10(sr / se)),
+          "exact": exact, "changed_fraction": changed / numel}
+    per_row = row_se / n
+    i = int(np.argmax(per_row))
+    wc = {"index": [i], "mse": float(per_row[i])}
+    if g == "tensor":
+        wg = {"index": [0, 0], "mse": mse, "elements": numel}
+    else:
+        counts = np.full(ngr, G, dtype=np.float64)
+        if full < n:
+            counts[-1] = n - full
+        per = grp_se / counts
+        k = int(np.argmax(per))
+        r, c = divmod(k, ngr)
+        wg = {"index": [r, c], "mse": float(per[r, c]), "elements": int(counts[c])}
+    out_rel = float(np.sqrt(oe / orf)) if orf > 0 else (0.0 if oe == 0 else None)
+    st.update(worst_channel=wc, worst_group=wg, output_rel_error=out_rel, _sse=se, _ssr=sr,
+              _out_sq_err=oe, _out_sq_ref=orf)
+    return st
+
+
 def comparison(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str, Any]:
     """All error figures of ``approx`` against ``ref`` (both float32, logical shape)."""
+    fast = _comparison_blocked(ref, approx, group_map, axes)
+    if fast is not None:
+        return fast
+    from .kernels import Rows
+    ref = ref.array() if isinstance(ref, Rows) else ref
+    approx = approx.array() if isinstance(approx, Rows) else approx
     st = error_stats(ref, approx).to_json()
     out = output_error(ref, approx, axes, n_inputs=N_INPUTS, seed=SEED)
     r64 = np.asarray(ref, dtype=np.float64).reshape(-1)
@@ -58,9 +170,15 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
     reference : float32 original weights (logical shape), optional.
     src_spec : the source's TensorSpec (for the stored ``g_idx`` cost); defaults to ``spec_of(src)``.
     """
+    from .kernels import Rows
     info = info or {}
-    a, b = src.dequantize(), out.dequantize()
-    vs_src = comparison(a, b, out.group_map, out.axes)
+    a = info.pop("_values", None)  # the source values requantize() already computed
+    identical = info.pop("_identical", False)  # an exact carry, checked value for value
+    # values dequantized block by block as the comparison reads them (never whole matrices)
+    a = Rows(a if a is not None else src)
+    b = a if identical else Rows(out)
+    vs_src = (_comparison_blocked(a, None, out.group_map, out.axes) if identical else None) \
+        or comparison(a, b, out.group_map, out.axes)
     gm = out.group_map
     partial = gm.partial_tail(out.shape, out.axes)
     n_partial = 0
@@ -88,6 +206,8 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
                                "gain_db": gain, "ratios_chosen": s["ratios_chosen"]}
     if reference is not None:
         ref = np.asarray(reference, dtype=np.float32)
+        if ref.ndim != 2:
+            a, b = a.array(), b.array()
         row["vs_reference"] = {"source": comparison(ref, a, src.group_map, src.axes),
                                "target": comparison(ref, b, out.group_map, out.axes)}
     return row

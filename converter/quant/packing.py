@@ -28,6 +28,7 @@ C-contiguous.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -355,6 +356,15 @@ def pack_codes(codes: np.ndarray, bits: int, *, axis: int, container: np.dtype =
     n = codes.shape[axis]
     shape = list(codes.shape)
     shape[axis] = packed_length(n, bits, container=container, layout=layout)
+    per_word = width // bits
+    if (axis == codes.ndim - 1 and bits in (4, 8) and slots == tuple(range(per_word)) and n % per_word == 0
+            and sys.byteorder == "little"):
+        # whole words of LSB-first 4/8-bit fields along the last axis are that many little-endian
+        # bytes: build the bytes and view them as words
+        u8 = codes.astype(np.uint8, copy=False)
+        if bits == 4:
+            u8 = u8[..., 0::2] | (u8[..., 1::2] << np.uint8(4))
+        return np.ascontiguousarray(u8).view(container).reshape(shape)
     out = np.zeros(shape, dtype=container)
     for code_block, word_block in _blocks(codes.shape, axis, *_unit(bits, width, layout)):
         _pack_into(out[word_block], codes[code_block], bits, axis, layout, slots)

@@ -41,6 +41,10 @@ def dequantize(t) -> np.ndarray:
     -------
     ndarray of float32, shape ``t.shape``.
     """
+    from .kernels import dequantize_blocked
+    fast = dequantize_blocked(t)
+    if fast is not None:  # same arithmetic, in cache-sized row blocks (straight from packed words)
+        return fast
     s = t.scheme
     scale = _expand(t, t.scales.astype(np.float32))
     if s.codebook is not None:
@@ -184,8 +188,17 @@ def quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, *, na
     """
     from ..tensor import QuantizedTensor
 
-    x = np.asarray(values, dtype=np.float32)
+    from .kernels import quantize_blocked
+    x = np.asarray(values)
+    if x.dtype not in (np.float32, np.float16) and not (x.dtype.kind == "V" or "bfloat16" in str(x.dtype)):
+        x = x.astype(np.float32)
     group_map.check_shape(x.shape, axes)
+    fast = quantize_blocked(x, scheme, group_map, axes, tensor=name)
+    if fast is not None:  # same formulas in cache-sized row blocks (bit-identical)
+        scales, zps, codes = fast
+        return QuantizedTensor(name=name, axes=tuple(axes), codes=codes, scales=scales, scheme=scheme,
+                               group_map=group_map, zero_points=zps)
+    x = np.asarray(x, dtype=np.float32)
     scales, zps = choose_params(x, scheme, group_map, axes, tensor=name)
     if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:
         zps = zps.astype(scheme.code_dtype)

@@ -26,7 +26,7 @@ def as_unsigned(t):
     if not s.signed:
         return t
     off = 1 << (s.bits - 1)
-    codes = (t.codes.astype(np.int16) + off).astype(np.uint8)
+    codes = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) + off).astype(np.uint8)
     zp = t.zero_points
     if s.zero_point is ZeroPoint.INTEGER:
         zp = (zp.astype(np.int16) + off).astype(np.uint8)
@@ -53,7 +53,7 @@ def as_signed(t):
     if s.codebook is not None:
         raise NotRepresentableError("codebook indices have no signed form", tensor=t.name, field="scheme.codebook")
     off = 1 << (s.bits - 1)
-    codes = (t.codes.astype(np.int16) - off).astype(np.int8)
+    codes = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) - off).astype(np.int8)
     zp = t.zero_points
     if s.zero_point is ZeroPoint.INTEGER:
         zp = (zp.astype(np.int16) - off).astype(np.int8)

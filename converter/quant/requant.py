@@ -255,6 +255,10 @@ def _regroup_params(params: np.ndarray, src: GroupMap, dst: GroupMap, shape, axe
     """Source parameters on the target groups, or None when some target group holds two values."""
     p32 = params.astype(np.float32) if params.dtype.kind == "f" or params.dtype.name == "bfloat16" \
         else params.astype(np.float64)
+    fast = _regroup_along_in(p32, src, dst, shape, axes)
+    if fast is not None:  # (hi, lo) from the parameter array itself, without expanding to every element
+        hi, lo = fast
+        return hi.astype(params.dtype) if np.array_equal(hi, lo) else None
     full = src.expand(p32, shape, axes)
     if full.size == 0:
         return np.zeros(dst.param_shape(shape, axes), dtype=params.dtype)
@@ -263,6 +267,29 @@ def _regroup_params(params: np.ndarray, src: GroupMap, dst: GroupMap, shape, axe
     if not np.array_equal(hi, lo):
         return None
     return hi.astype(params.dtype)
+
+
+def _regroup_along_in(p: np.ndarray, src: GroupMap, dst: GroupMap, shape, axes):
+    """Per-target-group (max, min) of ``(out, n_groups)`` parameters grouped along ``in`` (no ``g_idx``),
+    for targets that are unions of whole source groups (per channel, per tensor, or groups of a
+    multiple of the source size); None otherwise. Equal to reducing the expanded parameters."""
+    if (tuple(axes) != (OUT, IN) or src.granularity is not Granularity.GROUP or src.axis != IN
+            or src.g_idx is not None or p.ndim != 2 or p.size == 0):
+        return None
+    if dst.granularity is Granularity.CHANNEL and dst.axis == OUT:
+        return p.max(axis=1, keepdims=True), p.min(axis=1, keepdims=True)
+    if dst.granularity is Granularity.TENSOR:
+        return p.max(keepdims=True), p.min(keepdims=True)
+    if (dst.granularity is Granularity.GROUP and dst.axis == IN and dst.g_idx is None
+            and dst.group_size % src.group_size == 0):
+        starts = np.arange(0, p.shape[1], dst.group_size // src.group_size)
+        return np.maximum.reduceat(p, starts, axis=1), np.minimum.reduceat(p, starts, axis=1)
+    if (dst.granularity is Granularity.GROUP and dst.axis == IN and dst.g_idx is None
+            and src.group_size % dst.group_size == 0):  # finer target groups: each lies in one source group
+        n_dst = dst.n_groups(shape, axes)
+        sub = np.repeat(p, src.group_size // dst.group_size, axis=1)[:, :n_dst]
+        return sub, sub
+    return None
 
 
 def carry(t, scheme: QuantScheme, group_map: GroupMap):
@@ -296,7 +323,8 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
         if zps is None:
             return None
     gm = group_map
-    u = QuantizedTensor(t.name, axes, t.codes, scales, s, gm, zero_points=zps, stored={})
+    u = QuantizedTensor(t.name, axes, t.packed if t.packed is not None else t.codes, scales, s, gm,
+                        zero_points=zps, stored={})  # codes still packed stay packed
     # widen the bit width in the unsigned domain: codes and zero points keep their values,
     # a symmetric centre moves from 2^(b-1) to 2^(B-1)
     u = as_unsigned(u)
@@ -337,11 +365,21 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
                       scheme=u.scheme.replace(scale_dtype=scheme.scale_dtype))
     if scheme.signed and not u.scheme.signed:
         u = as_signed(u)
-    u = QuantizedTensor(t.name, axes, u.codes, u.scales, scheme, gm, zero_points=u.zero_points,
-                        double_quant=None, stored={})
-    if not np.array_equal(u.dequantize(), t.dequantize()):
+    u = QuantizedTensor(t.name, axes, u.packed if u.packed is not None else u.codes, u.scales, scheme, gm,
+                        zero_points=u.zero_points, double_quant=None, stored={})
+    if not _same_values(u, t):
         return None
     return u
+
+
+def _same_values(a, b) -> bool:
+    """``a.dequantize() == b.dequantize()`` everywhere, compared in row blocks for 2-D tensors."""
+    if len(a.shape) != 2 or a.shape != b.shape:
+        return bool(np.array_equal(a.dequantize(), b.dequantize()))
+    from .kernels import Rows
+    ra, rb = Rows(a), Rows(b)
+    step = ra.step
+    return all(np.array_equal(ra[r0:r0 + step], rb[r0:r0 + step]) for r0 in range(0, a.shape[0], step))
 
 
 def exact_regroup(t, target: Target):
@@ -470,28 +508,40 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
     scheme, gm = resolve(t.scheme, t.group_map, target)
     if allow_carry and target.scale_search == "none":
         out = carry(t, scheme, gm)
-        if out is not None:
-            return out, {"route": "carried"}
+        if out is not None:  # carry() checked the values identical
+            return out, {"route": "carried", "_identical": True}
     scheme = scheme.replace(rounding="half_even")
-    x = t.dequantize()
     alt = None
     if (allow_carry and target.scale_search == "none" and t.scheme.zero_point is ZeroPoint.FLOAT
             and scheme.zero_point is ZeroPoint.INTEGER):
         alt = _carry_rounded_zero(t, scheme, gm)
-    gm.check_shape(x.shape, t.axes)
+    gm.check_shape(t.shape, t.axes)
     info: dict = {"route": "requantized"}
-    if target.scale_search == "mse":
-        scales, zps, search = mse_scale_search(x, scheme, gm, t.axes, tensor=t.name)
-        info["scale_search"] = search
+    from .kernels import Rows, quantize_blocked
+    # choose_params + codes_for in cache-sized row blocks (bit-identical), the source dequantized
+    # block by block as it goes: the float32 matrix is never held whole
+    fast = quantize_blocked(Rows(t), scheme, gm, t.axes, tensor=t.name, stats=info) \
+        if target.scale_search != "mse" and len(t.shape) == 2 else None
+    x = None
+    if fast is not None:
+        scales, zps, codes = fast
     else:
-        scales, zps = choose_params(x, scheme, gm, t.axes, tensor=t.name)
-    if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:
-        zps = zps.astype(scheme.code_dtype)
-    codes = codes_for(x, scales, zps, scheme, gm, t.axes)
+        x = t.dequantize()
+        if target.scale_search == "mse":
+            scales, zps, search = mse_scale_search(x, scheme, gm, t.axes, tensor=t.name)
+            info["scale_search"] = search
+        else:
+            scales, zps = choose_params(x, scheme, gm, t.axes, tensor=t.name)
+        if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:
+            zps = zps.astype(scheme.code_dtype)
+        codes = codes_for(x, scales, zps, scheme, gm, t.axes)
     out = QuantizedTensor(t.name, t.axes, codes, scales, scheme, gm, zero_points=zps, stored={})
-    amax = gm.reduce(np.abs(x), np.maximum, t.axes)
-    info["degenerate_groups"] = int(np.count_nonzero(amax == 0))
+    if fast is None:
+        info["_values"] = x  # for the error report (converter.quant.error_report.tensor_report pops it)
+        amax = gm.reduce(np.abs(x), np.maximum, t.axes)
+        info["degenerate_groups"] = int(np.count_nonzero(amax == 0))
     if alt is not None:
+        x = x if x is not None else t.dequantize()
         e_rtn = float(np.sum((out.dequantize() - x).astype(np.float64) ** 2))
         e_alt = float(np.sum((alt.dequantize() - x).astype(np.float64) ** 2))
         if e_alt <= e_rtn:

@@ -135,12 +135,42 @@ def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
     s = t.scheme
     if s.codebook is not None or s.zero_point is ZeroPoint.FLOAT or not t.numel:
         return None
-    r = t.codes.astype(np.float64)
-    if s.zero_point is ZeroPoint.NONE:
-        r = r - float(s.center)
+    # exact integer sums of r = q - z (and r^2) over row blocks, instead of float64 copies of the
+    # whole tensor (8 bytes per code, twice): the mean is the same exact quotient numpy forms
+    # (sums of small integers are exact in float64); the spread agrees to rounding
+    codes = t.codes
+    n = int(codes.size)
+    s1 = s2 = 0
+    if s.zero_point is ZeroPoint.NONE or codes.ndim < 2:
+        if s.zero_point is ZeroPoint.NONE:
+            flat = codes.reshape(-1).view(np.uint8)
+            counts = sum(np.bincount(flat[i:i + (1 << 20)], minlength=256)  # bincount widens to int64:
+                         for i in range(0, flat.size, 1 << 20)).astype(object)  # count in 1M chunks
+            values = np.arange(256, dtype=np.int64)
+            if codes.dtype == np.int8:
+                values = np.where(values >= 128, values - 256, values)
+            v = (values - int(s.center)).astype(object)
+            s1, s2 = int((counts * v).sum()), int((counts * v * v).sum())
+        else:
+            r = codes.astype(np.int64) - t.group_map.expand(t.zero_points.astype(np.int64), t.shape, t.axes)
+            s1, s2 = int(r.sum()), int((r * r).sum())
     else:
-        r = r - t.group_map.expand(t.zero_points.astype(np.float64), t.shape, t.axes)
-    return float(r.mean()), float(r.std())
+        step = max(1, (1 << 20) // max(1, int(np.prod(codes.shape[1:]))))
+        z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes) \
+            if t.group_map.granularity.value == "tensor" else None
+        for r0 in range(0, codes.shape[0], step):
+            sub = t.replace(codes=codes[r0:r0 + step],
+                            scales=t.scales if z is not None else t.scales[r0:r0 + step],
+                            zero_points=t.zero_points if z is not None else t.zero_points[r0:r0 + step])
+            zz = z[r0:r0 + step] if z is not None else sub.group_map.expand(sub.zero_points.astype(np.int16),
+                                                                            sub.shape, sub.axes)
+            r = sub.codes.astype(np.int32) - zz
+            s1 += int(r.sum(dtype=np.int64))
+            r64 = r.astype(np.int64).reshape(-1)
+            s2 += int(r64 @ r64)
+    mean = s1 / n
+    var = max(0.0, (s2 - s1 * s1 / n) / n) if n else 0.0
+    return float(mean), float(np.sqrt(var))
 
 
 def check_zero_offset(t: QuantizedTensor) -> tuple[list[Finding], dict[str, float] | None]:
@@ -258,6 +288,21 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
     if wp is None or len(t.axes) < 2:
         return None
     axis, length, perms = wp
+    if tuple(t.axes) == ("out", "in"):
+        # the same mean of squares accumulated over row blocks of values (never the whole float64 matrix)
+        from ..quant.kernels import Rows
+        rows = Rows(t)
+        n_rows = t.shape[0]
+        acc = np.zeros(length, dtype=np.float64) if axis == "in" else np.empty(length, dtype=np.float64)
+        for r0 in range(0, n_rows, rows.step):
+            b = rows[r0:r0 + rows.step].astype(np.float64)
+            b *= b
+            if axis == "in":
+                acc += b.sum(axis=0)
+            else:
+                acc[r0:r0 + b.shape[0]] = b.mean(axis=1)
+        prof = np.sqrt(acc / n_rows if axis == "in" else acc)
+        return {"axis": axis, "length": length, "profile": prof, "perms": perms}
     w = t.dequantize().astype(np.float64)
     ax = t.axes.index(axis)
     prof = np.sqrt(np.mean(np.moveaxis(w, ax, -1).reshape(-1, length) ** 2, axis=0))

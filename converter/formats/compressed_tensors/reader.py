@@ -30,7 +30,7 @@ import numpy as np
 
 from ...errors import FormatError, LayoutError, MissingTensorError
 from ...groups import GroupMap
-from ...layout import IN, OUT, AxisMap
+from ...layout import IN, OUT, AxisMap, PackedCodes
 from ...quant.packing import packed_length
 from ...scheme import QuantScheme, ZeroPoint
 from ...tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
@@ -265,7 +265,8 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
     try:
         if m.fmt == "pack-quantized":
             cmap = codes_map(bits, m.packing)
-            codes = _unsigned_to_signed(cmap.to_logical(src.read(m.prefix + ".weight_packed"), AXES, sizes), bits)
+            # stored fields are q + 2^(b-1): signed codes one top-bit flip away, kept packed until read
+            codes = PackedCodes(src.read(m.prefix + ".weight_packed"), cmap, AXES, sizes, signed=True, flip=True)
         else:
             cmap = PARAM_MAP
             codes = np.array(src.read(m.prefix + ".weight"), dtype=np.int8)
@@ -359,7 +360,7 @@ def read_ct(src: Source) -> Checkpoint:
     def load(name: str):
         if name in layouts:
             return load_module(src, layouts[name])
-        return DenseTensor(name, np.array(src.read(name)))
+        return DenseTensor(name, src.read(name))
 
     return Checkpoint(specs, load, format="compressed-tensors", path=str(src.path), config=src.config,
                       metadata={"ct_format": cfg.format, "ct_version": cfg.version},

@@ -34,7 +34,7 @@ from ...layout import IN, OUT
 from ...quant.packing import packed_length
 from ...scheme import ZeroPoint
 from ...tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from ..plan import TensorPlan, dense_plan, write_model_dir
+from ..plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from .reader import AXES, codes_map, zero_map
 
@@ -107,9 +107,32 @@ def to_ct(t: QuantizedTensor) -> QuantizedTensor:
     return as_signed(t)
 
 
+class _SignedView:
+    """The parameters of an unsigned tensor as :func:`to_ct` would give them (scheme signed, integer
+    zero points shifted by ``-2^(b-1)``), without computing its signed codes (the caller stores the
+    unsigned codes, which are the stored fields)."""
+
+    def __init__(self, t: QuantizedTensor, zero_points) -> None:
+        self.scheme = t.scheme.replace(signed=True)
+        self.shape, self.axes, self.group_map, self.scales = t.shape, t.axes, t.group_map, t.scales
+        self.zero_points = zero_points
+        self.packed = None
+
+
 def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> dict:
     """Stored arrays of one module (names ``<prefix>.weight_*``)."""
-    t = to_ct(t)
+    u = None
+    if fmt == "pack-quantized" and not t.scheme.signed and t.packed is None \
+            and t.scheme.zero_point is not ZeroPoint.FLOAT and t.scheme.codebook is None:
+        # stored fields q_s + 2^(b-1) are the unsigned codes themselves: take them as they are and
+        # shift only the (small) parameters, rather than codes -> signed -> fields again
+        u = t.codes
+        zp = t.zero_points
+        if zp is not None:
+            zp = (zp.astype(np.int16) - (1 << (t.scheme.bits - 1))).astype(np.int8)
+        t = _SignedView(t, zp)
+    else:
+        t = to_ct(t)
     b = t.scheme.bits
     off = 1 << (b - 1)
     o, i = t.shape
@@ -117,8 +140,10 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     strategy = t.group_map.granularity
     out: dict[str, np.ndarray] = {}
     if fmt == "pack-quantized":
-        u = (t.codes.astype(np.int16) + off).astype(np.uint8)
-        out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).to_stored(u, AXES)
+        # stored fields are q + 2^(b-1); codes still packed move as words (a top-bit flip)
+        if u is None:
+            u = t.packed.shifted() if t.packed is not None else (t.codes.astype(np.int16) + off).astype(np.uint8)
+        out[prefix + ".weight_packed"] = codes_map(b, packing_for(version, b)).store_codes(u, AXES)
     else:
         out[prefix + ".weight"] = np.ascontiguousarray(t.codes.astype(np.int8))
     scales = np.ascontiguousarray(t.scales)
@@ -164,6 +189,24 @@ def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], 
     if keep_g_idx:
         outs.append((prefix + ".weight_g_idx", "I32", (i,)))
     return outs
+
+
+def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> TensorPlan:
+    """Mark a plan row-splittable: every array is ``[out, ...]`` except ``weight_shape`` (fixed from
+    the spec), ``weight_g_idx`` and per-tensor parameters (row-independent). Zero points packed
+    along ``out`` (asymmetric pack-quantized) would split words: such plans stay whole."""
+    tensor = spec.group_map.granularity is Granularity.TENSOR
+    names = [o[0] for o in plan.outputs]
+    zname = prefix + ".weight_zero_point"
+    if zname in names and fmt == "pack-quantized" and not tensor:
+        return plan
+    once = [n for n in names if n.endswith(".weight_g_idx")]
+    if tensor:
+        once += [n for n in names if n in (prefix + ".weight_scale", zname)]
+    fixed = {}
+    if prefix + ".weight_shape" in names:
+        fixed[prefix + ".weight_shape"] = np.array(spec.shape, dtype=np.int64)
+    return rows_plan(plan, once=once, fixed=fixed)
 
 
 def _module(name: str) -> str:
@@ -212,7 +255,8 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
 
         def enc(t, prefix=prefix, keep=keep):
             return encode(t, prefix, fmt=fmt, version=vt, keep_g_idx=keep)
-        plans.append(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes))
+        plans.append(_row_split(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes), spec, prefix,
+                                fmt))
     if len(by_args) == 1:
         groups = [(next(iter(by_args)), ["Linear"])]
     else:

@@ -1,0 +1,422 @@
+"""Streaming benchmark: wall time, throughput and peak RSS of qckpt commands on a synthetic checkpoint.
+
+Run from a fresh clone (after ``pip install -e .``, or with the checkout on ``PYTHONPATH``)::
+
+    python benchmarks/bench_streaming.py              # 4 Llama-7B-shaped layers (~1 GB), a few minutes
+    python benchmarks/bench_streaming.py --size 7b    # Llama-2-7B shapes, GPTQ 4-bit g128 (~3.9 GB)
+
+It builds a synthetic GPTQ checkpoint (``benchmarks/synthetic.py``: 32 layers, hidden 4096, MLP
+11008, vocabulary 32000 for ``7b``) in ``--workdir`` and measures, each in a fresh subprocess:
+
+- ``inspect``, ``audit`` (and ``validate`` when the command exists): headers only;
+- exact repack GPTQ -> compressed-tensors (``convert --to compressed-tensors``), against copying
+  the same bytes (read + write + fsync, plain file I/O);
+- requantize group 128 -> per-channel 8-bit (``convert --per-channel --bits 8``) with
+  ``--workers 1`` and ``--workers 2``, against reading its input bytes and writing its output
+  bytes with plain buffered file I/O (+ fsync);
+- GGUF Q4_0 write (``convert --to gguf --group-size 32 --bits 4``).
+
+Peak RSS is sampled over the whole process tree (the command and its workers, summed; every 20 ms
+from ``/proc``; pages shared by forked workers count once per process, so this over-states) and
+per process from ``VmHWM`` (the kernel's own peak of the largest single process). With ``--rss-check`` the
+commands run again on a checkpoint with twice the layers, and the peak RSS ratio is printed.
+
+Then kernels on one MLP matrix (11008 x 4096, ``mlp.up_proj`` of layer 0): dequantize 4-bit
+group 128 -> float32 (from the packed GPTQ words) against numpy copying the same output bytes in
+memory; requantize float32 -> 4-bit group 128 against the in-memory copy of its input bytes;
+GGUF Q4_0 / Q8_0 decode and (bit-exact) encode against the gguf package's numpy
+``quants.dequantize`` / ``quants.quantize``; compressed-tensors' unpack / dequantize / quantize
+when it is installed. Figures are medians of ``--repeat`` runs; the input sits in the page cache
+(as right after a download). Results also go to ``<workdir>/results-<size>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from synthetic import SIZES, Shape, build_gptq  # noqa: E402
+
+MIB = 2**20
+CHUNK = 16 * MIB
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _tree_rss(pid: int, hwm: dict | None = None) -> int:
+    """Summed VmRSS (bytes) of ``pid`` and its descendants, from /proc; ``hwm`` collects each
+    process's VmHWM (its own peak, kept by the kernel between samples)."""
+    total, stack, seen = 0, [pid], set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:") and hwm is not None:
+                        hwm[p] = max(hwm.get(p, 0), int(line.split()[1]) * 1024)
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    stack.extend(int(c) for c in fh.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+            continue
+    return total
+
+
+def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
+    """Run ``python -m converter ARGS`` once: wall time, peak RSS (tree, sampled; largest process)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "converter", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = [0]
+    hwm: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_rss(proc.pid, hwm))
+            done.wait(0.02)
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    err = proc.stderr.read()
+    _, status, _usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    done.set()
+    th.join()
+    reader.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"qckpt {' '.join(args)} failed ({proc.returncode}): {err.decode()[-2000:]}")
+    # VmHWM, not wait4's ru_maxrss: a forked child's ru_maxrss starts from this (large) process's RSS
+    return {"wall_s": wall, "peak_rss_tree": peak[0], "peak_rss_max_process": max(hwm.values(), default=0),
+            "stdout": b"".join(out_chunks)}
+
+
+def data_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".gguf"))
+
+
+def nbytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in data_files(path)) if path.exists() else 0
+
+
+def copy_baseline(src_files: list[Path], dst: Path, out_bytes: int | None = None) -> float:
+    """Read every byte of ``src_files`` and write ``out_bytes`` (default: the same bytes) to ``dst``
+    with plain buffered file I/O, then fsync. Returns seconds."""
+    t0 = time.perf_counter()
+    written = 0
+    with open(dst, "wb") as out:
+        for f in src_files:
+            with open(f, "rb") as fh:
+                while True:
+                    buf = fh.read(CHUNK)
+                    if not buf:
+                        break
+                    if out_bytes is None or written < out_bytes:
+                        take = buf if out_bytes is None else buf[: out_bytes - written]
+                        out.write(take)
+                        written += len(take)
+        if out_bytes is not None:
+            pad = bytes(CHUNK)
+            while written < out_bytes:
+                n = min(CHUNK, out_bytes - written)
+                out.write(pad[:n])
+                written += n
+        out.flush()
+        os.fsync(out.fileno())
+    dt = time.perf_counter() - t0
+    dst.unlink()
+    return dt
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def mib(n: float) -> str:
+    return f"{n / MIB:.0f}"
+
+
+# --------------------------------------------------------------------------------------------- commands
+
+def has_validate() -> bool:
+    out = subprocess.run([sys.executable, "-m", "converter", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return any(line.split()[:1] == ["validate"] for line in out.stdout.splitlines())
+
+
+def command_table(src: Path, work: Path, repeat: int) -> tuple[list[dict], dict]:
+    """Run every command ``repeat`` times (medians); returns rows and the baselines."""
+    src_files = data_files(src)
+    in_bytes = nbytes(src)
+    rows = []
+    cmds = [("inspect", ["inspect", str(src), "--json"], None),
+            ("audit", ["audit", str(src), "--json"], None)]
+    if has_validate():
+        cmds.append(("validate", ["validate", str(src), "--json"], None))
+    cmds += [
+        ("repack gptq->ct", ["convert", str(src), str(work / "ct"), "--to", "compressed-tensors", "--json",
+                             "--overwrite", "--quiet"], work / "ct"),
+        ("requant ch8 w1", ["convert", str(src), str(work / "rq1"), "--to", "compressed-tensors", "--per-channel",
+                            "--bits", "8", "--json", "--overwrite", "--quiet", "--workers", "1"], work / "rq1"),
+        ("requant ch8 w2", ["convert", str(src), str(work / "rq2"), "--to", "compressed-tensors", "--per-channel",
+                            "--bits", "8", "--json", "--overwrite", "--quiet", "--workers", "2"], work / "rq2"),
+        ("gguf q4_0 write", ["convert", str(src), str(work / "model.gguf"), "--to", "gguf", "--group-size", "32",
+                             "--bits", "4", "--json", "--overwrite", "--quiet"], work / "model.gguf"),
+    ]
+    for label, args, out in cmds:
+        runs = [run_cmd(args) for _ in range(repeat)]
+        out_b = nbytes(out) if out is not None else 0
+        row = {"command": label, "args": args, "wall_s": statistics.median(r["wall_s"] for r in runs),
+               "peak_rss_tree": max(r["peak_rss_tree"] for r in runs),
+               "peak_rss_max_process": max(r["peak_rss_max_process"] for r in runs),
+               "in_bytes": in_bytes if out is not None else 0, "out_bytes": out_b}
+        if label.startswith("repack"):
+            row["all_exact"] = json.loads(runs[-1]["stdout"])["summary"]["all_exact"]
+        rows.append(row)
+        print(f"  {label:<18s} {row['wall_s']:7.2f} s  peak RSS {mib(row['peak_rss_tree'])} MiB", flush=True)
+    # baselines, measured in the same run
+    copy = statistics.median(copy_baseline(src_files, work / "copy.bin") for _ in range(repeat))
+    rq_out = next(r["out_bytes"] for r in rows if r["command"] == "requant ch8 w1")
+    io_rq = statistics.median(copy_baseline(src_files, work / "io.bin", rq_out) for _ in range(repeat))
+    for out in ("ct", "rq1", "rq2", "model.gguf"):
+        p = work / out
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    return rows, {"copy_s": copy, "copy_bytes": in_bytes, "io_requant_s": io_rq, "io_requant_out_bytes": rq_out}
+
+
+# --------------------------------------------------------------------------------------------- kernels
+
+def kernel_table(src: Path, repeat: int) -> dict:
+    """Kernel rates on ``model.layers.0.mlp.up_proj.weight`` (11008 x 4096 for 7B shapes)."""
+    import gguf
+    from converter import load
+    from converter.formats.gguf_blocks import codec_for
+    from converter.groups import GroupMap
+    from converter.quant.quantize import quantize
+    from converter.scheme import QuantScheme
+
+    ckpt = load(src)
+    name = "model.layers.0.mlp.up_proj.weight"
+    res: dict = {"matrix": name}
+
+    def packed():
+        return ckpt[name]  # fresh: codes still packed in the GPTQ words
+    x = packed().dequantize()
+    res["shape"] = list(x.shape)
+    out_bytes = x.nbytes
+    dst = np.empty_like(x)
+    res["numpy_copy_gbs"] = out_bytes / median_time(lambda: np.copyto(dst, x), max(3, repeat)) / 1e9
+    tensors = [packed() for _ in range(max(3, repeat))]
+    it = iter(tensors)
+    res["dequant_4b_g128_gbs"] = out_bytes / median_time(lambda: next(it).dequantize(), len(tensors)) / 1e9
+    scheme, gm = QuantScheme(4, signed=True), GroupMap.per_group(128)
+    res["requant_4b_g128_gbs"] = out_bytes / median_time(lambda: quantize(x, scheme, gm, name=name),
+                                                         max(3, repeat)) / 1e9
+    for tname in ("Q4_0", "Q8_0"):
+        qt = getattr(gguf.GGMLQuantizationType, tname)
+        codec = codec_for(tname)
+        raw = codec.encode(x)
+        exact_enc = bool(np.array_equal(raw, gguf.quants.quantize(x, qt)))
+        exact_dec = bool(np.array_equal(codec.dequantize_raw(raw).view(np.uint32),
+                                        gguf.quants.dequantize(raw, qt).view(np.uint32)))
+        r = max(3, repeat)
+        res[tname] = {
+            "bit_exact_encode": exact_enc, "bit_exact_decode": exact_dec,
+            "ours_decode_gbs": out_bytes / median_time(lambda: codec.dequantize_raw(raw), r) / 1e9,
+            "gguf_decode_gbs": out_bytes / median_time(lambda: gguf.quants.dequantize(raw, qt), r) / 1e9,
+            "ours_encode_gbs": out_bytes / median_time(lambda: codec.encode(x), r) / 1e9,
+            "gguf_encode_gbs": out_bytes / median_time(lambda: gguf.quants.quantize(x, qt), r) / 1e9,
+        }
+    try:
+        import compressed_tensors  # noqa: F401
+        res["compressed_tensors"] = _ct_rates(x, packed, repeat)
+    except ImportError:
+        res["compressed_tensors"] = None
+    return res
+
+
+def _ct_rates(x: np.ndarray, packed, repeat: int) -> dict:
+    """compressed-tensors' own unpack / dequantize / quantize on the same matrix (torch, CPU)."""
+    import torch
+    from compressed_tensors.compressors.quantized_compressors.pack_quantized import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+
+    from converter.formats.compressed_tensors.reader import codes_map
+    from converter.layout import IN, OUT
+    t = packed()
+    words = codes_map(4, "stream").store_codes(t.packed.shifted(), (OUT, IN))
+    w = torch.from_numpy(words.view(np.int32).copy())
+    shape = torch.Size(x.shape)
+    scale = torch.from_numpy(t.scales.astype(np.float16)).to(torch.float16)
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=128)
+    xt = torch.from_numpy(x)
+    zero = torch.zeros_like(scale, dtype=torch.int8)
+    r = max(3, repeat)
+    q = unpack_from_int32(w, 4, shape)
+    n = x.nbytes
+    return {
+        "unpack_gbs": n / median_time(lambda: unpack_from_int32(w, 4, shape), r) / 1e9,
+        "dequant_gbs": n / median_time(lambda: dequantize(q, scale, zero, args=args), r) / 1e9,
+        "quant_gbs": n / median_time(lambda: quantize(xt, scale, zero, args=args), r) / 1e9,
+    }
+
+
+# --------------------------------------------------------------------------------------------- report
+
+def check(ok: bool) -> str:
+    return "ok  " if ok else "MISS"
+
+
+def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict, k: dict,
+           rss2: dict | None) -> list[str]:
+    lines = [f"qckpt streaming benchmark: --size {size} ({shape.layers} layers, hidden {shape.hidden}, MLP {shape.mlp}, "
+             f"vocab {shape.vocab}; GPTQ {shape.bits}-bit g{shape.group}, {gb(in_bytes)} GB), "
+             f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, numpy {np.__version__}",
+             "",
+             f"{'command':<18s} {'wall s':>8s} {'GB/s':>6s} {'in GB':>6s} {'out GB':>7s} {'peak RSS MiB (tree / largest)':>30s}"]
+    for r in rows:
+        moved = r["in_bytes"] + r["out_bytes"]
+        rate = f"{moved / r['wall_s'] / 1e9:6.2f}" if moved else "     -"
+        lines.append(f"{r['command']:<18s} {r['wall_s']:8.2f} {rate} {gb(r['in_bytes']):>6s} {gb(r['out_bytes']):>7s} "
+                     f"{mib(r['peak_rss_tree']):>22s} / {mib(r['peak_rss_max_process'])}")
+    lines.append("(GB/s: bytes read + bytes written per second of wall time)")
+    lines.append("")
+    lines.append(f"baseline copy (read + write + fsync of the {gb(base['copy_bytes'])} GB input): {base['copy_s']:.2f} s "
+                 f"({2 * base['copy_bytes'] / base['copy_s'] / 1e9:.2f} GB/s)")
+    lines.append(f"baseline requant I/O (read input, write {gb(base['io_requant_out_bytes'])} GB, fsync): "
+                 f"{base['io_requant_s']:.2f} s")
+    by = {r["command"]: r for r in rows}
+    rp = by["repack gptq->ct"]["wall_s"] / base["copy_s"]
+    r1 = by["requant ch8 w1"]["wall_s"] / base["io_requant_s"]
+    sp = by["requant ch8 w1"]["wall_s"] / by["requant ch8 w2"]["wall_s"]
+    lines += ["", "targets (ratio, target, status):",
+              f"  repack / copy                         {rp:6.2f}x   <= 2.0x   {check(rp <= 2.0)}"
+              f"  (all exact: {by['repack gptq->ct'].get('all_exact')})",
+              f"  requant w1 / plain I/O                {r1:6.2f}x   <= 1.5x   {check(r1 <= 1.5)}",
+              f"  requant speed-up w2 vs w1             {sp:6.2f}x   >= 1.7x   {check(sp >= 1.7)}"]
+    dq = k["dequant_4b_g128_gbs"] / k["numpy_copy_gbs"]
+    rq = k["requant_4b_g128_gbs"] / k["numpy_copy_gbs"]
+    lines += [f"  dequant 4b g128 -> f32 / numpy copy   {dq:6.2f}x   >= 0.25x  {check(dq >= 0.25)}"
+              f"  ({k['dequant_4b_g128_gbs']:.2f} vs {k['numpy_copy_gbs']:.2f} GB/s of float32)",
+              f"  requant f32 -> 4b g128 / numpy copy   {rq:6.2f}x   >= 0.20x  {check(rq >= 0.20)}"
+              f"  ({k['requant_4b_g128_gbs']:.2f} GB/s of float32 in)"]
+    for t in ("Q4_0", "Q8_0"):
+        g = k[t]
+        d = g["ours_decode_gbs"] / g["gguf_decode_gbs"]
+        e = g["ours_encode_gbs"] / g["gguf_encode_gbs"]
+        lines += [f"  GGUF {t} decode ours / gguf           {d:6.2f}x   >= 1.5x   {check(d >= 1.5)}"
+                  f"  ({g['ours_decode_gbs']:.2f} vs {g['gguf_decode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_decode']})",
+                  f"  GGUF {t} encode ours / gguf           {e:6.2f}x   >= 1.0x   {check(e >= 1.0)}"
+                  f"  ({g['ours_encode_gbs']:.2f} vs {g['gguf_encode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_encode']})"]
+    if k.get("compressed_tensors"):
+        c = k["compressed_tensors"]
+        for what, ours in (("unpack", k["dequant_4b_g128_gbs"]), ("dequant", k["dequant_4b_g128_gbs"]),
+                           ("quant", k["requant_4b_g128_gbs"])):
+            ratio = ours / c[f"{what}_gbs"]
+            lines.append(f"  compressed-tensors {what:<8s} ours/theirs {ratio:6.2f}x   >= 3.0x   {check(ratio >= 3.0)}")
+    else:
+        lines.append("  compressed-tensors: not installed (pip install compressed-tensors to compare its kernels)")
+    peak = max(r["peak_rss_tree"] for r in rows)
+    lines.append(f"  peak RSS, any command (process tree)  {mib(peak):>5s} MiB  <= 512 MiB {check(peak <= 512 * MIB)}")
+    if rss2 is not None:
+        worst = max(rss2[c] / max(by[c]["peak_rss_tree"], 1) for c in rss2)
+        lines.append(f"  peak RSS with 2x layers / 1x (worst)  {worst:6.2f}x   <= 1.10x  {check(worst <= 1.10)}  "
+                     + ", ".join(f"{c}: {mib(by[c]['peak_rss_tree'])} -> {mib(v)} MiB" for c, v in rss2.items()))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="small",
+                    help="checkpoint shape: small (default, 4 layers), 7b (3.9 GB), tiny (CI smoke)")
+    ap.add_argument("--workdir", type=Path, default=None, help="where checkpoints and outputs go (default: a temp dir)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per command (median); kernels use max(3, N)")
+    ap.add_argument("--rss-check", action="store_true", help="also run on twice the layers and compare peak RSS")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic checkpoints")
+    a = ap.parse_args()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="qckpt-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    shape = SIZES[a.size]
+    src = work / f"gptq-{a.size}"
+    made = []
+    try:
+        if not (src / "model.safetensors").exists():
+            print(f"building {src} ...", flush=True)
+            build_gptq(src, shape)
+            made.append(src)
+        in_bytes = nbytes(src)
+        print(f"commands on {src} ({gb(in_bytes)} GB):", flush=True)
+        rows, base = command_table(src, work, a.repeat)
+        rss2 = None
+        if a.rss_check:
+            from dataclasses import replace
+            src2 = work / f"gptq-{a.size}-2x"
+            if not (src2 / "model.safetensors").exists():
+                print(f"building {src2} ...", flush=True)
+                build_gptq(src2, replace(shape, layers=2 * shape.layers))
+                made.append(src2)
+            print(f"commands on {src2} ({gb(nbytes(src2))} GB):", flush=True)
+            rows2, _ = command_table(src2, work, 1)
+            rss2 = {r["command"]: r["peak_rss_tree"] for r in rows2}
+        print("kernels ...", flush=True)
+        k = kernel_table(src, a.repeat)
+        lines = report(a.size, shape, in_bytes, rows, base, k, rss2)
+        print()
+        print("\n".join(lines))
+        doc = {"size": a.size, "in_bytes": in_bytes, "commands": rows, "baselines": base, "kernels": k,
+               "rss_2x": rss2}
+        for r in doc["commands"]:
+            r.pop("stdout", None)
+        (work / f"results-{a.size}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"\n(results: {work / f'results-{a.size}.json'})")
+    finally:
+        if not a.keep:
+            for p in made:
+                shutil.rmtree(p, ignore_errors=True)
+            if a.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
