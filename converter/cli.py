@@ -103,12 +103,26 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
+def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *, required: bool) -> str | None:
+    """The one granularity option given (``tensor`` / ``channel`` / ``group``); a usage error on conflicts."""
+    given = [name for name, on in (("--per-tensor", per_tensor), ("--per-channel", per_channel),
+                                   ("--group-size", group_size is not None)) if on]
+    if len(given) > 1:
+        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of --per-tensor, "
+                               "--per-channel, --group-size")
+    if not given:
+        if required:
+            raise click.UsageError("missing option: give one of --per-tensor, --per-channel, --group-size")
+        return None
+    return {"--per-tensor": "tensor", "--per-channel": "channel", "--group-size": "group"}[given[0]]
+
+
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--bits", type=click.IntRange(2, 8), required=True, help="Bits per code.")
-@click.option("--per-tensor", "granularity", flag_value="tensor", help="One scale per tensor.")
-@click.option("--per-channel", "granularity", flag_value="channel", help="One scale per output channel.")
+@click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
+@click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
 @click.option("--scale-dtype", type=click.Choice(["f16", "bf16", "f32"]), default="f16", show_default=True)
@@ -118,18 +132,14 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
-def quantize(src, dst, bits, granularity, group_size, sym, scale_dtype, include, exclude, overwrite, as_json):
+def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dtype, include, exclude, overwrite,
+             as_json):
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
     from .formats.native import write_native
     from .formats.registry import load
     from .io.atomic import check_not_inside, refuse_existing
     from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
-    if group_size is not None:
-        if granularity:
-            raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
-        granularity = "group"
-    if not granularity:
-        raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
+    granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
@@ -182,8 +192,8 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", "to", default=None, help="Target format (default: the source's).")
-@click.option("--per-tensor", "granularity", flag_value="tensor", default=None, help="Requantize: one scale per tensor.")
-@click.option("--per-channel", "granularity", flag_value="channel", help="Requantize: one scale per output channel.")
+@click.option("--per-tensor", is_flag=True, help="Requantize: one scale per tensor.")
+@click.option("--per-channel", is_flag=True, help="Requantize: one scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Requantize: groups of G along the input axis.")
 @click.option("--bits", type=click.IntRange(2, 8), default=None, help="Requantize: bits per code.")
 @click.option("--sym/--asym", "sym", default=None, help="Requantize: symmetric, or asymmetric with zero points.")
@@ -198,11 +208,12 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
 @_handle_errors
-def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale_search, reference, overwrite,
-            report, as_json):
+def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_dtype, scale_search, reference,
+            overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from .formats.registry import load
     from .io.atomic import atomic_output, check_not_inside, refuse_existing
+    granularity = _granularity(per_tensor, per_channel, group_size, required=False)
     if to is not None:
         with _usage_errors():
             from .formats.registry import check_writable
@@ -214,14 +225,12 @@ def convert(src, dst, to, granularity, group_size, bits, sym, scale_dtype, scale
         refuse_existing(report, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
-    requant = any(v is not None for v in (granularity, group_size, bits, sym, scale_dtype, scale_search, reference))
+    requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference))
     if requant:
         from .ops.requantize_model import requantize_model
         from .quant.requant import Target
-        if group_size is not None and granularity:
-            raise click.UsageError("give one of --per-tensor, --per-channel, --group-size")
         with _usage_errors():
-            target = Target(bits=bits, granularity="group" if group_size is not None else granularity,
+            target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none")
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),

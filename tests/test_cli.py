@@ -155,3 +155,20 @@ def test_python_dash_m(tmp_path):
     import sys
     r = subprocess.run([sys.executable, "-m", "converter", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "qckpt" in r.stdout
+
+
+@pytest.mark.parametrize("cmd", ["quantize", "convert"])
+@pytest.mark.parametrize("flags", [["--per-channel", "--per-tensor"], ["--per-tensor", "--per-channel"],
+                                   ["--per-channel", "--group-size", "64"]])
+def test_conflicting_granularity_options_are_a_usage_error(tmp_path, cmd, flags):
+    # found by a new-user trial: the last of --per-channel / --per-tensor used to win silently
+    extra = ["--bits", "4"] if cmd == "quantize" else []
+    r = CliRunner().invoke(main, [cmd, FP16 if cmd == "quantize" else str(SAMPLES / "gptq_w4_g128_sym"),
+                                  str(tmp_path / "out"), *extra, *flags])
+    assert r.exit_code == 2 and "conflicting options" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_granularity_names_the_options(tmp_path):
+    r = CliRunner().invoke(main, ["quantize", FP16, str(tmp_path / "o.safetensors"), "--bits", "4"])
+    assert r.exit_code == 2 and "missing option" in r.output
