@@ -49,7 +49,7 @@ from typing import Any, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from ..quant.recode import as_groups
+from ..quant.recode import as_groups, exact_cast
 from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,
                       UnsupportedError)
 from ..groups import Granularity, GroupMap
@@ -584,19 +584,9 @@ def check_target(spec: TensorSpec) -> str | None:
 
 def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
     """``a`` as float16 if every value survives the cast exactly (GGUF block scales are ``ggml_half``)."""
-    if a.dtype == np.float16:
-        return a
-    a32 = np.asarray(a, dtype=np.float32)
-    with np.errstate(over="ignore"):
-        h = a32.astype(np.float16)
-    bad = ~((h.astype(np.float32) == a32) | (np.isnan(a32) & np.isnan(h)))
-    if bad.any():
-        idx = np.unravel_index(int(np.argmax(bad)), a.shape)
-        raise NotRepresentableError(
-            f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)", tensor=tensor,
-            field=field, expected="values exact in fp16", found=f"{float(a32[idx])!r} at {list(map(int, idx))} "
-            f"({int(bad.sum())} of {bad.size} would round)", hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
-    return h
+    return exact_cast(a, np.float16, tensor=tensor, field=field,
+                      message=f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)",
+                      hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
 
 
 def _legacy_fields(t: QuantizedTensor, type_name: str) -> BlockFields:

@@ -53,7 +53,7 @@ import numpy as np
 from ..errors import FormatError, MissingTensorError, NotRepresentableError, QuantizationError, UnsupportedError
 from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap, PackedCodes
-from ..quant.recode import as_integer_zero, as_unsigned
+from ..quant.recode import as_integer_zero, as_unsigned, exact_cast
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
@@ -486,13 +486,13 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
         raise QuantizationError("scale overflows or underflows fp16", tensor=name, field="scales",
                                 expected="|scale| in the fp16 range", found=f"max |s| {float(np.max(np.abs(s32))):g}",
                                 hint="requantize with fp16 scales")
-    if np.array_equal(s16.astype(np.float32), s32):
-        return s16, "scales cast to fp16 (exact)"
-    if not allow_rounding:
-        i = np.unravel_index(int(np.argmax(s16.astype(np.float32) != s32)), s32.shape)
-        raise NotRepresentableError("scale not representable in fp16", tensor=name, field="scales",
-                                    expected="fp16-representable scales", found=f"{float(s32[i])!r} at {list(map(int, i))}",
-                                    hint="requantize with --scale-dtype f16 to round scales to fp16")
+    try:
+        return exact_cast(s32, np.float16, tensor=name, field="scales", message="scale not representable in fp16",
+                          expected="fp16-representable scales",
+                          hint="requantize with --scale-dtype f16 to round scales to fp16", nan_exact=False), "scales cast to fp16 (exact)"
+    except NotRepresentableError:
+        if not allow_rounding:
+            raise
     return s16, "scales rounded to fp16 (not exact)"
 
 

@@ -17,6 +17,57 @@ from ..errors import NotRepresentableError
 from ..scheme import ZeroPoint
 
 
+def _dtype_label(dtype) -> str:
+    dt = np.dtype(dtype)
+    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dt.name, dt.name)
+
+
+def exact_cast(arr: np.ndarray, dtype, *, tensor: str, field: str, message: str | None = None,
+               expected: str | None = None, hint: str | None = None, nan_exact: bool = True) -> np.ndarray:
+    """``arr`` cast to ``dtype`` when every value survives the cast exactly, else NotRepresentableError.
+
+    Parameters
+    ----------
+    arr : ndarray, any float dtype, any shape
+    dtype : numpy dtype (float16, ml_dtypes.bfloat16, float32 ...)
+    tensor, field : str
+        Named in the error.
+    message, expected, hint : str, optional
+        The caller's wording of the refusal (defaults name the target dtype).
+    nan_exact : bool
+        Whether NaN -> NaN counts as exact (True, GGUF); False refuses NaN like any rounded value.
+
+    Returns
+    -------
+    ndarray of ``dtype``, same shape (``arr`` itself when it already has ``dtype``).
+    A value is exact when it casts back to the same float32 value (NaN: see ``nan_exact``);
+    overflow to inf and underflow to 0 do not.
+
+    Raises
+    ------
+    NotRepresentableError
+        Names the first index that would round and how many of all values would.
+    """
+    dt = np.dtype(dtype)
+    if arr.dtype == dt:
+        return arr
+    a32 = np.asarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        h = a32.astype(dt)
+    h32 = h.astype(np.float32)
+    same = h32 == a32
+    bad = ~(same | (np.isnan(a32) & np.isnan(h32))) if nan_exact else ~same
+    if bad.any():
+        label = _dtype_label(dt)
+        idx = np.unravel_index(int(np.argmax(bad)), a32.shape)
+        raise NotRepresentableError(
+            message or f"{field} are not exactly representable in {label}", tensor=tensor, field=field,
+            expected=expected or f"values exact in {label}",
+            found=f"{float(a32[idx])!r} at {list(map(int, idx))} ({int(bad.sum())} of {bad.size} would round)",
+            hint=hint)
+    return h
+
+
 def as_unsigned(t):
     """Signed codes -> unsigned codes ``q + 2^(b-1)``; the centre / zero points shift with them.
 

@@ -29,7 +29,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from .quantize import _safe_cast_scales, choose_params, codes_for
-from .recode import as_positive_scales, as_float_bias, as_integer_zero, as_signed, as_unsigned
+from .recode import as_positive_scales, as_float_bias, exact_cast, as_integer_zero, as_signed, as_unsigned
 
 SCALE_DTYPE_ALIASES = {"f16": "F16", "bf16": "BF16", "f32": "F32", "F16": "F16", "BF16": "BF16", "F32": "F32"}
 
@@ -307,12 +307,12 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
     if scheme.scale_dtype not in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
         # a narrower scale dtype: carried only when every scale (and float bias) is representable
         dt = scheme.scale_np_dtype
-        for arr in (t.scales, t.zero_points if s.zero_point is ZeroPoint.FLOAT else None):
+        for field, arr in (("scales", t.scales), ("zero_points", t.zero_points if s.zero_point is ZeroPoint.FLOAT else None)):
             if arr is not None:
-                a32 = arr.astype(np.float32)
-                with np.errstate(over="ignore"):
-                    if not np.array_equal(a32.astype(dt).astype(np.float32), a32):
-                        return None
+                try:
+                    exact_cast(arr, dt, tensor=t.name, field=field, nan_exact=False)
+                except NotRepresentableError:
+                    return None
     shape, axes = t.shape, t.axes
     scales = _regroup_params(t.scales, t.group_map, group_map, shape, axes)
     if scales is None:
