@@ -26,10 +26,6 @@ from ..scheme import QuantScheme, ZeroPoint
 from .rounding import round_values
 
 
-def _expand(t, arr: np.ndarray) -> np.ndarray:
-    return t.group_map.expand(arr, t.shape, t.axes)
-
-
 def dequantize(t) -> np.ndarray:
     """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32.
 
@@ -45,21 +41,49 @@ def dequantize(t) -> np.ndarray:
     fast = dequantize_blocked(t)
     if fast is not None:  # same arithmetic, in cache-sized row blocks (straight from packed words)
         return fast
-    s = t.scheme
-    scale = _expand(t, t.scales.astype(np.float32))
-    if s.codebook is not None:
-        values = np.asarray(s.codebook, dtype=np.float32)[t.codes]
+    return dequantize_parts(t.codes, t.scales, t.zero_points, t.scheme, t.group_map, t.axes)
+
+
+def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, scheme: QuantScheme,
+                     group_map: GroupMap, axes: Sequence[str], zero_shift: float = 0.0) -> np.ndarray:
+    """The dequantize formula on loose parts (the one whole-array implementation).
+
+    ``x = s * (q - c)`` (symmetric, implicit centre ``c``), ``s * (q - z)`` (integer zero point),
+    ``s * q + b`` (float bias) or ``s * codebook[q]``; every operand widened to float32 first.
+    ``zero_shift`` moves the zero point by that many code steps (centre or integer zero + shift,
+    float bias - shift * s); 0 leaves the formula untouched (used by the validator's interpretations).
+
+    Parameters
+    ----------
+    codes : ndarray, logical shape (named by ``axes``), int8 / uint8
+    scales, zero_points : ndarray, ``group_map.param_shape(codes.shape, axes)``
+    scheme, group_map, axes : the tensor's quantization description
+
+    Returns
+    -------
+    ndarray of float32, shape ``codes.shape``.
+    """
+    shape = codes.shape
+    scale = group_map.expand(np.asarray(scales).astype(np.float32), shape, axes)
+    if scheme.codebook is not None:
+        values = np.asarray(scheme.codebook, dtype=np.float32)[codes]
         return values * scale
-    q = t.codes.astype(np.float32)
-    if s.zero_point is ZeroPoint.NONE:
-        if s.center:
-            q -= np.float32(s.center)
+    q = codes.astype(np.float32)
+    if scheme.zero_point is ZeroPoint.NONE:
+        c = scheme.center + zero_shift
+        if c:
+            q -= np.float32(c)
         return q * scale
-    if s.zero_point is ZeroPoint.INTEGER:
-        q -= _expand(t, t.zero_points.astype(np.float32))
+    z = group_map.expand(np.asarray(zero_points).astype(np.float32), shape, axes)
+    if scheme.zero_point is ZeroPoint.INTEGER:
+        if zero_shift:
+            z = z + np.float32(zero_shift)
+        q -= z
         return q * scale
     out = q * scale
-    out += _expand(t, t.zero_points.astype(np.float32))
+    out += z
+    if zero_shift:
+        out -= np.float32(zero_shift) * scale
     return out
 
 

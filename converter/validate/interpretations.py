@@ -29,7 +29,7 @@ from ..errors import LayoutError, QuantizationError
 from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, AxisMap
 from ..quant.packing import AWQ_ORDER
-from ..scheme import ZeroPoint
+from ..quant.quantize import dequantize_parts
 from ..tensor import QuantizedTensor
 
 
@@ -41,22 +41,9 @@ def decode(t: QuantizedTensor, *, codes: np.ndarray | None = None, scales: np.nd
     ``zero_shift`` moves the zero point by that many code steps (integer zero, implicit centre, or
     a float bias shifted by ``-zero_shift * scale``).
     """
-    s = t.scheme
-    q = t.codes if codes is None else codes
-    gm = t.group_map if group_map is None else group_map
-    sc = t.scales if scales is None else scales
-    zp = t.zero_points if zero_points is None else zero_points
-    shape, axes = q.shape, t.axes
-    s_el = gm.expand(np.asarray(sc, dtype=np.float32), shape, axes)
-    if s.codebook is not None:
-        return np.asarray(s.codebook, dtype=np.float32)[q] * s_el
-    qf = q.astype(np.float32)
-    if s.zero_point is ZeroPoint.NONE:
-        return (qf - np.float32(s.center + zero_shift)) * s_el
-    z_el = gm.expand(np.asarray(zp, dtype=np.float32), shape, axes)
-    if s.zero_point is ZeroPoint.INTEGER:
-        return (qf - (z_el + np.float32(zero_shift))) * s_el
-    return qf * s_el + z_el - np.float32(zero_shift) * s_el
+    return dequantize_parts(t.codes if codes is None else codes, t.scales if scales is None else scales,
+                            t.zero_points if zero_points is None else zero_points, t.scheme,
+                            t.group_map if group_map is None else group_map, t.axes, zero_shift)
 
 
 def _orders(n: int) -> dict[str, tuple[int, ...]]:
