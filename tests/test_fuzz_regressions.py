@@ -126,12 +126,12 @@ def test_shard_directory_in_index(tmp_path):
 @pytest.mark.malformed_ok
 def test_safety_net_wraps_foreign_errors(tmp_path, monkeypatch):
     """A reader bug on foreign data still gives a typed one-line error naming the file and tensor."""
-    from converter.formats import plain
+    from converter.formats.source import Source
     ckpt_ok = load(SAMPLES / "minilm_fp16.safetensors")
     name = ckpt_ok.names()[0]
-    def broken(n, a):
+    def broken(self, n):
         return [][1]  # any foreign error: IndexError
-    monkeypatch.setattr(plain, "DenseTensor", broken)
+    monkeypatch.setattr(Source, "dense", broken)  # the plain reader's dense loader
     ckpt = load(SAMPLES / "minilm_fp16.safetensors", format="plain")
     with pytest.raises(MalformedInputError) as ei:
         ckpt[name]

@@ -44,7 +44,7 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..quant.packing import AWQ_ORDER
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
+from ..tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -195,8 +195,7 @@ def _spec(src: Source, layer: _Layer, zero_point: bool) -> TensorSpec:
     for role in ("codes", "scales", "zero_points"):
         n = layer.stored(role)
         if src.has(n):
-            info = src.info(n)
-            stored.append(StoredArray(n, role, info.dtype, info.shape, info.nbytes, src.file_of(n).name))
+            stored.append(src.stored_array(n, role))
     notes = [f"AWQ {layer.version}"]
     if not zero_point:
         notes.append("zero_point false: symmetric, implicit centre 8")
@@ -330,13 +329,10 @@ def read_awq(src: Source) -> Checkpoint:
                 qw = n[:-len(suffix)] + ".qweight"
                 raise MissingTensorError(f"AWQ {suffix[1:]} without its qweight", file=src.file_of(n), tensor=qw,
                                          field="qweight", expected=qw, found="absent")
-        info = src.info(n)
         if n in layers:
             raise FormatError("a dense tensor has the logical name of a quantized layer", file=src.file_of(n),
                               tensor=n, field="name", expected="only <p>.qweight/.qzeros/.scales", found=n)
-        specs[n] = TensorSpec(n, "dense", info.shape,
-                              (StoredArray(n, "dense", info.dtype, info.shape, info.nbytes, src.file_of(n).name),),
-                              dtype=info.dtype)
+        specs[n] = src.dense_spec(n)
     for name, layer in layers.items():
         specs[name] = _spec(src, layer, zero_point)
     specs = dict(sorted(specs.items()))
@@ -344,7 +340,7 @@ def read_awq(src: Source) -> Checkpoint:
     def load(name: str):
         if name in layers:
             return _load(src, layers[name], zero_point)
-        return DenseTensor(name, src.read(name))
+        return src.dense(name)
 
     meta = {"version": version, "config_version": _version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
             "quantization_config": copy.deepcopy(src.quantization_config or {})}

@@ -32,9 +32,9 @@ from ..errors import CorruptFileError, FormatError, LayoutError, MissingTensorEr
 from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ..tensor import Checkpoint, QuantizedTensor, TensorSpec
 from .registry import Detection, FormatHandler, register
-from .source import Source
+from .source import Source, module_prefix
 
 FORMAT = "bitsandbytes"
 QS_PREFIX = ".weight.quant_state.bitsandbytes__"
@@ -42,11 +42,6 @@ INT8_SCHEME = QuantScheme(8, True, ZeroPoint.NONE, scale_dtype="F32")
 #: Flattened 4-bit codes: one axis, high nibble first (``(q[0::2] << 4) | q[1::2]``).
 NIBBLE_MAP = AxisMap(stored_axes=(IN,), packed_axis=IN, bits=4, container="U8", order=(1, 0), packing="stream")
 _4BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
-
-
-def _stored(src: Source, name: str, role: str) -> StoredArray:
-    info = src.info(name)
-    return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
 
 
 def quant_state(src: Source, p: str) -> tuple[str, dict]:
@@ -90,15 +85,15 @@ def _spec_int8(src: Source, p: str) -> TensorSpec:
     if s.dtype != "F32" or tuple(s.shape) != (w.shape[0],):
         raise FormatError("SCB must be float32 [out]", file=src.file_of(scb), tensor=scb, field="shape",
                           expected=f"F32 [{w.shape[0]}]", found=f"{s.dtype} {list(s.shape)}")
-    stored = [_stored(src, wname, "codes"), _stored(src, scb, "scales")]
+    stored = [src.stored_array(wname, "codes"), src.stored_array(scb, "scales")]
     if src.has(f"{p}.weight_format"):
-        stored.append(_stored(src, f"{p}.weight_format", "other"))
+        stored.append(src.stored_array(f"{p}.weight_format", "other"))
     return TensorSpec(wname, "quantized", tuple(w.shape), tuple(stored), axes=(OUT, IN), scheme=INT8_SCHEME,
                       group_map=GroupMap.per_channel(OUT), notes=("bnb LLM.int8: scale = SCB * (1/127)",))
 
 
 def _load_int8(src: Source, spec: TensorSpec) -> QuantizedTensor:
-    p = spec.name[: -len(".weight")]
+    p = module_prefix(spec.name)
     if src.has(f"{p}.weight_format"):
         fmt = np.array(src.read(f"{p}.weight_format")).reshape(-1)
         if fmt.size != 1 or int(fmt[0]) != 0:
@@ -137,8 +132,8 @@ def _spec_4bit(src: Source, p: str) -> tuple[TensorSpec, dict]:
         raise FormatError("absmax must be [ceil(out*in/blocksize)] float32 (uint8 when nested)", file=file,
                           tensor=f"{wname}.absmax", field="shape", expected=f"F32/U8 [{n_blocks}]",
                           found=f"{am.dtype} {list(am.shape)}")
-    stored = [_stored(src, wname, "codes"), _stored(src, f"{wname}.absmax", "scales"),
-              _stored(src, f"{wname}.quant_map", "other"), _stored(src, qs_name, "other")]
+    stored = [src.stored_array(wname, "codes"), src.stored_array(f"{wname}.absmax", "scales"),
+              src.stored_array(f"{wname}.quant_map", "other"), src.stored_array(qs_name, "other")]
     notes = [f"bnb {qs['quant_type']} blocksize {bs} (flat blocks over the row-major tensor)",
              f"decodes to {qs.get('dtype')}"]
     if nested:
@@ -146,7 +141,7 @@ def _spec_4bit(src: Source, p: str) -> tuple[TensorSpec, dict]:
             if not src.has(f"{wname}.{part}"):
                 raise MissingTensorError("double-quant absmax lacks a partner", file=file, tensor=f"{wname}.{part}",
                                          expected="present", found="absent")
-            stored.append(_stored(src, f"{wname}.{part}", "scales" if part == "nested_absmax" else "other"))
+            stored.append(src.stored_array(f"{wname}.{part}", "scales" if part == "nested_absmax" else "other"))
         if "nested_offset" not in qs:
             raise FormatError("double-quant quant_state lacks nested_offset", file=file, tensor=qs_name,
                               field="nested_offset", expected="a float", found="absent")
@@ -238,14 +233,13 @@ def read_bnb(src: Source) -> Checkpoint:
         if n.endswith((".weight_format",) + tuple(f".weight.{k}" for k in _4BIT_PARTS)):
             raise MissingTensorError("quantization partner without its layer", file=src.file_of(n), tensor=n,
                                      expected="SCB or quant_state beside it", found="absent")
-        info = src.info(n)
-        specs[n] = TensorSpec(n, "dense", info.shape, (_stored(src, n, "dense"),), dtype=info.dtype)
+        specs[n] = src.dense_spec(n)
     specs = dict(sorted(specs.items()))
 
     def load(name: str):
         spec = specs[name]
         if spec.kind == "dense":
-            return DenseTensor(name, src.read(name))
+            return src.dense(name)
         if name in states:
             return _load_4bit(src, spec, states[name])
         return _load_int8(src, spec)

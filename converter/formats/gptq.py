@@ -55,10 +55,10 @@ from ..groups import Granularity, GroupMap
 from ..layout import IN, OUT, AxisMap, PackedCodes
 from ..quant.recode import as_integer_zero, as_unsigned, exact_cast
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
+from ..tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
-from .source import Source
+from .source import Source, module_prefix
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 V1, V2 = "gptq", "gptq_v2"
@@ -281,8 +281,7 @@ class _Module:
 
     def stored(self, src: Source) -> tuple[StoredArray, ...]:
         roles = {"qweight": "codes", "qzeros": "zero_points", "scales": "scales", "g_idx": "g_idx"}
-        return tuple(StoredArray(self.names[p], roles[p], i.dtype, tuple(i.shape), i.nbytes,
-                                 src.file_of(self.names[p]).name) for p, i in self.info.items())
+        return tuple(src.stored_array(self.names[p], roles[p]) for p in self.info)
 
     def zeros(self, src: Source) -> np.ndarray:
         """Decoded zero points, ``(out, group)`` uint8 (``qzeros`` is small: ``nG * O * b / 8`` bytes)."""
@@ -391,9 +390,7 @@ def read_gptq(src: Source) -> Checkpoint:
     for nm in names:
         if nm in owned:
             continue
-        info = src.info(nm)
-        specs[nm] = TensorSpec(nm, "dense", info.shape, (StoredArray(nm, "dense", info.dtype, info.shape, info.nbytes,
-                                                                     src.file_of(nm).name),), dtype=info.dtype)
+        specs[nm] = src.dense_spec(nm)
     for name, m in modules.items():
         if name in specs:
             raise FormatError("a dense tensor and a quantized layer share a name", file=src.file_of(name), tensor=name)
@@ -402,7 +399,7 @@ def read_gptq(src: Source) -> Checkpoint:
 
     def load(name: str):
         m = modules.get(name)
-        return m.load(src) if m is not None else DenseTensor(name, src.read(name))
+        return m.load(src) if m is not None else src.dense(name)
 
     meta = {"checkpoint_format": fmt, "quantization_config": qcfg,
             "v1_zero_decode": ("word-level + packed constant (GPTQModel convert_gptq_v1_to_v2_format_module); "
@@ -497,7 +494,7 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
 
 
 def _encode(t: QuantizedTensor, *, v1: bool, allow_rounding: bool, notes: list[str]) -> dict[str, np.ndarray]:
-    prefix = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
+    prefix = module_prefix(t.name)
     if t.scheme.signed:
         t = as_unsigned(t)
         notes.append("signed codes shifted to unsigned (+2^(b-1)), exact")
@@ -541,7 +538,7 @@ def gptq_plan(spec: TensorSpec, *, v1: bool, allow_rounding: bool = False) -> Te
     """Plan for one quantized spec: output names, dtypes and shapes from the spec alone."""
     O, I, nG, _ = _gptq_params(spec)
     b = spec.scheme.bits
-    prefix = spec.name[: -len(".weight")] if spec.name.endswith(".weight") else spec.name
+    prefix = module_prefix(spec.name)
     outs = [(f"{prefix}.qweight", "I32", (packed_rows(I, b), O)),
             (f"{prefix}.qzeros", "I32", (nG, packed_rows(O, b))),
             (f"{prefix}.scales", "F16", (nG, O)),

@@ -39,10 +39,10 @@ from ..groups import Granularity, GroupMap
 from ..layout import EXPERT, IN, OUT, AxisMap
 from ..quant.recode import as_float_bias, as_groups, as_unsigned
 from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
+from ..tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
-from .source import Source
+from .source import Source, module_prefix
 
 FORMAT = "mlx"
 
@@ -169,11 +169,6 @@ def _cross_check(src: Source, p: str, bits: int, group: int, in_features: int, w
 
 
 # -- reader -------------------------------------------------------------------------------------
-def _stored(src: Source, name: str, role: str) -> StoredArray:
-    info = src.info(name)
-    return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
-
-
 def _axes(ndim: int) -> tuple[str, ...]:
     return (OUT, IN) if ndim == 2 else (EXPERT, OUT, IN)
 
@@ -240,9 +235,9 @@ def _layer_spec(src: Source, qcfg: Mapping[str, Any], p: str, known: set[int]) -
     codebook = MODES[mode][3]
     scheme = QuantScheme(bits, False, ZeroPoint.FLOAT if codebook is None else ZeroPoint.NONE,
                          scale_dtype=scale_dtype, codebook=codebook)
-    stored = [_stored(src, wname, "codes"), _stored(src, sname, "scales")]
+    stored = [src.stored_array(wname, "codes"), src.stored_array(sname, "scales")]
     if mode == "affine":
-        stored.append(_stored(src, bname, "zero_points"))
+        stored.append(src.stored_array(bname, "zero_points"))
     notes = [f"mlx mode {mode}"] + ([note] if note else [])
     spec = TensorSpec(wname, "quantized", shape, tuple(stored), axes=axes, scheme=scheme,
                       group_map=GroupMap.per_group(group, IN), notes=tuple(notes))
@@ -255,7 +250,7 @@ def codes_map(axes: tuple[str, ...], bits: int) -> AxisMap:
 
 
 def _load(src: Source, spec: TensorSpec, mode: str) -> QuantizedTensor:
-    p = spec.name[: -len(".weight")]
+    p = module_prefix(spec.name)
     sizes = dict(zip(spec.axes, spec.shape))
     cmap = codes_map(spec.axes, spec.scheme.bits)
     try:
@@ -310,15 +305,15 @@ def read_mlx(src: Source) -> Checkpoint:
         info = src.info(n)
         if n.endswith(".weight") and info.dtype == "U32":
             raise MissingTensorError("packed uint32 weight without scales", file=src.file_of(n),
-                                     tensor=n[: -len(".weight")] + ".scales", expected="present", found="absent")
-        specs[n] = TensorSpec(n, "dense", info.shape, (_stored(src, n, "dense"),), dtype=info.dtype)
+                                     tensor=module_prefix(n) + ".scales", expected="present", found="absent")
+        specs[n] = src.dense_spec(n)
     specs = dict(sorted(specs.items()))
 
     def load(name: str):
         spec = specs[name]
         if spec.kind == "quantized":
             return _load(src, spec, modes[name])
-        return DenseTensor(name, src.read(name))
+        return src.dense(name)
 
     return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config,
                       metadata={"quantization": qcfg, "modes": modes}, files=[str(f) for f in src.files],
@@ -438,7 +433,7 @@ def as_affine(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, b
 
 
 def _plan(spec: TensorSpec) -> TensorPlan:
-    p = spec.name[: -len(".weight")]
+    p = module_prefix(spec.name)
     sizes = dict(zip(spec.axes, spec.shape))
     cmap = codes_map(tuple(spec.axes), spec.scheme.bits)
     g = target_group_size(spec)
@@ -470,7 +465,7 @@ def mlx_config(ckpt: Checkpoint) -> dict:
     quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": "affine"}
     for s in q:
         if (target_group_size(s), s.scheme.bits) != (g, b):
-            quant[s.name[: -len(".weight")]] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
+            quant[module_prefix(s.name)] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
     cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")}
     cfg["quantization"] = quant
     cfg["quantization_config"] = copy.deepcopy(quant)

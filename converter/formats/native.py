@@ -21,8 +21,7 @@ from ..errors import FormatError, LayoutError
 from ..groups import GroupMap
 from ..layout import IN, OUT, AxisMap
 from ..scheme import QuantScheme
-from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
-                      opaque_reason)
+from ..tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
 from .plan import TensorPlan, dense_plan, rows_plan, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -161,11 +160,6 @@ def _parse_descriptor(src: Source, name: str, text: str) -> dict[str, Any]:
     return d
 
 
-def _stored(src: Source, name: str, role: str) -> StoredArray:
-    info = src.info(name)
-    return StoredArray(name, role, info.dtype, info.shape, info.nbytes, src.file_of(name).name)
-
-
 def _check_codes_dtype(src: Source, name: str, d: dict[str, Any]) -> None:
     """The stored codes dtype must be the descriptor's container (or U8/I8 when not packed).
 
@@ -192,14 +186,14 @@ def _check_codes_dtype(src: Source, name: str, d: dict[str, Any]) -> None:
 
 def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
     _check_codes_dtype(src, name, d)
-    stored = [_stored(src, d["codes"]["tensor"], "codes"), _stored(src, d["scales"]["tensor"], "scales")]
+    stored = [src.stored_array(d["codes"]["tensor"], "codes"), src.stored_array(d["scales"]["tensor"], "scales")]
     if d["zero_points"]:
-        stored.append(_stored(src, d["zero_points"]["tensor"], "zero_points"))
+        stored.append(src.stored_array(d["zero_points"]["tensor"], "zero_points"))
     if d["g_idx"]:
-        stored.append(_stored(src, d["g_idx"]["tensor"], "g_idx"))
+        stored.append(src.stored_array(d["g_idx"]["tensor"], "g_idx"))
     for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"):
         if src.has(f"{name}.dq.{k}"):
-            stored.append(_stored(src, f"{name}.dq.{k}", "scales"))
+            stored.append(src.stored_array(f"{name}.dq.{k}", "scales"))
     gm = GroupMap.from_json(d["group_map"])
     return TensorSpec(name, "quantized", tuple(d["shape"]), tuple(stored), axes=tuple(d["axes"]),
                       scheme=QuantScheme.from_json(d["scheme"]), group_map=gm, act_order=bool(d["group_map"]["g_idx"]))
@@ -248,9 +242,7 @@ def read_native(src: Source) -> Checkpoint:
     for stored_name in src.tensor_names():
         if stored_name in owned:
             continue
-        info = src.info(stored_name)
-        specs[stored_name] = TensorSpec(stored_name, "dense", info.shape, (_stored(src, stored_name, "dense"),),
-                                        dtype=info.dtype)
+        specs[stored_name] = src.dense_spec(stored_name)
         order.append(stored_name)
     for name, d in descs.items():
         specs[name] = _spec(src, name, d)
@@ -259,7 +251,7 @@ def read_native(src: Source) -> Checkpoint:
     def load(name: str):
         if name in descs:
             return _load_quantized(src, name, descs[name])
-        return DenseTensor(name, src.read(name))
+        return src.dense(name)
 
     config = json.loads(meta["qckpt.config"]) if "qckpt.config" in meta else None
     return Checkpoint(specs, load, format="native", path=str(src.path), config=config,

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..dtypes import float_dtype
 from ..errors import FormatError
-from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec, opaque_reason
+from ..tensor import Checkpoint, opaque_reason
 from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -25,11 +25,8 @@ DTYPE_CHOICES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 def read_plain(src: Source) -> Checkpoint:
     specs = {}
     for name in src.tensor_names():
-        info = src.info(name)
-        specs[name] = TensorSpec(name, "dense", info.shape,
-                                 (StoredArray(name, "dense", info.dtype, info.shape, info.nbytes, src.file_of(name).name),),
-                                 dtype=info.dtype)
-    return Checkpoint(specs, lambda n: DenseTensor(n, src.read(n)), format="plain", path=str(src.path),
+        specs[name] = src.dense_spec(name)
+    return Checkpoint(specs, src.dense, format="plain", path=str(src.path),
                       config=src.config, metadata={}, files=[str(f) for f in src.files],
                       extra_files=[str(p) for p in src.extra_files()])
 

@@ -18,12 +18,18 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
+from ..tensor import DenseTensor, StoredArray, TensorSpec
 from .safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 INDEX_NAME = "model.safetensors.index.json"
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _KNOWN_JSON = ("config.json", "quantize_config.json", INDEX_NAME)
+
+
+def module_prefix(name: str) -> str:
+    """``<module>`` of a ``<module>.weight`` name (the name itself when it has no ``.weight`` suffix)."""
+    return name[: -len(".weight")] if name.endswith(".weight") else name
 
 
 def _refuse_pickle(path: Path) -> None:
@@ -244,6 +250,20 @@ class Source:
         """The stored array (read-only memory map)."""
         f = self.file_of(name)
         return read_tensor(self.headers[f], name)
+
+    def stored_array(self, name: str, role: str) -> StoredArray:
+        """The header facts of stored tensor ``name`` (dtype, shape, nbytes, file name) in ``role``."""
+        info = self.info(name)
+        return StoredArray(name, role, info.dtype, tuple(info.shape), info.nbytes, self.file_of(name).name)
+
+    def dense_spec(self, name: str) -> TensorSpec:
+        """Header-only spec of a pass-through (dense) stored tensor under its stored name."""
+        info = self.info(name)
+        return TensorSpec(name, "dense", tuple(info.shape), (self.stored_array(name, "dense"),), dtype=info.dtype)
+
+    def dense(self, name: str) -> DenseTensor:
+        """Pass-through tensor ``name``; its data stay the read-only memory map of :meth:`read`."""
+        return DenseTensor(name, self.read(name))
 
     @property
     def st_metadata(self) -> dict[str, str]:

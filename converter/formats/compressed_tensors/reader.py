@@ -33,7 +33,7 @@ from ...groups import GroupMap
 from ...layout import IN, OUT, AxisMap, PackedCodes
 from ...quant.packing import packed_length
 from ...scheme import QuantScheme, ZeroPoint
-from ...tensor import Checkpoint, DenseTensor, QuantizedTensor, StoredArray, TensorSpec
+from ...tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
 from ..registry import Detection
 from ..source import Source
 from .config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
@@ -94,11 +94,6 @@ class ModuleLayout:
 
     def stored_names(self) -> list[str]:
         return [s.name for s in self.stored]
-
-
-def _stored(src: Source, name: str, role: str) -> StoredArray:
-    info = src.info(name)
-    return StoredArray(name, role, info.dtype, tuple(info.shape), info.nbytes, src.file_of(name).name)
 
 
 def _need(src: Source, name: str, module: str, why: str) -> None:
@@ -193,7 +188,7 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
         _expect(info.shape[0] == out_f, "weight_packed rows differ from weight_shape[0]", src, name, "shape[0]",
                 out_f, info.shape[0])
         packing = _choose_packing(src, cfg, prefix, args.bits, in_f, int(info.shape[1]))
-        stored += [_stored(src, name, "codes"), _stored(src, prefix + ".weight_shape", "other")]
+        stored += [src.stored_array(name, "codes"), src.stored_array(prefix + ".weight_shape", "other")]
     else:
         name = prefix + ".weight"
         info = src.info(name)
@@ -201,7 +196,7 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
                 "dtype/shape", "I8 2-D", f"{info.dtype} {list(info.shape)}")
         out_f, in_f = (int(v) for v in info.shape)
         packing = None
-        stored.append(_stored(src, name, "codes"))
+        stored.append(src.stored_array(name, "codes"))
     # scales
     sname = prefix + ".weight_scale"
     _need(src, sname, prefix, "every quantized module stores weight_scale")
@@ -214,7 +209,7 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
             hint="scales are [out, group] in compressed-tensors (not transposed as in GPTQ)")
     _expect(sinfo.dtype in SCALE_DTYPES, "weight_scale dtype is not a float scale dtype", src, sname, "dtype",
             list(SCALE_DTYPES), sinfo.dtype)
-    stored.append(_stored(src, sname, "scales"))
+    stored.append(src.stored_array(sname, "scales"))
     # zero points
     zname = prefix + ".weight_zero_point"
     has_zero = src.has(zname)
@@ -237,7 +232,7 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
         else:
             _expect(zinfo.dtype in ("I8", "I16", "I32", "U8"), "weight_zero_point must be integer", src, zname,
                     "dtype", "I8", zinfo.dtype)
-        stored.append(_stored(src, zname, "zero_points"))
+        stored.append(src.stored_array(zname, "zero_points"))
     # legacy g_idx
     gname = prefix + ".weight_g_idx"
     has_g = src.has(gname)
@@ -246,7 +241,7 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
         _expect(args.strategy == "group", ACTORDER_MSG, src, gname, "strategy", "group", args.strategy)
         _expect(ginfo.dtype in ("I32", "I64") and tuple(ginfo.shape) == (in_f,), ACTORDER_MSG, src, gname,
                 "dtype/shape", f"I32 [{in_f}]", f"{ginfo.dtype} {list(ginfo.shape)}")
-        stored.append(_stored(src, gname, "g_idx"))
+        stored.append(src.stored_array(gname, "g_idx"))
     return ModuleLayout(prefix, fmt, args, out_f, in_f, packing, sinfo.dtype, zero_packed,
                         has_zero and not args.symmetric, has_g, tuple(stored))
 
@@ -345,8 +340,7 @@ def read_ct(src: Source) -> Checkpoint:
     for n in src.tensor_names():
         if n in owned:
             continue
-        info = src.info(n)
-        specs[n] = TensorSpec(n, "dense", tuple(info.shape), (_stored(src, n, "dense"),), dtype=info.dtype)
+        specs[n] = src.dense_spec(n)
     for name, m in layouts.items():
         notes = []
         if m.args.strategy == "group" and m.in_features % m.args.group_size:
@@ -360,7 +354,7 @@ def read_ct(src: Source) -> Checkpoint:
     def load(name: str):
         if name in layouts:
             return load_module(src, layouts[name])
-        return DenseTensor(name, src.read(name))
+        return src.dense(name)
 
     return Checkpoint(specs, load, format="compressed-tensors", path=str(src.path), config=src.config,
                       metadata={"ct_format": cfg.format, "ct_version": cfg.version},

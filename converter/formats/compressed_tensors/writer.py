@@ -34,6 +34,7 @@ from ...layout import IN, OUT
 from ...quant.packing import packed_length
 from ...scheme import ZeroPoint
 from ...tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from ..source import module_prefix
 from ..plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from .reader import AXES, codes_map, zero_map
@@ -209,10 +210,6 @@ def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> Ten
     return rows_plan(plan, once=once, fixed=fixed)
 
 
-def _module(name: str) -> str:
-    return name[: -len(".weight")] if name.endswith(".weight") else name
-
-
 def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version: str | None = None,
              ct_format: str | None = None, max_shard_bytes: int | None = None, **_: Any) -> dict:
     """Write ``ckpt`` as a compressed-tensors model directory (atomically).
@@ -234,7 +231,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
-                ignore.append(_module(spec.name))  # a Linear-like weight left unquantized
+                ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
         reason = check_target(spec, ct_version=version, ct_format=fmt)
         if reason:
@@ -243,7 +240,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         if not spec.name.endswith(".weight"):
             raise NotRepresentableError("compressed-tensors stores quantized weights as <module>.weight_*",
                                         tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
-        prefix = _module(spec.name)
+        prefix = module_prefix(spec.name)
         keep = bool(spec.act_order) and vt[:2] <= G_IDX_UNTIL
         by_args.setdefault(_args_of(spec, keep), []).append(prefix)
         mnotes = []
