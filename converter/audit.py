@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .dtypes import DTYPES
 from .groups import GroupMap
 from .scheme import ZeroPoint
 from .tensor import Checkpoint, TensorSpec
 
-SCALE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1}
+SCALE_BYTES = {n: DTYPES[n].bits // 8 for n in ("F32", "F16", "BF16", "F8_E4M3", "F8_E8M0")}
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
 
 

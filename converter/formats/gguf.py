@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from ..quant.recode import as_groups, exact_cast
+from ..dtypes import DTYPES
 from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,
                       UnsupportedError)
 from ..groups import Granularity, GroupMap
@@ -59,7 +59,7 @@ from ..layout import EXPERT, IN, OUT
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
                       opaque_reason)
-from .gguf_blocks import QK_K, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
+from .gguf_blocks import QK_K, SUPPORTED_WRITE, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
 from .gguf_names import (HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation,
                          permute_heads_key)
 from .registry import Detection, FormatHandler, register
@@ -68,14 +68,11 @@ from .source import Source
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "LEGACY_TYPES", "DENSE_TYPES"]
 
-LEGACY_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-"""Quantized ggml types this module writes (bit-exact repack or reference quantization)."""
+LEGACY_TYPES: tuple[str, ...] = SUPPORTED_WRITE
+"""Quantized ggml types this module writes (bit-exact repack or reference quantization): the
+legacy block codecs of :mod:`gguf_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
 
-DENSE_TYPES: dict[str, np.dtype] = {
-    "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F64": np.dtype("<f8"), "I8": np.dtype("i1"), "I16": np.dtype("<i2"), "I32": np.dtype("<i4"),
-    "I64": np.dtype("<i8"),
-}
+DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
 """ggml types read as plain arrays (:class:`DenseTensor`), with their numpy dtypes."""
 
 MAX_DIMS = 4

@@ -179,6 +179,14 @@ def _row_chunks(rows: int, row_len: int) -> range:
     return range(0, rows, step)
 
 
+def _map_row_chunks(out: np.ndarray, row_len: int, fn) -> np.ndarray:
+    """Fill ``out`` chunk by chunk: ``out[a:b] = fn(a, b)`` over the :func:`_row_chunks` of ``out``'s rows."""
+    chunks = _row_chunks(out.shape[0], row_len)
+    for start in chunks:
+        out[start:start + chunks.step] = fn(start, start + chunks.step)
+    return out
+
+
 def _rows_slice(fields: BlockFields, start: int, stop: int) -> BlockFields:
     """The rows ``start:stop`` of every array in ``fields`` (views, no copy)."""
     def cut(a):
@@ -305,10 +313,7 @@ class LegacyCodec:
         """
         rows, row_len = fields.codes.shape
         out = np.empty((rows, row_len), dtype=np.float32)
-        chunks = _row_chunks(rows, row_len)
-        for start in chunks:
-            out[start:start + chunks.step] = self._dequantize_rows(_rows_slice(fields, start, start + chunks.step))
-        return out
+        return _map_row_chunks(out, row_len, lambda a, b: self._dequantize_rows(_rows_slice(fields, a, b)))
 
     def dequantize_raw(self, raw: np.ndarray) -> np.ndarray:
         """Raw blocks straight to float32: ``dequantize(decode(raw))`` without the codes array.
@@ -412,10 +417,7 @@ class LegacyCodec:
         values = self._check_values(values)
         rows, row_len = values.shape
         out = np.empty((rows, row_len // self.block_size * self.type_size), dtype=np.uint8)
-        chunks = _row_chunks(rows, row_len)
-        for start in chunks:
-            out[start:start + chunks.step] = self._encode_rows(values[start:start + chunks.step])
-        return out
+        return _map_row_chunks(out, row_len, lambda a, b: self._encode_rows(values[a:b]))
 
     def _encode_rows_transposed(self, values: np.ndarray) -> np.ndarray:
         """Q4_0 / Q8_0 :meth:`encode` of one chunk with the blocks transposed to ``(32, n_blocks)``.
@@ -731,10 +733,7 @@ class KQuantCodec:
         """
         rows, row_len = fields.codes.shape
         out = np.empty((rows, row_len), dtype=np.float32)
-        chunks = _row_chunks(rows, row_len)
-        for start in chunks:
-            out[start:start + chunks.step] = self._dequantize_rows(_rows_slice(fields, start, start + chunks.step))
-        return out
+        return _map_row_chunks(out, row_len, lambda a, b: self._dequantize_rows(_rows_slice(fields, a, b)))
 
     def _dequantize_rows(self, fields: BlockFields) -> np.ndarray:
         """:meth:`dequantize` on one chunk of rows."""

@@ -101,8 +101,9 @@ def refuse_existing(dst: str | os.PathLike, overwrite: bool) -> None:
         raise _refuse_existing(Path(dst))
 
 
-def _fsync_dir(path: Path) -> None:
-    """Best-effort fsync of a directory so a rename survives a crash."""
+def _fsync(path: Path) -> None:
+    """Best-effort fsync of a file (flushed before it is renamed into place) or a directory (so a
+    rename survives a crash)."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -182,9 +183,9 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
             raise ConverterError("nothing was written to the temporary output", file=dst,
                                  expected="an output", found="none")
         if not is_dir:
-            _fsync_file(tmp)
+            _fsync(tmp)
         _commit(tmp, dst, overwrite)
-        _fsync_dir(dst.parent)
+        _fsync(dst.parent)
     except ConverterError as exc:
         _remove(tmp)
         raise _retarget(exc, tmp, dst)
@@ -208,16 +209,6 @@ def _retarget(exc: ConverterError, tmp: Path, dst: Path) -> ConverterError:
         setattr(exc, attr, fix(getattr(exc, attr)))
     exc.args = (exc.render(),)
     return exc
-
-
-def _fsync_file(path: Path) -> None:
-    """Flush a finished file to disk before it is renamed into place (best effort)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _is_within(inner: Path, outer: Path) -> bool:
