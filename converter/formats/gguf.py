@@ -1,10 +1,11 @@
 """GGUF (llama.cpp / ggml) reader and writer, format ``"gguf"``.
 
-Container parsing is gguf-py's ``GGUFReader`` (no second parser here); every exception it raises
-on a malformed file becomes a :class:`CorruptFileError` naming the file, and its result is
-checked again (``n_dims <= 4``, element count without overflow, ``ne[0]`` a whole number of
-blocks, each tensor's data aligned, inside the file and not overlapping another, zero padding
-between the tensor infos and the data). Block bytes are decoded by
+The header is first walked with bounds by :func:`~converter.formats.gguf_bounds.check_gguf_bounds`
+(``n_dims <= 4``, element count without overflow, ``ne[0]`` a whole number of blocks, each
+tensor's data aligned, inside the file and not overlapping another, zero padding between the
+tensor infos and the data); container parsing is then gguf-py's ``GGUFReader``, every exception it
+raises on a malformed file becomes a :class:`CorruptFileError` naming the file, and what it reports
+is cross-checked against the bounded parse. Block bytes are decoded by
 :mod:`converter.formats.gguf_blocks`.
 
 Orientation (FORMATS.md section 5.2, pitfall 5): gguf-py's ``ReaderTensor.shape`` is the raw
@@ -40,7 +41,6 @@ scale). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp refe
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +81,6 @@ MAX_NAME_BYTES = 63
 """``GGML_MAX_NAME`` (64) minus the terminating NUL."""
 QUANTIZATION_VERSION = 2
 """``GGML_QNT_VERSION`` (gguf-py ``GGML_QUANT_VERSION``)."""
-_MAX_ELEMENTS = 1 << 62
 _MANAGED_KEYS = ("general.architecture", "general.quantization_version", "general.file_type",
                  "general.alignment")
 _FILE_TYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0": "MOSTLY_Q4_0",
@@ -241,16 +240,17 @@ def _corrupt(path: Path, exc: BaseException) -> CorruptFileError:
 
 
 def _open_reader(path: Path):
-    """``GGUFReader(path)``; any failure on the untrusted bytes is a CorruptFileError.
+    """``(GGUFReader(path), bounds)``; any failure on the untrusted bytes is a CorruptFileError.
 
-    The bounded pre-check :func:`~converter.formats.gguf_bounds.check_gguf_bounds` runs first, so
-    GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
+    The bounded header parse :func:`~converter.formats.gguf_bounds.check_gguf_bounds` runs first
+    (every structural check: counts, alignment, dims, block multiples, offsets, overlap, padding),
+    so GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
     """
     from .gguf_bounds import check_gguf_bounds
-    check_gguf_bounds(path)
+    bounds = check_gguf_bounds(path)
     gguf = _gguf()
     try:
-        return gguf.GGUFReader(path, "r")
+        return gguf.GGUFReader(path, "r"), bounds
     except ConverterError:
         raise
     except Exception as exc:  # noqa: BLE001 - third-party parser on untrusted bytes: all of its failures mean "corrupt"
@@ -282,78 +282,54 @@ def _kv(reader, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return values, types
 
 
-def _extent(field) -> int:
-    return int(field.offset) + sum(int(p.nbytes) for p in field.parts)
+def _disagree(path: Path, what: str, tensor: str | None, expected: Any, found: Any) -> CorruptFileError:
+    return CorruptFileError("GGUFReader disagrees with the bounded header parse", file=path, tensor=tensor,
+                            field=what, expected=expected, found=found)
 
 
-def _validate(reader, path: Path, file_size: int) -> list[tuple[str, str, tuple[int, ...], int, int]]:
-    """Check every tensor against the file; return ``(name, type, ne, data_offset, nbytes)``.
+def _validate(reader, bounds, path: Path) -> list[tuple[str, str, tuple[int, ...], int, int]]:
+    """Cross-check GGUFReader against ``bounds``; return ``(name, type, ne, data_offset, nbytes)``.
+
+    ``bounds`` (:func:`~converter.formats.gguf_bounds.check_gguf_bounds`) holds every structural
+    check; here only the reader's own policy (little-endian, at least one dimension, a data section
+    inside the file even without tensors) and whether GGUFReader read the same alignment, data
+    start and tensor table (name, type, ne, offset, data size).
 
     Raises
     ------
     CorruptFileError
-        Bad alignment, dims, sizes, offsets or padding.
+        A tensor without dimensions, a data section past the end of the file, or GGUFReader
+        disagreeing with the bounded parse.
     UnsupportedError
         Big-endian files.
     """
-    gguf = _gguf()
-    if getattr(reader, "byte_order", "I") == "S":
+    if bounds.byteorder == "big":
         raise UnsupportedError("big-endian GGUF files are not supported", file=path, field="byte_order",
                                expected="little-endian", found="big-endian")
-    align = int(reader.alignment)
-    if align <= 0 or align & (align - 1):
-        raise CorruptFileError("alignment must be a non-zero power of two", file=path, field="general.alignment",
-                               expected="power of two", found=align)
-    start = int(reader.data_offset)
-    fields = list(reader.fields.values()) + [t.field for t in reader.tensors]
-    end_info = max((_extent(f) for f in fields), default=0)
-    if not end_info <= start <= file_size:
+    start = bounds.data_start
+    if start > bounds.file_size:  # bounds allows it only without tensors
         raise CorruptFileError("tensor data section starts outside the file", file=path, field="data_offset",
-                               expected=f"{end_info}..{file_size}", found=start)
-    if np.asarray(reader.data[end_info:start]).any():
-        raise CorruptFileError("non-zero bytes between the tensor infos and the tensor data "
-                               "(tensor_count or kv_count does not match the file)", file=path,
-                               field="padding", expected="zero padding", found=f"bytes {end_info}..{start}")
+                               expected=f"..{bounds.file_size}", found=start)
+    if int(reader.alignment) != bounds.alignment:
+        raise _disagree(path, "general.alignment", None, bounds.alignment, int(reader.alignment))
+    if int(reader.data_offset) != start:
+        raise _disagree(path, "data_offset", None, start, int(reader.data_offset))
+    if len(reader.tensors) != len(bounds.tensors):
+        raise _disagree(path, "tensor_count", None, len(bounds.tensors), len(reader.tensors))
     out = []
-    spans = []
-    for t in reader.tensors:
-        name = t.name
-        ne = tuple(int(x) for x in t.shape)
-        if not 1 <= len(ne) <= MAX_DIMS:
+    for t, b in zip(reader.tensors, bounds.tensors):
+        name, ne = b.name, b.ne
+        if not ne:
             raise CorruptFileError("tensor has too many dimensions", file=path, tensor=name, field="n_dims",
-                                   expected=f"1..{MAX_DIMS}", found=len(ne))
-        n = 1
-        for d in ne:
-            if d < 0 or d >= _MAX_ELEMENTS:
-                raise CorruptFileError("dimension out of range", file=path, tensor=name, field="ne",
-                                       expected="0..2^62", found=list(ne))
-            n *= d
-            if n >= _MAX_ELEMENTS:
-                raise CorruptFileError("element count overflows", file=path, tensor=name, field="ne",
-                                       expected="product < 2^62", found=list(ne))
-        qtype = t.tensor_type
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        if ne[0] % block:
-            raise CorruptFileError("row length is not a whole number of blocks", file=path, tensor=name,
-                                   field="ne[0]", expected=f"multiple of {block} ({qtype.name})", found=ne[0])
-        nbytes = n // block * type_size
-        off = int(t.data_offset)
-        if (off - start) % align:
-            raise CorruptFileError("tensor data offset is not aligned", file=path, tensor=name, field="offset",
-                                   expected=f"multiple of {align}", found=off - start)
-        if off + nbytes > file_size:
-            raise CorruptFileError("tensor data extends past the end of the file", file=path, tensor=name,
-                                   field="offset", expected=f"end <= {file_size}", found=off + nbytes)
-        if int(t.data.nbytes) != nbytes:
+                                   expected=f"1..{MAX_DIMS}", found=0)
+        found = (t.name, t.tensor_type.name, tuple(int(x) for x in t.shape), int(t.data_offset))
+        if found != (name, b.type_name, ne, start + b.offset):
+            raise _disagree(path, "tensor_info", name, f"{name} {b.type_name}{list(ne)} at {start + b.offset}",
+                            f"{found[0]} {found[1]}{list(found[2])} at {found[3]}")
+        if int(t.data.nbytes) != b.nbytes:
             raise CorruptFileError("tensor data size disagrees with its dims and type", file=path, tensor=name,
-                                   field="ne", expected=nbytes, found=int(t.data.nbytes))
-        spans.append((off, off + nbytes, name))
-        out.append((name, qtype.name, ne, off, nbytes))
-    spans.sort()
-    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
-        if b0 < a1 and b1 > b0 and a1 > a0:
-            raise CorruptFileError("tensor data regions overlap", file=path, tensor=bn, field="offset",
-                                   expected=f">= {a1} (end of {an})", found=b0)
+                                   field="ne", expected=b.nbytes, found=int(t.data.nbytes))
+        out.append((name, b.type_name, ne, start + b.offset, b.nbytes))
     return out
 
 
@@ -445,8 +421,8 @@ def read_gguf(src: Source) -> Checkpoint:
         Two GGUF names mapping to one logical name.
     """
     path = Path(src.path)
-    reader = _open_reader(path)
-    rows = _validate(reader, path, os.path.getsize(path))
+    reader, bounds = _open_reader(path)
+    rows = _validate(reader, bounds, path)
     kv, kv_types = _kv(reader, path)
     arch = kv.get("general.architecture")
     arch = arch if isinstance(arch, str) else None

@@ -40,6 +40,7 @@ MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 8
 DEFAULT_ALIGNMENT = 32
 _INT64_MAX = 2**63 - 1
+_MAX_DIM = 1 << 62
 
 # value type id -> (name, fixed size in bytes or None for string/array)
 _VALUE_TYPES = {0: ("UINT8", 1), 1: ("INT8", 1), 2: ("UINT16", 2), 3: ("INT16", 2), 4: ("UINT32", 4),
@@ -202,8 +203,10 @@ def check_gguf_bounds(path: str | os.PathLike) -> GGUFBounds:
         unknown; arrays nest deeper than :data:`MAX_ARRAY_DEPTH`; a key or tensor name repeats or
         is not UTF-8; ``general.alignment`` is not a non-zero power-of-two UINT32; ``n_dims`` is
         over 4; a dimension product overflows int64; the ggml type is unknown; ``ne[0]`` is not a
-        multiple of the type's block size; an offset is not aligned; tensor data lies (partly)
-        outside the file or overlaps another tensor.
+        multiple of the type's block size; a dimension is 2^62 or more; an offset is not aligned;
+        tensor data lies (partly) outside the file or overlaps another tensor; the padding before
+        the data section is not zero (a count that does not match the file). A file without tensors
+        may end before the aligned data start (the GGUF reader refuses that).
     """
     path = Path(path)
     try:
@@ -323,6 +326,9 @@ def _walk(path: Path, buf, size: int) -> GGUFBounds:
                                    expected=f"data_start {data_start} + offset + {nbytes} bytes ({tname}{list(ne)}) "
                                             f"<= file size {size}",
                                    found=f"offset {offset}, end {data_start + offset + nbytes}")
+        if any(d >= _MAX_DIM for d in ne):  # reachable only with prod(ne) == 0 (else the data lies outside)
+            raise CorruptFileError("dimension out of range", file=path, tensor=name, field="ne",
+                                   expected="0..2^62", found=list(ne))
         tensors.append(GGUFTensorBounds(name, gtype, tname, ne, offset, nbytes))
 
     prev = None
@@ -331,4 +337,8 @@ def _walk(path: Path, buf, size: int) -> GGUFBounds:
             raise CorruptFileError("tensor data overlaps another tensor", file=path, tensor=t.name, field="offset",
                                    expected=f">= {prev.offset + prev.nbytes} (end of {prev.name!r})", found=t.offset)
         prev = t
+    if any(bytes(buf[cur.pos:data_start])):
+        raise CorruptFileError("non-zero bytes between the tensor infos and the tensor data "
+                               "(tensor_count or kv_count does not match the file)", file=path,
+                               field="padding", expected="zero padding", found=f"bytes {cur.pos}..{data_start}")
     return GGUFBounds(path, version, order, n_kv, tuple(keys), alignment, data_start, size, tuple(tensors))
