@@ -187,6 +187,13 @@ def _map_row_chunks(out: np.ndarray, row_len: int, fn) -> np.ndarray:
     return out
 
 
+def _dequantize_chunked(fields: BlockFields, rows_fn) -> np.ndarray:
+    """``(rows, row_len)`` float32 from ``rows_fn`` (a codec's ``_dequantize_rows``) chunk by chunk."""
+    rows, row_len = fields.codes.shape
+    out = np.empty((rows, row_len), dtype=np.float32)
+    return _map_row_chunks(out, row_len, lambda a, b: rows_fn(_rows_slice(fields, a, b)))
+
+
 def _rows_slice(fields: BlockFields, start: int, stop: int) -> BlockFields:
     """The rows ``start:stop`` of every array in ``fields`` (views, no copy)."""
     def cut(a):
@@ -311,9 +318,7 @@ class LegacyCodec:
         -------
         ndarray of float32, shape (rows, row_len)
         """
-        rows, row_len = fields.codes.shape
-        out = np.empty((rows, row_len), dtype=np.float32)
-        return _map_row_chunks(out, row_len, lambda a, b: self._dequantize_rows(_rows_slice(fields, a, b)))
+        return _dequantize_chunked(fields, self._dequantize_rows)
 
     def dequantize_raw(self, raw: np.ndarray) -> np.ndarray:
         """Raw blocks straight to float32: ``dequantize(decode(raw))`` without the codes array.
@@ -731,9 +736,7 @@ class KQuantCodec:
         -------
         ndarray of float32, shape (rows, row_len)
         """
-        rows, row_len = fields.codes.shape
-        out = np.empty((rows, row_len), dtype=np.float32)
-        return _map_row_chunks(out, row_len, lambda a, b: self._dequantize_rows(_rows_slice(fields, a, b)))
+        return _dequantize_chunked(fields, self._dequantize_rows)
 
     def _dequantize_rows(self, fields: BlockFields) -> np.ndarray:
         """:meth:`dequantize` on one chunk of rows."""
