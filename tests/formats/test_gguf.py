@@ -572,3 +572,26 @@ def test_dense_bf16_f16_pass_through(tmp_path):
     assert back[bf.name].data.dtype == ml_dtypes.bfloat16
     assert np.array_equal(back[bf.name].data.view(np.uint16), bf.data.view(np.uint16))
     assert np.array_equal(back[h.name].data, h.data)
+
+
+def test_compressed_tensors_g32_to_q4_0_and_back_reproduces_codes_and_scales(tmp_path):
+    """Issue: compressed-tensors group-32 4-bit sym -> Q4_0 -> compressed-tensors, through the files and
+    `convert_exact` (codes identical, scales identical, values bit-exact at every hop)."""
+    from converter.formats import registry
+    from converter.ops.convert import convert_exact
+    rng = np.random.default_rng(11)
+    w = rng.normal(size=(48, 96)).astype(np.float32)
+    from converter.quant.quantize import quantize
+    t = quantize(w, QuantScheme(4, True, scale_dtype="F16"), GroupMap.per_group(32, "in"),
+                           name="model.layers.0.mlp.down_proj.weight")
+    cfg = {"model_type": "llama", "num_attention_heads": 2, "hidden_size": 96}
+    registry.get("compressed-tensors").write(Checkpoint.from_tensors([t], config=cfg), tmp_path / "ct")
+    r1 = convert_exact(tmp_path / "ct", tmp_path / "m.gguf", "gguf")
+    r2 = convert_exact(tmp_path / "m.gguf", tmp_path / "ct2", "compressed-tensors")
+    assert r1["summary"]["all_exact"] and r2["summary"]["all_exact"]
+    assert load(tmp_path / "m.gguf").metadata["ggml_types"][t.name] == "Q4_0"
+    a, b = load(tmp_path / "ct")[t.name], load(tmp_path / "ct2")[t.name]
+    assert a.scheme == b.scheme and a.scheme.signed
+    np.testing.assert_array_equal(a.codes, b.codes)
+    np.testing.assert_array_equal(a.scales.view(np.uint16), b.scales.view(np.uint16))
+    np.testing.assert_array_equal(a.codes, t.codes)
