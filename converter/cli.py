@@ -169,7 +169,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.option("--dtype", type=click.Choice(["f32", "f16", "bf16"]), default="f32", show_default=True)
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
 def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
@@ -182,10 +182,9 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
-    if as_json:
-        click.echo(render.dumps(doc))
-    else:
-        click.echo(f"dequantized {res['tensors']} tensors from {ckpt.format} to {dtype}: {dst} ({', '.join(res['files'])})")
+    _emit(doc, as_json, lambda d: click.echo(f"dequantized {d['tensors']} tensors from {d['source_format']} to "
+                                               f"{d['dtype']}: {d['destination']} ({', '.join(d['files'])})"),
+          "dequantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())

@@ -172,3 +172,11 @@ def test_conflicting_granularity_options_are_a_usage_error(tmp_path, cmd, flags)
 def test_missing_granularity_names_the_options(tmp_path):
     r = CliRunner().invoke(main, ["quantize", FP16, str(tmp_path / "o.safetensors"), "--bits", "4"])
     assert r.exit_code == 2 and "missing option" in r.output
+
+
+def test_dequantize_json_conforms_to_schema(tmp_path):
+    r = run("dequantize", SAMPLES / "gptq_w4_g128_sym", tmp_path / "deq", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    validate_document(doc, "dequantize-report")
+    assert doc["source_format"] == "gptq" and doc["tensors"] == 14 and "model.safetensors" in doc["files"]
