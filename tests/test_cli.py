@@ -180,3 +180,9 @@ def test_dequantize_json_conforms_to_schema(tmp_path):
     doc = json.loads(r.output)
     validate_document(doc, "dequantize-report")
     assert doc["source_format"] == "gptq" and doc["tensors"] == 14 and "model.safetensors" in doc["files"]
+
+
+def test_directory_of_gguf_files_says_pass_one_file():
+    # found by a new-user trial: `qckpt inspect sample_checkpoints/gguf` said "expected None"
+    r = run("inspect", SAMPLES / "gguf")
+    assert r.exit_code == 3 and "pass one .gguf file" in r.output and "expected None" not in r.output

@@ -191,8 +191,12 @@ class Source:
             return [self.path / f for f in seen]
         files = sorted(self.path.glob("*.safetensors"))
         if len(files) > 1 and not (self.path / "model.safetensors").exists():
+            gguf = sorted(p.name for p in self.path.glob("*.gguf"))
             raise FormatError("several .safetensors files but no model.safetensors.index.json", file=self.path,
-                              found=[f.name for f in files])
+                              expected=f"{INDEX_NAME} or a single model.safetensors",
+                              found=[f.name for f in files],
+                              hint=f"the directory holds GGUF files ({', '.join(gguf[:3])}...): pass one .gguf file"
+                              if gguf else "pass one .safetensors file, or add the index")
         return [self.path / "model.safetensors"] if (self.path / "model.safetensors").exists() else files
 
     @cached_property
