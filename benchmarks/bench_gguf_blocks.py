@@ -24,16 +24,7 @@ import gguf  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
 from converter.formats.gguf_blocks import codec_for  # noqa: E402
-
-
-def best_time(fn, repeat: int) -> float:
-    """Smallest wall time in seconds over ``repeat`` calls of ``fn()``."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from timing import best_time  # noqa: E402
 
 
 def main() -> None:

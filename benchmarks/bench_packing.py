@@ -17,18 +17,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from converter.quant.packing import AWQ_ORDER, pack_codes, unpack_codes
+from timing import best_time  # noqa: E402
 
 SHAPE = (4096, 11008)
-
-
-def _best(fn, repeat: int) -> float:
-    """Best wall time of ``repeat`` calls, seconds."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def bench(bits: int, axis: int, repeat: int, order=None, label: str = "") -> None:
@@ -39,8 +30,8 @@ def bench(bits: int, axis: int, repeat: int, order=None, label: str = "") -> Non
     words = pack_codes(codes, bits, axis=axis, order=order)
     back = unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order)
     assert np.array_equal(back, codes)
-    t_pack = _best(lambda: pack_codes(codes, bits, axis=axis, order=order), repeat)
-    t_unpack = _best(lambda: unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order),
+    t_pack = best_time(lambda: pack_codes(codes, bits, axis=axis, order=order), repeat)
+    t_unpack = best_time(lambda: unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order),
                      repeat)
     print(f"{bits}-bit axis={axis:<2d}{label:<10s} pack {n / t_pack / 1e9:6.2f} G codes/s "
           f"({t_pack * 1e3:7.1f} ms)   unpack {n / t_unpack / 1e9:6.2f} G codes/s "

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from synthetic import SIZES, Shape, build_gptq  # noqa: E402
+from timing import median_time  # noqa: E402
 
 MIB = 2**20
 CHUNK = 16 * MIB
@@ -154,15 +155,6 @@ def copy_baseline(src_files: list[Path], dst: Path, out_bytes: int | None = None
     dt = time.perf_counter() - t0
     dst.unlink()
     return dt
-
-
-def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def gb(n: float) -> str:
