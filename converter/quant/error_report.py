@@ -103,6 +103,31 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
             a64 = a.astype(np.float64)
             sr += float(np.einsum("ij,ij->", a64, a64))
         del A, B, E
+    return figures_from_sums(row_se, grp_se, g, G, n, sr=sr, max_abs=max_abs, changed=changed, out_sq_err=oe,
+                             out_sq_ref=orf)
+
+
+def figures_from_sums(row_se: np.ndarray, grp_se: np.ndarray, granularity: str, group_size: int, n_in: int, *,
+                      sr: float, max_abs: float, changed: int, out_sq_err: float,
+                      out_sq_ref: float) -> dict[str, Any]:
+    """The report figures of a 2-D ``(out, in)`` comparison from its sums.
+
+    Parameters
+    ----------
+    row_se : ndarray of float64, ``(out,)``: squared error per output channel.
+    grp_se : ndarray of float64, ``(out, groups)``: squared error per target group (groups of
+        ``group_size`` along ``in``, the last one possibly partial; one per row when per channel
+        or per tensor).
+    granularity : ``"tensor" | "channel" | "group"`` of the target.
+    group_size : elements per group along ``in`` (``n_in`` unless ``"group"``).
+    n_in : length of the ``in`` axis.
+    sr, max_abs, changed : sum of squared reference values, largest ``|error|``, count of
+        elements whose value changed.
+    out_sq_err, out_sq_ref : ``||W'X - WX||^2`` and ``||WX||^2`` over the random inputs.
+    """
+    g, G, n = granularity, int(group_size), int(n_in)
+    rows, ngr = grp_se.shape
+    full = (n // G) * G
     se = float(row_se.sum())
     numel = rows * n
     mse = se / numel
@@ -124,9 +149,9 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
         k = int(np.argmax(per))
         r, c = divmod(k, ngr)
         wg = {"index": [r, c], "mse": float(per[r, c]), "elements": int(counts[c])}
-    out_rel = float(np.sqrt(oe / orf)) if orf > 0 else (0.0 if oe == 0 else None)
+    out_rel = float(np.sqrt(out_sq_err / out_sq_ref)) if out_sq_ref > 0 else (0.0 if out_sq_err == 0 else None)
     st.update(worst_channel=wc, worst_group=wg, output_rel_error=out_rel, _sse=se, _ssr=sr,
-              _out_sq_err=oe, _out_sq_ref=orf)
+              _out_sq_err=out_sq_err, _out_sq_ref=out_sq_ref)
     return st
 
 

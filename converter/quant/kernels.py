@@ -202,6 +202,58 @@ def _reduce(x3: np.ndarray, tail: np.ndarray | None, ufunc) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
+def params_from_extrema(s, *, amax: np.ndarray | None = None, mx: np.ndarray | None = None,
+                        mn: np.ndarray | None = None, tensor: str | None = None):
+    """Round-to-nearest parameters of groups from their extrema (the formulas of
+    :func:`converter.quant.quantize.choose_params`, same operation order, bit-identical).
+
+    Parameters
+    ----------
+    s : QuantScheme (symmetric, or integer zero point; no codebook)
+    amax : ndarray of float32, ``(rows, groups)``: ``max |x|`` per group (symmetric schemes).
+    mx, mn : ndarray of float32, ``(rows, groups)``: ``max x`` / ``min x`` per group (asymmetric).
+    tensor : name, for errors.
+
+    Returns
+    -------
+    ``(scales, zero_points, degenerate)``: scales in the scheme's scale dtype, integer zero points
+    in the code dtype (None when symmetric), the number of all-zero groups; or None when an
+    extremum is not finite (the caller takes the whole-array path, which raises the precise error).
+
+    Raises
+    ------
+    QuantizationError
+        A scale that overflows the scale dtype.
+    """
+    from .quantize import _safe_cast_scales  # noqa: PLC0415 - shared safeguard
+    from .rounding import round_values
+    # NaN propagates through abs / max / min and inf survives them: checking the (small)
+    # reductions is checking every element
+    if s.symmetric:
+        if not np.isfinite(amax).all():
+            return None
+        degenerate = int(np.count_nonzero(amax == 0))
+        qpos = np.float32((1 << (s.bits - 1)) - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)
+        return _safe_cast_scales(sc, s, tensor=tensor), None, degenerate
+    if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
+        return None
+    degenerate = int(np.count_nonzero((mx == 0) & (mn == 0)))
+    levels = np.float32((1 << s.bits) - 1)
+    lo = np.minimum(mn, 0).astype(np.float32)
+    hi = np.maximum(mx, 0).astype(np.float32)
+    rng = hi - lo
+    sc = np.where(rng > 0, rng / levels, np.float32(1.0)).astype(np.float32)
+    sc = _safe_cast_scales(sc, s, tensor=tensor)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = round_values(-lo / sc.astype(np.float32), s.rounding)
+    z = np.clip(z, 0, levels)
+    if s.signed:
+        z = z - np.float32(1 << (s.bits - 1))
+    return sc, z.astype(np.int16).astype(s.code_dtype), degenerate  # as quantize() stores them
+
+
 def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str | None = None,
                      stats: dict | None = None):
     """Round-to-nearest ``(scales, zero_points, codes)`` of a 2-D ``(out, in)`` float matrix in row
@@ -214,7 +266,6 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     without ``g_idx``. ``stats``, when given, receives ``degenerate_groups`` (groups whose
     values are all zero).
     """
-    from .quantize import _safe_cast_scales  # noqa: PLC0415 - shared safeguard
     from .rounding import round_values
     from ..errors import QuantizationError
     gm, s = group_map, scheme
@@ -239,8 +290,6 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     if isinstance(values, Rows):
         step = max(1, min(step, values.step))
-    qpos = np.float32((1 << (s.bits - 1)) - 1)
-    levels = np.float32((1 << s.bits) - 1)
     degenerate = 0
     try:
         for r0 in range(0, rows, step):
@@ -251,39 +300,19 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                 x = xbuf[:k]
                 np.copyto(x, values[r0:r1], casting="unsafe")
             q = buf[:k]
-            # NaN propagates through abs / max / min and inf survives them: checking the (small)
-            # reductions is checking every element
             if s.symmetric:
                 np.abs(x, out=q)
                 amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
-                if not np.isfinite(amax).all():
-                    return None
-                degenerate += int(np.count_nonzero(amax == 0))
+                ext = {"amax": amax}
             else:
                 x3 = x[:, :full].reshape(k, nfull, G)
                 tail = x[:, full:] if full < n else None
-                mx = _reduce(x3, tail, np.maximum)
-                mn = _reduce(x3, tail, np.minimum)
-                if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
-                    return None
-                degenerate += int(np.count_nonzero((mx == 0) & (mn == 0)))
-            if s.symmetric:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)
-                sc = _safe_cast_scales(sc, s, tensor=tensor)
-                z = None
-            else:
-                lo = np.minimum(mn, 0).astype(np.float32)
-                hi = np.maximum(mx, 0).astype(np.float32)
-                rng = hi - lo
-                sc = np.where(rng > 0, rng / levels, np.float32(1.0)).astype(np.float32)
-                sc = _safe_cast_scales(sc, s, tensor=tensor)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    z = round_values(-lo / sc.astype(np.float32), s.rounding)
-                z = np.clip(z, 0, levels)
-                if s.signed:
-                    z = z - np.float32(1 << (s.bits - 1))
-                z = z.astype(np.int16).astype(s.code_dtype)  # as quantize() stores them
+                ext = {"mx": _reduce(x3, tail, np.maximum), "mn": _reduce(x3, tail, np.minimum)}
+            got = params_from_extrema(s, tensor=tensor, **ext)
+            if got is None:
+                return None
+            sc, z, deg = got
+            degenerate += deg
             scales[r0:r1] = sc
             if zps is not None:
                 zps[r0:r1] = z
