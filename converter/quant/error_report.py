@@ -28,83 +28,126 @@ SEED = 0
 _BLOCK = 1 << 17
 #: Tensors above this many elements get their output error from float32 products.
 LARGE = 1 << 20
-#: Elements per GEMM super-block of the output error.
-_GEMM_BLOCK = 1 << 22
+
+
+class ErrorSums:
+    """Running sums of the report figures over row blocks of a 2-D ``(out, in)`` comparison.
+
+    Feed consecutive row blocks with :meth:`add` (reference values ``A`` and approximation ``B``,
+    float32 ``(rows, in)``; the error is ``E = B - A`` in float32, as
+    :func:`converter.quant.metrics.error_stats` forms it), then read :meth:`figures`.
+
+    Squares are summed in float32 over chunks of at most a group (128 elements per chunk when the
+    groups are whole rows) and the chunk sums in float64: relative precision ~1e-6 on squared
+    errors and signal power, at a fraction of the cost of squaring in float64. The maximum
+    error and the count of changed elements are exact.
+
+    Output-space error ``||B X - A X|| / ||A X||`` on ``N_INPUTS`` fixed-seed standard normal
+    inputs: float64 products for tensors up to ``LARGE`` elements; above, float32 GEMMs of ``A``
+    and of ``E`` (so ``B X - A X`` is never a difference of two large products): relative
+    precision ~1e-6, far finer than the 8-input estimate itself.
+
+    Parameters
+    ----------
+    rows, n : shape ``(out, in)`` of the whole matrix.
+    granularity : ``"tensor" | "channel" | "group"``: the groups of the worst-group figure.
+    group_size : group size along ``in`` (``"group"`` only).
+    """
+
+    #: chunk of a row summed in float32 when the groups are whole rows
+    CHUNK = 128
+
+    def __init__(self, rows: int, n: int, granularity: str, group_size: int | None = None) -> None:
+        self.rows, self.n, self.g = rows, n, granularity
+        self.G = int(group_size) if granularity == "group" else n
+        self.C = self.G if granularity == "group" else min(n, self.CHUNK)
+        self.x = np.random.default_rng(SEED).standard_normal((n, N_INPUTS))
+        self.large = rows * n > LARGE
+        self.x32 = self.x.astype(np.float32) if self.large else None
+        self.sr = self.oe = self.orf = 0.0
+        self.max_abs = 0.0
+        self.changed = 0
+        self.row_se = np.zeros(rows, dtype=np.float64)
+        self.grp_se = np.zeros((rows, -(-n // self.G)), dtype=np.float64)
+
+    def _products(self, A: np.ndarray) -> np.ndarray:
+        return (A @ self.x32).astype(np.float64) if self.large else A.astype(np.float64) @ self.x
+
+    def _chunk_squares(self, v: np.ndarray) -> np.ndarray:
+        """``(rows, chunks)`` float64: sums of squares of ``v`` over chunks of ``C`` along ``in``
+        (the last one partial), each summed in float32."""
+        k, n, C = v.shape[0], self.n, self.C
+        nfull, full = n // C, (n // C) * C
+        out = np.empty((k, nfull + (full < n)), dtype=np.float64)
+        if nfull:
+            v3 = v[:, :full].reshape(k, nfull, C)
+            out[:, :nfull] = np.einsum("rci,rci->rc", v3, v3)
+        if full < n:
+            t = v[:, full:]
+            out[:, nfull] = np.einsum("ri,ri->r", t, t)
+        return out
+
+    def add(self, r0: int, A: np.ndarray, B: np.ndarray | None = None, E: np.ndarray | None = None) -> None:
+        """Rows ``r0 : r0 + len(A)``. ``B=None``: identical to ``A`` (only its own figures).
+        ``E``: a float32 buffer of ``A``'s shape to hold ``B - A`` (allocated when omitted)."""
+        y = self._products(A)
+        self.orf += float(np.sum(y * y))
+        self.sr += float(self._chunk_squares(A).sum())
+        if B is None:
+            return
+        r1 = r0 + A.shape[0]
+        e = np.subtract(B, A, out=E)  # float32, as error_stats forms it
+        if self.large:
+            dy = (e @ self.x32).astype(np.float64)
+        else:
+            dy = B.astype(np.float64) @ self.x
+            dy -= y
+        self.oe += float(np.sum(dy * dy))
+        self.changed += int(np.count_nonzero(e != 0))
+        if e.size:
+            self.max_abs = max(self.max_abs, float(e.max()), -float(e.min()))
+        se = self._chunk_squares(e)
+        if self.g == "group":
+            self.grp_se[r0:r1] = se
+            self.row_se[r0:r1] = se.sum(axis=1)
+        else:
+            self.row_se[r0:r1] = self.grp_se[r0:r1, 0] = se.sum(axis=1)
+
+    def figures(self) -> dict[str, Any]:
+        """The ``vs_source`` figures (:func:`figures_from_sums`)."""
+        return figures_from_sums(self.row_se, self.grp_se, self.g, self.G, self.n, sr=self.sr, max_abs=self.max_abs,
+                                 changed=self.changed, out_sq_err=self.oe, out_sq_ref=self.orf)
+
+
+def blocked_applicable(group_map, axes, shape) -> bool:
+    """Whether :class:`ErrorSums` covers a comparison: 2-D ``(out, in)``, non-empty, groups per
+    tensor, per ``out`` channel or along ``in`` without ``g_idx``."""
+    g = group_map.granularity.value
+    return (tuple(axes) == ("out", "in") and len(shape) == 2 and int(np.prod(shape)) > 0
+            and (g == "tensor" or (g == "channel" and group_map.axis == "out")
+                 or (g == "group" and group_map.axis == "in" and group_map.g_idx is None)))
 
 
 def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str, Any] | None:
-    """:func:`comparison` in one pass of cache-sized row blocks (2-D ``(out, in)``; groups per tensor,
-    per ``out`` channel or along ``in`` without ``g_idx``), or None when not applicable.
+    """:func:`comparison` in one pass of cache-sized row blocks (:class:`ErrorSums`), or None when
+    not applicable. ``approx=None``: known identical to ``ref``.
 
     The same figures with float64 accumulation; sums are formed block by block, so the last
     digits may differ from the whole-array formulas (the figures are reports, not outputs).
     """
-    g = group_map.granularity.value
-    same = approx is None  # known identical: only the reference's own figures are computed
-    if (tuple(axes) != ("out", "in") or ref.ndim != 2 or (not same and ref.shape != approx.shape) or ref.size == 0
-            or not (g == "tensor" or (g == "channel" and group_map.axis == "out")
-                    or (g == "group" and group_map.axis == "in" and group_map.g_idx is None))):
+    same = approx is None
+    if not blocked_applicable(group_map, axes, ref.shape) or (not same and ref.shape != approx.shape):
         return None
     rows, n = ref.shape
-    G = int(group_map.group_size) if g == "group" else n
-    nfull, full = n // G, (n // G) * G
-    ngr = nfull + (1 if full < n else 0)
-    x = np.random.default_rng(SEED).standard_normal((n, N_INPUTS))
-    # float64 products for small tensors; above LARGE elements float32 GEMMs of W and of the
-    # error E = W' - W (so W'X - WX is never a difference of two large products): relative
-    # precision ~1e-6, far finer than the 8-input estimate itself. GEMMs run on super-blocks of
-    # _GEMM_BLOCK elements (few BLAS calls: waking BLAS threads per small block costs more than
-    # the products), the other figures on cache-sized blocks inside them.
-    large = rows * n > LARGE
-    x32 = x.astype(np.float32) if large else None
-    outer = max(1, (_GEMM_BLOCK if large else LARGE) // n)
+    sums = ErrorSums(rows, n, group_map.granularity.value, group_map.group_size)
     step = max(1, _BLOCK // n)
-    sr = oe = orf = 0.0
-    max_abs = 0.0
-    changed = 0
-    row_se = np.empty(rows, dtype=np.float64)
-    grp_se = np.empty((rows, ngr), dtype=np.float64)
-    for o0 in range(0, rows, outer):
-        o1 = min(rows, o0 + outer)
-        A = np.asarray(ref[o0:o1], dtype=np.float32)
-        if same:
-            y = (A @ x32).astype(np.float64) if large else A.astype(np.float64) @ x
-            orf += float(np.sum(y * y))
-            row_se[o0:o1] = 0.0
-            grp_se[o0:o1] = 0.0
-            for r0 in range(o0, o1, step):
-                a64 = A[r0 - o0:min(o1, r0 + step) - o0].astype(np.float64)
-                sr += float(np.einsum("ij,ij->", a64, a64))
-            continue
-        B = np.asarray(approx[o0:o1], dtype=np.float32)
-        E = B - A  # float32, as error_stats forms it
-        if large:
-            y = (A @ x32).astype(np.float64)
-            dy = (E @ x32).astype(np.float64)
-        else:
-            y = A.astype(np.float64) @ x
-            dy = B.astype(np.float64) @ x
-            dy -= y
-        orf += float(np.sum(y * y))
-        oe += float(np.sum(dy * dy))
-        for r0 in range(o0, o1, step):
-            r1 = min(o1, r0 + step)
-            a, e = A[r0 - o0:r1 - o0], E[r0 - o0:r1 - o0]
-            changed += int(np.count_nonzero(e))
-            if e.size:
-                max_abs = max(max_abs, float(e.max()), -float(e.min()))
-            e64 = e.astype(np.float64)
-            e64 *= e64
-            if nfull:
-                grp_se[r0:r1, :nfull] = e64[:, :full].reshape(r1 - r0, nfull, G).sum(axis=2)
-            if full < n:
-                grp_se[r0:r1, nfull] = e64[:, full:].sum(axis=1)
-            row_se[r0:r1] = grp_se[r0:r1].sum(axis=1)
-            a64 = a.astype(np.float64)
-            sr += float(np.einsum("ij,ij->", a64, a64))
-        del A, B, E
-    return figures_from_sums(row_se, grp_se, g, G, n, sr=sr, max_abs=max_abs, changed=changed, out_sq_err=oe,
-                             out_sq_ref=orf)
+    buf = np.empty((step, n), dtype=np.float32)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        A = np.asarray(ref[r0:r1], dtype=np.float32)
+        B = None if same else np.asarray(approx[r0:r1], dtype=np.float32)
+        sums.add(r0, A, B, buf[:r1 - r0])
+    return sums.figures()
 
 
 def figures_from_sums(row_se: np.ndarray, grp_se: np.ndarray, granularity: str, group_size: int, n_in: int, *,
@@ -131,10 +174,10 @@ def figures_from_sums(row_se: np.ndarray, grp_se: np.ndarray, granularity: str, 
     se = float(row_se.sum())
     numel = rows * n
     mse = se / numel
-    exact = se == 0.0
+    exact = changed == 0  # (a squared error can underflow to 0; a changed value cannot hide)
     st = {"numel": numel, "mse": mse, "rmse": float(np.sqrt(mse)), "max_abs": max_abs,
           "rel_frobenius": float(np.sqrt(se / sr)) if sr > 0 else None,
-          "sqnr_db": None if exact or sr == 0 else float(10.0 * np.log10(sr / se)),
+          "sqnr_db": None if exact or sr == 0 or se == 0 else float(10.0 * np.log10(sr / se)),
           "exact": exact, "changed_fraction": changed / numel}
     per_row = row_se / n
     i = int(np.argmax(per_row))
@@ -200,9 +243,10 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
     a = info.pop("_values", None)  # the source values requantize() already computed
     identical = info.pop("_identical", False)  # an exact carry, checked value for value
     # values dequantized block by block as the comparison reads them (never whole matrices)
+    pre = info.pop("_vs_source", None)  # summed by requantize() in its own blocks
     a = Rows(a if a is not None else src)
     b = a if identical else Rows(out)
-    vs_src = (_comparison_blocked(a, None, out.group_map, out.axes) if identical else None) \
+    vs_src = pre or (_comparison_blocked(a, None, out.group_map, out.axes) if identical else None) \
         or comparison(a, b, out.group_map, out.axes)
     gm = out.group_map
     partial = gm.partial_tail(out.shape, out.axes)
@@ -252,7 +296,7 @@ def _agg(rows: list[dict], key) -> dict[str, Any] | None:
     return {"numel": n, "mse": mse, "rmse": math.sqrt(mse), "max_abs": max(c["max_abs"] for c in cs),
             "rel_frobenius": math.sqrt(sse / ssr) if ssr > 0 else None,
             "sqnr_db": 10 * math.log10(ssr / sse) if sse > 0 and ssr > 0 else None,
-            "exact": sse == 0.0,
+            "exact": all(c["exact"] for c in cs),
             "changed_fraction": sum(c["changed_fraction"] * c["numel"] for c in cs) / n if n else 0.0,
             "output_rel_error": math.sqrt(oe / orf) if orf > 0 else None}
 

@@ -94,22 +94,33 @@ def byte_table(bits: int, *, signed: bool, flip: bool, center: float) -> np.ndar
     return np.ascontiguousarray(out)
 
 
-def _decoder(t):
-    """(words as uint8 rows, table) when ``t``'s codes can be decoded bytewise, else None."""
+def _raw_bytes(t):
+    """``(bytes, bits, signed, flip)`` when ``t``'s codes are packed so that each byte of the words
+    (in logical row order, ``(out, in * bits / 8)`` uint8) holds ``8 / bits`` whole fields
+    LSB-first; else None. ``signed`` / ``flip`` say how a field maps to its code
+    (:class:`converter.layout.PackedCodes`)."""
     pc = t.packed
     if pc is None or sys.byteorder != "little" or pc.bits not in (1, 2, 4, 8):
         return None
     from ..layout import PackedCodes
-    # raw stored fields in logical order (no copy when already so); the table applies the flip
+    # raw stored fields in logical order (no copy when already so); the caller applies the flip
     words = PackedCodes(pc.words, pc.amap, pc.axes, pc.sizes, signed=pc.signed).logical_words()
     if words is None:
         return None
     rows, n = t.shape
     if (n * pc.bits) % 8:
         return None
-    raw = words.view(np.uint8).reshape(rows, -1)[:, : n * pc.bits // 8]
+    return words.view(np.uint8).reshape(rows, -1)[:, : n * pc.bits // 8], pc.bits, pc.signed, pc.flip
+
+
+def _decoder(t):
+    """(words as uint8 rows, table) when ``t``'s codes can be decoded bytewise, else None."""
+    got = _raw_bytes(t)
+    if got is None:
+        return None
+    raw, bits, signed, flip = got
     center = float(t.scheme.center) if t.scheme.zero_point.value == "none" else 0.0
-    return raw, byte_table(pc.bits, signed=pc.signed, flip=pc.flip, center=center)
+    return raw, byte_table(bits, signed=signed, flip=flip, center=center)
 
 
 def _codes_table(t):
@@ -255,7 +266,7 @@ def params_from_extrema(s, *, amax: np.ndarray | None = None, mx: np.ndarray | N
 
 
 def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str | None = None,
-                     stats: dict | None = None):
+                     stats: dict | None = None, compare=None):
     """Round-to-nearest ``(scales, zero_points, codes)`` of a 2-D ``(out, in)`` float matrix in row
     blocks, or None when not applicable (the caller takes the whole-array path, which also
     produces the precise error for non-finite inputs or overflowing scales).
@@ -264,7 +275,10 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     :func:`~converter.quant.quantize.codes_for` (bit-identical results); applies to symmetric
     and integer-zero-point schemes without codebook, grouped per ``out`` channel or along ``in``
     without ``g_idx``. ``stats``, when given, receives ``degenerate_groups`` (groups whose
-    values are all zero).
+    values are all zero). ``compare``, an :class:`converter.quant.error_report.ErrorSums` of
+    the matrix, receives each block's values and their reconstruction from the new codes (the
+    target's dequantize formula, bit-identical) while both are in cache: the error report
+    without a second pass over the tensor.
     """
     from .rounding import round_values
     from ..errors import QuantizationError
@@ -290,6 +304,9 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     if isinstance(values, Rows):
         step = max(1, min(step, values.step))
+    if compare is not None:
+        bbuf = np.empty((step, n), dtype=np.float32)
+        ebuf = np.empty((step, n), dtype=np.float32)
     degenerate = 0
     try:
         for r0 in range(0, rows, step):
@@ -328,6 +345,16 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
             # nan_to_num pass is skipped; an overflow to +-inf is clipped like any large value
             np.clip(q, s.qmin, s.qmax, out=q)
             codes[r0:r1] = q
+            if compare is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
+                b = bbuf[:k]
+                if z is not None:
+                    _apply_to(b, q, z.astype(np.float32), G, full, np.subtract)
+                elif s.center:
+                    np.subtract(q, np.float32(s.center), out=b)
+                else:
+                    np.copyto(b, q)
+                _apply(b, s32, G, full, np.multiply)
+                compare.add(r0, x, b, ebuf[:k])
     except QuantizationError:
         return None
     if zps is not None:

@@ -520,11 +520,18 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
     from .kernels import Rows, quantize_blocked
     # choose_params + codes_for in cache-sized row blocks (bit-identical), the source dequantized
     # block by block as it goes: the float32 matrix is never held whole
-    fast = quantize_blocked(Rows(t), scheme, gm, t.axes, tensor=t.name, stats=info) \
-        if target.scale_search != "mse" and len(t.shape) == 2 else None
+    from .error_report import ErrorSums, blocked_applicable
+    fast = sums = None
+    if target.scale_search != "mse" and len(t.shape) == 2:
+        # the error figures are summed inside the same blocks (no second pass over the tensor)
+        sums = ErrorSums(*t.shape, gm.granularity.value, gm.group_size) \
+            if blocked_applicable(gm, t.axes, t.shape) else None
+        fast = quantize_blocked(Rows(t), scheme, gm, t.axes, tensor=t.name, stats=info, compare=sums)
     x = None
     if fast is not None:
         scales, zps, codes = fast
+        if sums is not None:
+            info["_vs_source"] = sums.figures()  # for tensor_report
     else:
         x = t.dequantize()
         if target.scale_search == "mse":
@@ -546,6 +553,7 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
         e_alt = float(np.sum((alt.dequantize() - x).astype(np.float64) ** 2))
         if e_alt <= e_rtn:
             info["route"] = "carried"
+            info.pop("_vs_source", None)
             info["note"] = "float biases rounded to the nearest integer zero point; codes and scales carried"
             return alt, info
     return out, info

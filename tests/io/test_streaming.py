@@ -318,13 +318,16 @@ def test_blocked_comparison_matches_whole_array_formulas():
     for gm in (GroupMap.per_group(64), GroupMap.per_channel(), GroupMap.per_tensor()):
         got = er._comparison_blocked(a, b, gm, (OUT, IN))
         st = error_stats(a, b)
-        for k in ("mse", "rmse", "max_abs", "rel_frobenius", "sqnr_db", "changed_fraction"):
-            assert got[k] == pytest.approx(getattr(st, k), rel=1e-9), k
+        # squares are summed in float32 per chunk (ErrorSums): relative precision ~1e-6
+        for k in ("mse", "rmse", "rel_frobenius", "sqnr_db"):
+            assert got[k] == pytest.approx(getattr(st, k), rel=1e-6), k
+        for k in ("max_abs", "changed_fraction"):
+            assert got[k] == getattr(st, k), k
         assert got["worst_channel"] == {"index": worst_channel(a, b, (OUT, IN))["index"],
-                                        "mse": pytest.approx(worst_channel(a, b, (OUT, IN))["mse"], rel=1e-9)}
+                                        "mse": pytest.approx(worst_channel(a, b, (OUT, IN))["mse"], rel=1e-6)}
         wg = worst_group(a, b, gm, (OUT, IN))
         assert got["worst_group"]["index"] == wg["index"] and got["worst_group"]["elements"] == wg["elements"]
-        assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-9)
+        assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-6)
         assert got["output_rel_error"] == pytest.approx(
             output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)
 

@@ -48,11 +48,12 @@ def test_figures_equal_independent_computation():
     a, b = src.dequantize().astype(np.float64), out.dequantize().astype(np.float64)
     e = b - a
     v = row["vs_source"]
-    assert math.isclose(v["mse"], np.mean(e ** 2), rel_tol=1e-9)
-    assert math.isclose(v["rmse"], np.sqrt(np.mean(e ** 2)), rel_tol=1e-9)
-    assert math.isclose(v["max_abs"], np.abs(e).max(), rel_tol=1e-9)
-    assert math.isclose(v["rel_frobenius"], np.linalg.norm(e) / np.linalg.norm(a), rel_tol=1e-9)
-    assert math.isclose(v["sqnr_db"], 10 * np.log10(np.sum(a ** 2) / np.sum(e ** 2)), rel_tol=1e-9)
+    # squares are summed in float32 per group (ErrorSums): relative precision ~1e-6
+    assert math.isclose(v["mse"], np.mean(e ** 2), rel_tol=1e-6)
+    assert math.isclose(v["rmse"], np.sqrt(np.mean(e ** 2)), rel_tol=1e-6)
+    assert v["max_abs"] == np.abs(e).max()
+    assert math.isclose(v["rel_frobenius"], np.linalg.norm(e) / np.linalg.norm(a), rel_tol=1e-6)
+    assert math.isclose(v["sqnr_db"], 10 * np.log10(np.sum(a ** 2) / np.sum(e ** 2)), rel_tol=1e-6)
     assert v["changed_fraction"] == np.count_nonzero(e) / e.size
     assert v["worst_channel"]["index"] == [int(np.argmax(np.mean(e ** 2, axis=1)))]
     # worst group of the target (group 32 along in, partial tail of 16): (row, group)
@@ -61,7 +62,7 @@ def test_figures_equal_independent_computation():
     cnt = np.array([32, 32, 16])
     per = pad.reshape(12, 3, 32).sum(axis=2) / cnt
     r, g = np.unravel_index(np.argmax(per), per.shape)
-    assert v["worst_group"]["index"] == [r, g] and math.isclose(v["worst_group"]["mse"], per[r, g], rel_tol=1e-9)
+    assert v["worst_group"]["index"] == [r, g] and math.isclose(v["worst_group"]["mse"], per[r, g], rel_tol=1e-6)
     x = np.random.default_rng(0).standard_normal((80, 8))
     assert math.isclose(v["output_rel_error"], np.linalg.norm(b @ x - a @ x) / np.linalg.norm(a @ x), rel_tol=1e-9)
     # against the float reference

@@ -1,0 +1,65 @@
+"""The error figures requantize() sums inside its own row blocks (ErrorSums fed by
+quantize_blocked) against an independent whole-array computation from the two dequantized
+tensors, for symmetric / asymmetric targets, per channel and per group with a partial tail,
+small (float64 products) and large (float32 GEMMs) tensors."""
+
+import math
+
+import numpy as np
+import pytest
+
+from converter.groups import GroupMap
+from converter.quant.error_report import tensor_report
+from converter.quant.quantize import quantize
+from converter.quant.requant import Target, classify, requantize
+from converter.scheme import QuantScheme, ZeroPoint
+
+
+def _independent(a, b, target_group):
+    e = b - a
+    x = np.random.default_rng(0).standard_normal((a.shape[1], 8))
+    rows, n = e.shape
+    G = target_group or n
+    ng = -(-n // G)
+    pad = np.zeros((rows, ng * G))
+    pad[:, :n] = e ** 2
+    cnt = np.full(ng, G)
+    cnt[-1] = n - (ng - 1) * G
+    per = pad.reshape(rows, ng, G).sum(axis=2) / cnt
+    r, g = np.unravel_index(np.argmax(per), per.shape)
+    return {"mse": np.mean(e ** 2), "max_abs": np.abs(e).max(), "changed_fraction": np.count_nonzero(e) / e.size,
+            "rel_frobenius": np.linalg.norm(e) / np.linalg.norm(a),
+            "worst_channel": [int(np.argmax(np.mean(e ** 2, axis=1)))], "worst_group": ([int(r), int(g)], per[r, g]),
+            "output_rel_error": np.linalg.norm(b @ x - a @ x) / np.linalg.norm(a @ x)}
+
+
+@pytest.mark.parametrize("rows,n,src_group,target,out_tol", [
+    (24, 200, 32, Target(bits=8, granularity="channel"), 1e-9),            # per-channel, small
+    (24, 200, 32, Target(bits=3, group_size=64, symmetric=False), 1e-9),  # asym, partial tail of 8
+    (40, 136, 8, Target(bits=2, group_size=16), 1e-9),                    # 2-bit, tail of 8
+    (1030, 1100, 100, Target(bits=8, granularity="channel"), 1e-5),       # > LARGE: float32 GEMMs
+    (1030, 1100, 100, Target(bits=4, group_size=300, symmetric=False), 1e-5),  # tail of 200
+])
+def test_fused_figures_equal_independent(rows, n, src_group, target, out_tol):
+    rng = np.random.default_rng(rows + n)
+    w = (rng.standard_normal((rows, n)) * rng.uniform(0.01, 10, (rows, 1))).astype(np.float32)
+    src = quantize(w, QuantScheme(4, False, zero_point=ZeroPoint.INTEGER), GroupMap.per_group(src_group))
+    out, info = requantize(src, target)
+    assert "_vs_source" in info  # summed in requantize's own blocks, not recomputed by the report
+    row = tensor_report(src, out, classify(src, target), info)
+    v = row["vs_source"]
+    a, b = src.dequantize().astype(np.float64), out.dequantize().astype(np.float64)
+    ind = _independent(a, b, target.group_size)
+    # squares summed in float32 per chunk (ErrorSums): ~1e-6; the maximum is exact
+    for k in ("mse", "rel_frobenius"):
+        assert math.isclose(v[k], ind[k], rel_tol=1e-6), k
+    assert v["max_abs"] == ind["max_abs"]
+    assert v["changed_fraction"] == ind["changed_fraction"]
+    assert v["worst_channel"]["index"] == ind["worst_channel"]
+    assert v["worst_group"]["index"] == ind["worst_group"][0]
+    assert math.isclose(v["worst_group"]["mse"], ind["worst_group"][1], rel_tol=1e-6)
+    assert math.isclose(v["output_rel_error"], ind["output_rel_error"], rel_tol=out_tol)
+    # the codes are the ones the whole-array quantizer gives the dequantized source
+    ts = out.scheme
+    ref = quantize(src.dequantize(), ts, out.group_map)
+    assert np.array_equal(out.codes, ref.codes) and np.array_equal(out.scales, ref.scales)
