@@ -245,8 +245,7 @@ def params_from_extrema(s, *, amax: np.ndarray | None = None, mx: np.ndarray | N
             return None
         degenerate = int(np.count_nonzero(amax == 0))
         qpos = np.float32((1 << (s.bits - 1)) - 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)
+        sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)  # finite / positive
         return _safe_cast_scales(sc, s, tensor=tensor), None, degenerate
     if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
         return None
@@ -257,8 +256,7 @@ def params_from_extrema(s, *, amax: np.ndarray | None = None, mx: np.ndarray | N
     rng = hi - lo
     sc = np.where(rng > 0, rng / levels, np.float32(1.0)).astype(np.float32)
     sc = _safe_cast_scales(sc, s, tensor=tensor)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = round_values(-lo / sc.astype(np.float32), s.rounding)
+    z = round_values(-lo / sc.astype(np.float32), s.rounding)  # sc > 0: finite
     z = np.clip(z, 0, levels)
     if s.signed:
         z = z - np.float32(1 << (s.bits - 1))
@@ -309,52 +307,52 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
         ebuf = np.empty((step, n), dtype=np.float32)
     degenerate = 0
     try:
-        for r0 in range(0, rows, step):
-            r1 = min(rows, r0 + step)
-            k = r1 - r0
-            x = values[r0:r1]
-            if xbuf is not None:
-                x = xbuf[:k]
-                np.copyto(x, values[r0:r1], casting="unsafe")
-            q = buf[:k]
-            if s.symmetric:
-                np.abs(x, out=q)
-                amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
-                ext = {"amax": amax}
-            else:
-                x3 = x[:, :full].reshape(k, nfull, G)
-                tail = x[:, full:] if full < n else None
-                ext = {"mx": _reduce(x3, tail, np.maximum), "mn": _reduce(x3, tail, np.minimum)}
-            got = params_from_extrema(s, tensor=tensor, **ext)
-            if got is None:
-                return None
-            sc, z, deg = got
-            degenerate += deg
-            scales[r0:r1] = sc
-            if zps is not None:
-                zps[r0:r1] = z
-            s32 = sc.astype(np.float32)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                _apply_to(q, x, s32, G, full, np.divide)
-            round_values(q, s.rounding, out=q)
-            if z is not None:
-                _apply(q, z.astype(np.float32), G, full, np.add)
-            elif s.center:
-                q += np.float32(s.center)
-            # no NaN can arise here (finite values over finite non-zero scales), so codes_for's
-            # nan_to_num pass is skipped; an overflow to +-inf is clipped like any large value
-            np.clip(q, s.qmin, s.qmax, out=q)
-            codes[r0:r1] = q
-            if compare is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
-                b = bbuf[:k]
-                if z is not None:
-                    _apply_to(b, q, z.astype(np.float32), G, full, np.subtract)
-                elif s.center:
-                    np.subtract(q, np.float32(s.center), out=b)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # once, not per block
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                k = r1 - r0
+                x = values[r0:r1]
+                if xbuf is not None:
+                    x = xbuf[:k]
+                    np.copyto(x, values[r0:r1], casting="unsafe")
+                q = buf[:k]
+                if s.symmetric:
+                    np.abs(x, out=q)
+                    amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
+                    ext = {"amax": amax}
                 else:
-                    np.copyto(b, q)
-                _apply(b, s32, G, full, np.multiply)
-                compare.add(r0, x, b, ebuf[:k])
+                    x3 = x[:, :full].reshape(k, nfull, G)
+                    tail = x[:, full:] if full < n else None
+                    ext = {"mx": _reduce(x3, tail, np.maximum), "mn": _reduce(x3, tail, np.minimum)}
+                got = params_from_extrema(s, tensor=tensor, **ext)
+                if got is None:
+                    return None
+                sc, z, deg = got
+                degenerate += deg
+                scales[r0:r1] = sc
+                if zps is not None:
+                    zps[r0:r1] = z
+                s32 = sc.astype(np.float32)
+                _apply_to(q, x, s32, G, full, np.divide)  # (a tiny scale may overflow to inf: clipped)
+                round_values(q, s.rounding, out=q)
+                if z is not None:
+                    _apply(q, z.astype(np.float32), G, full, np.add)
+                elif s.center:
+                    q += np.float32(s.center)
+                # no NaN can arise here (finite values over finite non-zero scales), so codes_for's
+                # nan_to_num pass is skipped; an overflow to +-inf is clipped like any large value
+                np.clip(q, s.qmin, s.qmax, out=q)
+                codes[r0:r1] = q
+                if compare is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
+                    b = bbuf[:k]
+                    if z is not None:
+                        _apply_to(b, q, z.astype(np.float32), G, full, np.subtract)
+                    elif s.center:
+                        np.subtract(q, np.float32(s.center), out=b)
+                    else:
+                        np.copyto(b, q)
+                    _apply(b, s32, G, full, np.multiply)
+                    compare.add(r0, x, b, ebuf[:k])
     except QuantizationError:
         return None
     if zps is not None:

@@ -438,6 +438,9 @@ def unpack_codes(words: np.ndarray, bits: int, *, axis: int, length: int, contai
                           expected=expected, found=words.shape[axis])
     shape = list(words.shape)
     shape[axis] = length
+    if bits == width == 8:  # one code per byte: the bytes themselves (one copy, no shift or mask)
+        out = np.array(words[_along(words.ndim, axis, slice(0, length))], dtype=np.uint8, order="C")
+        return _sign_extend(out, bits) if signed else out
     out = np.empty(shape, dtype=np.uint8)
     for code_block, word_block in _blocks(out.shape, axis, *_unit(bits, width, layout)):
         _unpack_into(out[code_block], words[word_block], bits, axis, layout, slots)

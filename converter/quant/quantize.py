@@ -15,6 +15,7 @@ Conventions (DEVELOPERS.md contracts):
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import ml_dtypes
@@ -87,6 +88,13 @@ def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndar
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _finfo(dt: np.dtype) -> tuple[float, float]:
+    """(largest finite, smallest subnormal) of a float dtype (ml_dtypes.finfo is slow per call)."""
+    info = ml_dtypes.finfo(dt)
+    return float(info.max), float(info.smallest_subnormal)
+
+
 def _safe_cast_scales(scales: np.ndarray, scheme: QuantScheme, *, tensor: str | None) -> np.ndarray:
     """Cast float32 scales to the scheme's dtype without producing 0, inf or NaN.
 
@@ -96,18 +104,18 @@ def _safe_cast_scales(scales: np.ndarray, scheme: QuantScheme, *, tensor: str | 
         When a scale exceeds the dtype's largest finite value.
     """
     dt = scheme.scale_np_dtype
-    info = ml_dtypes.finfo(dt)
-    big = np.abs(scales) > float(info.max)
+    biggest, smallest = _finfo(dt)
+    big = np.abs(scales) > biggest
     if big.any():
         idx = np.unravel_index(int(np.argmax(big)), scales.shape)
         raise QuantizationError("scale overflows the scale dtype", tensor=tensor, field="scales",
-                                expected=f"|scale| <= {float(info.max):g} ({scheme.scale_dtype})",
+                                expected=f"|scale| <= {biggest:g} ({scheme.scale_dtype})",
                                 found=f"{float(scales[idx]):g} at group {list(map(int, idx))}",
                                 hint="use --scale-dtype f32 (or bf16)")
     cast = scales.astype(dt)
     tiny = (cast == 0) & (scales != 0)
     if tiny.any():
-        smallest = np.array(float(info.smallest_subnormal), dtype=np.float32).astype(dt)
+        smallest = np.array(smallest, dtype=np.float32).astype(dt)
         cast = np.where(tiny, np.copysign(smallest, scales.astype(dt)), cast)
     return cast
 

@@ -266,3 +266,16 @@ def test_blocked_matches_unblocked(case, block):
         packing._BLOCK_CODES = saved
     np.testing.assert_array_equal(blocked, whole)
     np.testing.assert_array_equal(back, codes)
+
+
+def test_full_width_codes_unpack_to_a_writable_copy_of_the_bytes():
+    """8-bit codes in 8-bit containers are the bytes themselves: unpack copies them (on either
+    axis), sign-extends when asked, and never aliases the (often read-only, mapped) words."""
+    words = np.array([[0, 1, 255], [128, 127, 7]], dtype=np.uint8)
+    words.setflags(write=False)
+    for axis in (0, 1):
+        got = unpack_codes(words, 8, axis=axis, length=words.shape[axis], container=np.uint8)
+        assert got.dtype == np.uint8 and got.flags.c_contiguous and got.flags.writeable
+        assert got.tolist() == words.tolist() and not np.shares_memory(got, words)
+    signed = unpack_codes(words, 8, axis=1, length=3, container=np.uint8, signed=True)
+    assert signed.dtype == np.int8 and signed.tolist() == [[0, 1, -1], [-128, 127, 7]]
