@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
+from converter.io.background import BackgroundWriter
 from converter.errors import (
     ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
 )
@@ -561,6 +562,9 @@ class SafetensorsWriter:
     Notes
     -----
     Output bytes depend only on ``entries`` (as a set), ``metadata`` and the array values.
+    Writes go through a background thread (:mod:`converter.io.background`): an array handed to
+    :meth:`write` / :meth:`write_rows` must not be modified afterwards; :meth:`flush` waits for
+    them, :meth:`close` flushes, checks every planned tensor was written and fsyncs.
     """
 
     def __init__(self, path: str | os.PathLike, entries: Sequence[tuple[str, str, Sequence[int]]],
@@ -571,19 +575,24 @@ class SafetensorsWriter:
         self._rows: dict[str, int] = {}
         self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._bg = BackgroundWriter(self._fd)
         try:
-            self._pwrite(memoryview(prefix), 0)
+            self._bg.submit(memoryview(prefix), 0)
             os.ftruncate(self._fd, self._size)
         except BaseException:
             self._abort()
             raise
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
-        """``os.pwrite`` until every byte is written (pwrite may write less)."""
+        """Queue ``view`` for writing at ``offset`` (a background thread writes it, see
+        :mod:`converter.io.background`; the array behind ``view`` must not change afterwards)."""
         assert self._fd is not None
-        done = 0
-        while done < view.nbytes:
-            done += os.pwrite(self._fd, view[done:done + (1 << 30)], offset + done)
+        self._bg.submit(view, offset)
+
+    def flush(self) -> None:
+        """Wait until every queued byte is written (raises the write's OSError, if one failed)."""
+        if self._fd is not None:
+            self._bg.drain()
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Write one planned tensor at its precomputed offset.
@@ -679,8 +688,9 @@ class SafetensorsWriter:
         self._written.add(name)
 
     def _abort(self) -> None:
-        """Close the descriptor without validating."""
+        """Close the descriptor without validating (queued writes not yet started are dropped)."""
         if self._fd is not None:
+            self._bg.abandon()
             os.close(self._fd)
             self._fd = None
 
@@ -694,6 +704,7 @@ class SafetensorsWriter:
                 raise FormatError("planned tensors were never written", file=self.path,
                                   tensor=missing[0], expected=f"{len(self._plan)} tensors",
                                   found=f"{len(missing)} missing: {missing[:10]}")
+            self._bg.close()
             os.fsync(self._fd)
         finally:
             self._abort()

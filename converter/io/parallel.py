@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ConverterError, FormatError
+from .background import BackgroundWriter
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "drop_pages", "Progress", "run_tasks",
            "SharedDict", "DEFAULT_MAX_MEMORY"]
@@ -318,9 +319,11 @@ _TASK_FN: Callable[[int], Any] | None = None
 
 
 def _run_one(i: int) -> tuple[int, bool, Any, list]:
+    from .background import drain_process
     _PENDING.clear()
     try:
         res = _TASK_FN(i)  # type: ignore[misc]
+        drain_process()  # the task's bytes are in the file before the parent hears it is done
         return i, True, res, list(_PENDING)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         return i, False, _pack_error(exc), []
@@ -371,17 +374,22 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
     try:
         os.ftruncate(fd, size)
 
+        bg = BackgroundWriter(fd)
+
         def task(i: int) -> int:
             offset, arr = produce(i)
             view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-            done = 0
-            while done < view.nbytes:
-                done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+            bg.submit(view, offset)
             return view.nbytes
 
         workers = opts.n_workers if opts.workers or size >= 32 * 2**20 else 1
-        with Progress(label, n_items, total_bytes if total_bytes is not None else size) as progress:
-            run_tasks(n_items, task, workers=workers, on_result=lambda i, n: progress.advance(1, n))
+        try:
+            with Progress(label, n_items, total_bytes if total_bytes is not None else size) as progress:
+                run_tasks(n_items, task, workers=workers, on_result=lambda i, n: progress.advance(1, n))
+            bg.close()
+        except BaseException:
+            bg.abandon()
+            raise
         os.fsync(fd)
     finally:
         os.close(fd)

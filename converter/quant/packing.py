@@ -438,8 +438,11 @@ def unpack_codes(words: np.ndarray, bits: int, *, axis: int, length: int, contai
                           expected=expected, found=words.shape[axis])
     shape = list(words.shape)
     shape[axis] = length
-    if bits == width == 8:  # one code per byte: the bytes themselves (one copy, no shift or mask)
-        out = np.array(words[_along(words.ndim, axis, slice(0, length))], dtype=np.uint8, order="C")
+    if bits == 8 and (width == 8 or (axis == words.ndim - 1 and sys.byteorder == "little"
+                                      and slots == tuple(range(width // 8)))):
+        # one code per byte, LSB-first: the words' bytes are the codes in order (one copy)
+        raw = words.view(np.uint8) if width > 8 else words
+        out = np.array(raw[_along(raw.ndim, axis, slice(0, length))], dtype=np.uint8, order="C")
         return _sign_extend(out, bits) if signed else out
     out = np.empty(shape, dtype=np.uint8)
     for code_block, word_block in _blocks(out.shape, axis, *_unit(bits, width, layout)):

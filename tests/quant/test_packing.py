@@ -279,3 +279,16 @@ def test_full_width_codes_unpack_to_a_writable_copy_of_the_bytes():
         assert got.tolist() == words.tolist() and not np.shares_memory(got, words)
     signed = unpack_codes(words, 8, axis=1, length=3, container=np.uint8, signed=True)
     assert signed.dtype == np.int8 and signed.tolist() == [[0, 1, -1], [-128, 127, 7]]
+
+
+@pytest.mark.parametrize("container", [np.uint16, np.uint32])
+def test_8bit_codes_in_wide_words_unpack_as_their_bytes(container):
+    """8-bit codes packed LSB-first along the last axis of 16/32-bit words: same codes as the
+    generic shift-and-mask path (compared with the codes that were packed)."""
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 256, (5, 10), dtype=np.uint8)
+    words = pack_codes(codes, 8, axis=1, container=container)
+    got = unpack_codes(words, 8, axis=1, length=10, container=container)
+    assert got.tolist() == codes.tolist() and got.flags.writeable
+    words0 = pack_codes(codes.T.copy(), 8, axis=0, container=container)  # packed axis not last
+    assert unpack_codes(words0, 8, axis=0, length=10, container=container).tolist() == codes.T.tolist()

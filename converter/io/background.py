@@ -1,0 +1,160 @@
+"""``pwrite`` on a background thread: one process computes the next tensor while the kernel copies
+the last one into the page cache.
+
+Both sides release the GIL (numpy's kernels, ``os.pwrite``), so on a machine with a spare core a
+single worker overlaps its arithmetic with its writes instead of alternating between them. Bytes
+in flight are bounded (``limit``; one item larger than the limit still goes, alone), each item is
+written at its own offset, so the file's bytes do not depend on the timing.
+
+A write error (``ENOSPC`` ...) is raised by the next :meth:`BackgroundWriter.submit` or
+:meth:`~BackgroundWriter.drain`; nothing is dropped silently. After a ``fork`` the child starts
+its own queue and thread on first use (a thread does not survive ``fork``), and
+:func:`drain_process` lets a worker wait for its own writes before it reports a task done.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import deque
+
+__all__ = ["BackgroundWriter", "drain_process", "DEFAULT_LIMIT"]
+
+#: Bytes queued but not yet written, at most (besides one larger item alone).
+DEFAULT_LIMIT = 96 * 2**20
+#: Largest single ``pwrite`` call.
+_CHUNK = 1 << 30
+
+_WRITERS: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+
+
+class BackgroundWriter:
+    """Queue of ``(bytes, offset)`` writes to an open file descriptor, done by one daemon thread.
+
+    Parameters
+    ----------
+    fd : int
+        Open for writing; the caller closes it after :meth:`close` or :meth:`abandon`.
+    limit : int
+        Bytes in flight before :meth:`submit` waits.
+    """
+
+    def __init__(self, fd: int, *, limit: int = DEFAULT_LIMIT) -> None:
+        self.fd = fd
+        self.limit = int(limit)
+        self._reset()
+        _WRITERS.add(self)
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cv = threading.Condition()
+        self._queue: deque[tuple[memoryview, int]] = deque()
+        self._inflight = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def _mine(self) -> None:
+        if self._pid != os.getpid():  # a forked child: its own queue and thread
+            self._reset()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, view: memoryview, offset: int) -> None:
+        """Write ``view`` (bytes; kept alive until written) at ``offset``, in the background.
+
+        Raises
+        ------
+        OSError
+            A previous background write failed.
+        """
+        self._mine()
+        n = view.nbytes
+        if n == 0:
+            return
+        with self._cv:
+            self._raise()
+            while self._inflight and self._inflight + n > self.limit and self._error is None:
+                self._cv.wait()
+            self._raise()
+            self._queue.append((view, offset))
+            self._inflight += n
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="qckpt-pwrite", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                view, offset = self._queue[0]
+            try:
+                done = 0
+                while done < view.nbytes:
+                    done += os.pwrite(self.fd, view[done:done + _CHUNK], offset + done)
+            except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
+                with self._cv:
+                    self._error = exc
+                    self._queue.clear()
+                    self._inflight = 0
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._queue.popleft()
+                self._inflight -= view.nbytes
+                self._cv.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every submitted write is done.
+
+        Raises
+        ------
+        OSError
+            A background write failed.
+        """
+        self._mine()
+        with self._cv:
+            while self._queue and self._error is None:
+                self._cv.wait()
+            self._raise()
+
+    def _stop_thread(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self._thread = None
+
+    def close(self) -> None:
+        """:meth:`drain`, then stop the thread (the descriptor stays open)."""
+        try:
+            self.drain()
+        finally:
+            self._stop_thread()
+
+    def abandon(self) -> None:
+        """Drop the writes not started, wait for the one in progress, stop the thread (on abort:
+        the descriptor may be closed afterwards)."""
+        if self._pid != os.getpid():
+            return
+        with self._cv:
+            while len(self._queue) > 1:
+                self._queue.pop()
+        self._stop_thread()
+
+
+def drain_process() -> None:
+    """Drain every writer this process has used (a worker, before it reports a task done)."""
+    pid = os.getpid()
+    for w in list(_WRITERS):
+        if w._pid == pid:
+            w.drain()
