@@ -255,7 +255,11 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
             # reductions is checking every element
             if s.symmetric:
                 np.abs(x, out=q)
-                amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
+                # |x| orders as its bit pattern read as int32 (+0 < finite < inf < NaN): the
+                # integer max is the float max, without the NaN-aware float reduction (~3x faster)
+                qi = q.view(np.int32)
+                amax = _reduce(qi[:, :full].reshape(k, nfull, G), qi[:, full:] if full < n else None,
+                               np.maximum).view(np.float32)
                 if not np.isfinite(amax).all():
                     return None
                 degenerate += int(np.count_nonzero(amax == 0))
@@ -290,14 +294,24 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
             s32 = sc.astype(np.float32)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 _apply_to(q, x, s32, G, full, np.divide)
+                # x / s is monotone in x, so a group's codes lie between those of its extremes:
+                # when those are in range for every group, the clip below changes nothing
+                if s.symmetric:
+                    top = round_values(amax / s32, s.rounding)
+                    bottom = -top
+                else:
+                    top, bottom = round_values(mx / s32, s.rounding), round_values(mn / s32, s.rounding)
             round_values(q, s.rounding, out=q)
             if z is not None:
                 _apply(q, z.astype(np.float32), G, full, np.add)
+                top, bottom = top + z, bottom + z
             elif s.center:
                 q += np.float32(s.center)
+                top, bottom = top + np.float32(s.center), bottom + np.float32(s.center)
             # no NaN can arise here (finite values over finite non-zero scales), so codes_for's
             # nan_to_num pass is skipped; an overflow to +-inf is clipped like any large value
-            np.clip(q, s.qmin, s.qmax, out=q)
+            if not ((top <= s.qmax).all() and (bottom >= s.qmin).all()):
+                np.clip(q, s.qmin, s.qmax, out=q)
             codes[r0:r1] = q
     except QuantizationError:
         return None
