@@ -22,6 +22,9 @@ import numpy as np
 
 #: Target elements per block (rows x in); 1.5-2x faster than whole-matrix passes.
 BLOCK_ELEMENTS = 1 << 16
+#: Blocks of :func:`quantize_blocked`, about 25 numpy calls each: twice as large halves that
+#: per-call overhead (~10% faster on 11008 x 4096; 4x as large spills the caches).
+QUANT_BLOCK_ELEMENTS = 1 << 17
 #: Elements per super-block when values are produced on demand (:class:`Rows`).
 SUPER_ELEMENTS = 1 << 20
 
@@ -70,9 +73,9 @@ class Rows:
         return c[2][r0 - c[0]:r1 - c[0]]
 
 
-def block_rows(n_cols: int) -> int:
-    """Rows per block for a matrix with ``n_cols`` columns."""
-    return max(1, BLOCK_ELEMENTS // max(1, n_cols))
+def block_rows(n_cols: int, elements: int | None = None) -> int:
+    """Rows per block of about ``elements`` (default :data:`BLOCK_ELEMENTS`) for ``n_cols`` columns."""
+    return max(1, (elements or BLOCK_ELEMENTS) // max(1, n_cols))
 
 
 def byte_table(bits: int, *, signed: bool, flip: bool, center: float) -> np.ndarray:
@@ -234,7 +237,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     scales = np.empty((rows, n_groups), dtype=s.scale_np_dtype)
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
     codes = np.empty((rows, n), dtype=s.code_dtype)
-    step = block_rows(n)
+    step = block_rows(n, QUANT_BLOCK_ELEMENTS)
     buf = np.empty((step, n), dtype=np.float32)
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     if isinstance(values, Rows):

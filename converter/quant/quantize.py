@@ -15,6 +15,7 @@ Conventions (DEVELOPERS.md contracts):
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import ml_dtypes
@@ -87,6 +88,11 @@ def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndar
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _finfo(dt: np.dtype):
+    return ml_dtypes.finfo(dt)
+
+
 def _safe_cast_scales(scales: np.ndarray, scheme: QuantScheme, *, tensor: str | None) -> np.ndarray:
     """Cast float32 scales to the scheme's dtype without producing 0, inf or NaN.
 
@@ -96,7 +102,11 @@ def _safe_cast_scales(scales: np.ndarray, scheme: QuantScheme, *, tensor: str | 
         When a scale exceeds the dtype's largest finite value.
     """
     dt = scheme.scale_np_dtype
-    info = ml_dtypes.finfo(dt)
+    info = _finfo(dt)
+    if scales.size and np.abs(scales).max() <= float(info.max):  # the usual case, in two passes (NaN: below)
+        cast = scales.astype(dt)
+        if cast.all():
+            return cast
     big = np.abs(scales) > float(info.max)
     if big.any():
         idx = np.unravel_index(int(np.argmax(big)), scales.shape)
