@@ -262,24 +262,36 @@ def kernel_table(src: Path, repeat: int) -> dict:
             "gguf_encode_gbs": out_bytes / median_time(lambda: gguf.quants.quantize(x, qt), r) / 1e9,
         }
     # compressed-tensors' own layout of the same codes (our writer's weight_packed / weight_scale),
-    # and our unpack of it as our reader does it: int8 codes q in [-8, 7]
+    # and our kernels on it as compressed-tensors' are run on it (see _ct_rates)
     from converter.formats.compressed_tensors.reader import AXES, codes_map
     from converter.formats.compressed_tensors.writer import encode
     from converter.layout import PackedCodes
+    from converter.tensor import QuantizedTensor
     ct = encode(packed(), "m", fmt="pack-quantized", version=(0, 20, 1), keep_g_idx=False)
     words, ct_scales = ct["m.weight_packed"], ct["m.weight_scale"]
     sizes = dict(zip(AXES, x.shape))
 
-    def unpack():
-        return PackedCodes(words, codes_map(4, "stream"), AXES, sizes, signed=True, flip=True).unpack()
-    res["unpack_4b_gbs"] = out_bytes / median_time(unpack, max(3, repeat)) / 1e9
+    def ct_codes():  # as our reader holds them: still packed, fields q + 8
+        return PackedCodes(words, codes_map(4, "stream"), AXES, sizes, signed=True, flip=True)
+    r = max(3, repeat)
+    codes8 = ct_codes().unpack()
+    sym = QuantScheme(4, signed=True)
+    from_codes = QuantizedTensor(name, AXES, codes8, ct_scales, sym, gm)
+    ours = {
+        "unpack_gbs": out_bytes / median_time(lambda: ct_codes().unpack(), r) / 1e9,
+        "dequant_gbs": out_bytes / median_time(from_codes.dequantize, r) / 1e9,
+        "decompress_gbs": out_bytes / median_time(
+            lambda: QuantizedTensor(name, AXES, ct_codes(), ct_scales, sym, gm).dequantize(), r) / 1e9,
+        "dequant_equal": bool(np.array_equal(from_codes.dequantize().view(np.uint32), x.view(np.uint32))),
+    }
+    res["ct_layout_ours"] = ours
     try:
         import compressed_tensors  # noqa: F401
     except ImportError:
         res["compressed_tensors"] = None
     else:  # an API that moved is an error here, not "not installed"
         qt = quantize(x, scheme, gm, name=name)
-        res["compressed_tensors"] = _ct_rates(x, words, ct_scales, unpack(), qt.scales, qt.codes, repeat)
+        res["compressed_tensors"] = _ct_rates(x, words, ct_scales, codes8, qt.scales, qt.codes, repeat)
     return res
 
 
@@ -306,8 +318,12 @@ def _ct_rates(x: np.ndarray, words: np.ndarray, scales: np.ndarray, our_codes: n
       same-work comparison passes the scales widened to float32 (exact), which gives float32 values
       bit-identical to ours (``q * s`` in float32);
     - quantize: ``quantize(x, scale, None, args, dtype=torch.int8)`` (``compress``) with the scales
-      our quantize chose; ours also chooses them (absmax per group), so it does more work.
+      our quantize chose; ours also chooses them (absmax per group), so it does more work;
+    - decompress (for information): unpack + dequantize, against ours dequantizing the tensor as
+      our reader holds it (codes still in ``weight_packed``).
 
+    Ours (``kernel_table``) run on the same inputs: our unpack of the same words; our dequantize
+    of the same int8 codes and fp16 scales (float32 out); our quantize of the same matrix.
     Rates are bytes of the float32 matrix per second (4 bytes per weight for every row), medians;
     with torch's default threads and again with one thread. Equality of results is checked.
     """
@@ -345,6 +361,8 @@ def _ct_rates(x: np.ndarray, words: np.ndarray, scales: np.ndarray, our_codes: n
             "dequant_gbs": n / median_time(lambda: dequantize(q, s32, None, args=args), r) / 1e9,
             "dequant_fp16_gbs": n / median_time(lambda: dequantize(q, s16, None, args=args), r) / 1e9,
             "quant_gbs": n / median_time(lambda: quantize(xt, qs16, None, args=args, dtype=torch.int8), r) / 1e9,
+            "decompress_gbs": n / median_time(
+                lambda: dequantize(unpack_from_int32(w, 4, shape), s32, None, args=args), r) / 1e9,
         }
     torch.set_num_threads(default_threads)
     res["default_threads"] = default_threads
@@ -400,19 +418,25 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
                   f"  ({g['ours_encode_gbs']:.2f} vs {g['gguf_encode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_encode']})"]
     c = k.get("compressed_tensors")
     if c:
-        lines.append(f"  compressed-tensors {c['version']} (torch {c['torch']}), GB/s of the float32 matrix, ours / theirs:")
-        ours = {"unpack": k["unpack_4b_gbs"], "dequant": k["dequant_4b_g128_gbs"], "quant": k["requant_4b_g128_gbs"]}
+        o = k["ct_layout_ours"]
+        lines.append(f"  compressed-tensors {c['version']} (torch {c['torch']}) on the same inputs ({k['matrix']}, "
+                     f"{' x '.join(map(str, k['shape']))}), GB/s of the float32 matrix, ours / theirs:")
+        ours = {"unpack": o["unpack_gbs"], "dequant": o["dequant_gbs"], "quant": k["requant_4b_g128_gbs"]}
         same = {"unpack": f"int8 codes equal: {c['unpack_codes_equal']}",
-                "dequant": f"f32 out, bit-identical: {c['dequant_f32_bit_identical']}",
+                "dequant": f"f32 out, bit-identical: {c['dequant_f32_bit_identical'] and o['dequant_equal']}",
                 "quant": f"int8 codes equal: {c['quant_codes_equal']}"}
         for threads in sorted({c["default_threads"], 1}, reverse=True):
             tr = c[f"threads_{threads}"]
+            tl = f"torch {threads} thread{'s' if threads > 1 else ''}"
             for what in ("unpack", "dequant", "quant"):
                 ratio = ours[what] / tr[f"{what}_gbs"]
-                lines.append(f"    {what:<8s} torch {threads} thread{'s' if threads > 1 else ' '}     {ratio:6.2f}x   >= 3.0x   "
-                             f"{check(ratio >= 3.0)}  ({ours[what]:.2f} vs {tr[f'{what}_gbs']:.2f}; {same[what]})")
+                lines.append(f"    {what:<7s} ({tl:<15s}) {ratio:6.2f}x   >= 3.0x   {check(ratio >= 3.0)}  "
+                             f"({ours[what]:.2f} vs {tr[f'{what}_gbs']:.2f}; {same[what]})")
+            ratio = o["decompress_gbs"] / tr["decompress_gbs"]
+            lines.append(f"    unpack+dequant from the packed words   {ratio:6.2f}x             "
+                         f"({o['decompress_gbs']:.2f} vs {tr['decompress_gbs']:.2f})")
             ratio = ours["dequant"] / tr["dequant_fp16_gbs"]
-            lines.append(f"    dequant vs its default fp16 output   {ratio:6.2f}x             ({ours['dequant']:.2f} vs "
+            lines.append(f"    dequant vs its default fp16 output     {ratio:6.2f}x             ({ours['dequant']:.2f} vs "
                          f"{tr['dequant_fp16_gbs']:.2f}; max |diff| {c['dequant_fp16_max_abs_diff']:.2g}, "
                          f"rel {c['dequant_fp16_max_rel_diff']:.2g}: fp16 rounding)")
     else:
