@@ -240,6 +240,8 @@ def kernel_table(src: Path, repeat: int) -> dict:
     out_bytes = x.nbytes
     dst = np.empty_like(x)
     res["numpy_copy_gbs"] = out_bytes / median_time(lambda: np.copyto(dst, x), max(3, repeat)) / 1e9
+    # filling a new float32 matrix (page faults + one write): what any dequantize to new memory pays
+    res["numpy_fresh_fill_gbs"] = out_bytes / median_time(lambda: np.empty_like(x).fill(1), max(3, repeat)) / 1e9
     tensors = [packed() for _ in range(max(3, repeat))]
     it = iter(tensors)
     res["dequant_4b_g128_gbs"] = out_bytes / median_time(lambda: next(it).dequantize(), len(tensors)) / 1e9
@@ -421,6 +423,8 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
         o = k["ct_layout_ours"]
         lines.append(f"  compressed-tensors {c['version']} (torch {c['torch']}) on the same inputs ({k['matrix']}, "
                      f"{' x '.join(map(str, k['shape']))}), GB/s of the float32 matrix, ours / theirs:")
+        lines.append(f"    (numpy filling a new float32 matrix of that shape, no arithmetic: "
+                     f"{k['numpy_fresh_fill_gbs']:.2f} GB/s; torch threads by default: {c['default_threads']})")
         ours = {"unpack": o["unpack_gbs"], "dequant": o["dequant_gbs"], "quant": k["requant_4b_g128_gbs"]}
         same = {"unpack": f"int8 codes equal: {c['unpack_codes_equal']}",
                 "dequant": f"f32 out, bit-identical: {c['dequant_f32_bit_identical'] and o['dequant_equal']}",
