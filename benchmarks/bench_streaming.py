@@ -25,8 +25,10 @@ Then kernels on one MLP matrix (11008 x 4096, ``mlp.up_proj`` of layer 0): dequa
 group 128 -> float32 (from the packed GPTQ words) against numpy copying the same output bytes in
 memory; requantize float32 -> 4-bit group 128 against the in-memory copy of its input bytes;
 GGUF Q4_0 / Q8_0 decode and (bit-exact) encode against the gguf package's numpy
-``quants.dequantize`` / ``quants.quantize``; compressed-tensors' unpack / dequantize / quantize
-when it is installed. Figures are medians of ``--repeat`` runs; the input sits in the page cache
+``quants.dequantize`` / ``quants.quantize``; unpacking the compressed-tensors words of the matrix
+to int8 codes; and, when compressed-tensors (with torch) is installed, its own unpack /
+dequantize / quantize on the same codes, scales and matrix (results checked equal; see
+``_ct_rates``), with torch's default threads and with one (ours are single-threaded numpy). Figures are medians of ``--repeat`` runs; the input sits in the page cache
 (as right after a download). Results also go to ``<workdir>/results-<size>.json``.
 """
 
@@ -238,6 +240,8 @@ def kernel_table(src: Path, repeat: int) -> dict:
     out_bytes = x.nbytes
     dst = np.empty_like(x)
     res["numpy_copy_gbs"] = out_bytes / median_time(lambda: np.copyto(dst, x), max(3, repeat)) / 1e9
+    # filling a new float32 matrix (page faults + one write): what any dequantize to new memory pays
+    res["numpy_fresh_fill_gbs"] = out_bytes / median_time(lambda: np.empty_like(x).fill(1), max(3, repeat)) / 1e9
     tensors = [packed() for _ in range(max(3, repeat))]
     it = iter(tensors)
     res["dequant_4b_g128_gbs"] = out_bytes / median_time(lambda: next(it).dequantize(), len(tensors)) / 1e9
@@ -259,39 +263,112 @@ def kernel_table(src: Path, repeat: int) -> dict:
             "ours_encode_gbs": out_bytes / median_time(lambda: codec.encode(x), r) / 1e9,
             "gguf_encode_gbs": out_bytes / median_time(lambda: gguf.quants.quantize(x, qt), r) / 1e9,
         }
+    # compressed-tensors' own layout of the same codes (our writer's weight_packed / weight_scale),
+    # and our kernels on it as compressed-tensors' are run on it (see _ct_rates)
+    from converter.formats.compressed_tensors.reader import AXES, codes_map
+    from converter.formats.compressed_tensors.writer import encode
+    from converter.layout import PackedCodes
+    from converter.tensor import QuantizedTensor
+    ct = encode(packed(), "m", fmt="pack-quantized", version=(0, 20, 1), keep_g_idx=False)
+    words, ct_scales = ct["m.weight_packed"], ct["m.weight_scale"]
+    sizes = dict(zip(AXES, x.shape))
+
+    def ct_codes():  # as our reader holds them: still packed, fields q + 8
+        return PackedCodes(words, codes_map(4, "stream"), AXES, sizes, signed=True, flip=True)
+    r = max(3, repeat)
+    codes8 = ct_codes().unpack()
+    sym = QuantScheme(4, signed=True)
+    from_codes = QuantizedTensor(name, AXES, codes8, ct_scales, sym, gm)
+    ours = {
+        "unpack_gbs": out_bytes / median_time(lambda: ct_codes().unpack(), r) / 1e9,
+        "dequant_gbs": out_bytes / median_time(from_codes.dequantize, r) / 1e9,
+        "decompress_gbs": out_bytes / median_time(
+            lambda: QuantizedTensor(name, AXES, ct_codes(), ct_scales, sym, gm).dequantize(), r) / 1e9,
+        "dequant_equal": bool(np.array_equal(from_codes.dequantize().view(np.uint32), x.view(np.uint32))),
+    }
+    res["ct_layout_ours"] = ours
     try:
         import compressed_tensors  # noqa: F401
-        res["compressed_tensors"] = _ct_rates(x, packed, repeat)
     except ImportError:
         res["compressed_tensors"] = None
+    else:  # an API that moved is an error here, not "not installed"
+        qt = quantize(x, scheme, gm, name=name)
+        res["compressed_tensors"] = _ct_rates(x, words, ct_scales, codes8, qt.scales, qt.codes, repeat)
     return res
 
 
-def _ct_rates(x: np.ndarray, packed, repeat: int) -> dict:
-    """compressed-tensors' own unpack / dequantize / quantize on the same matrix (torch, CPU)."""
-    import torch
-    from compressed_tensors.compressors.quantized_compressors.pack_quantized import unpack_from_int32
+def _ct_api():
+    """compressed-tensors' ``unpack_from_int32``, ``quantize``, ``dequantize``, ``QuantizationArgs``."""
+    try:  # >= 0.20: compressors/pack_quantized/helpers.py
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    except ImportError:  # older releases: compressors/quantized_compressors/pack_quantized.py
+        from compressed_tensors.compressors.quantized_compressors.pack_quantized import unpack_from_int32
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+    return unpack_from_int32, quantize, dequantize, QuantizationArgs
 
-    from converter.formats.compressed_tensors.reader import codes_map
-    from converter.layout import IN, OUT
-    t = packed()
-    words = codes_map(4, "stream").store_codes(t.packed.shifted(), (OUT, IN))
-    w = torch.from_numpy(words.view(np.int32).copy())
-    shape = torch.Size(x.shape)
-    scale = torch.from_numpy(t.scales.astype(np.float16)).to(torch.float16)
+
+def _ct_rates(x: np.ndarray, words: np.ndarray, scales: np.ndarray, our_codes: np.ndarray,
+              our_q_scales: np.ndarray, our_q_codes: np.ndarray, repeat: int) -> dict:
+    """compressed-tensors' own kernels (torch, CPU) on the same matrix, called as its
+    ``PackedQuantizationCompressor`` calls them for a symmetric 4-bit group-128 weight:
+
+    - unpack: ``unpack_from_int32(weight_packed, 4, shape)`` -> int8 codes (vs our unpack of the
+      same words, as our reader does it);
+    - dequantize: ``dequantize(codes, scale, None, args)`` (``decompress``: no zero point when
+      symmetric). With the fp16 scales as stored its result is float16 (computed in float16); the
+      same-work comparison passes the scales widened to float32 (exact), which gives float32 values
+      bit-identical to ours (``q * s`` in float32);
+    - quantize: ``quantize(x, scale, None, args, dtype=torch.int8)`` (``compress``) with the scales
+      our quantize chose; ours also chooses them (absmax per group), so it does more work;
+    - decompress (for information): unpack + dequantize, against ours dequantizing the tensor as
+      our reader holds it (codes still in ``weight_packed``).
+
+    Ours (``kernel_table``) run on the same inputs: our unpack of the same words; our dequantize
+    of the same int8 codes and fp16 scales (float32 out); our quantize of the same matrix.
+    Rates are bytes of the float32 matrix per second (4 bytes per weight for every row), medians;
+    with torch's default threads and again with one thread. Equality of results is checked.
+    """
+    import torch
+    unpack_from_int32, quantize, dequantize, QuantizationArgs = _ct_api()
     args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=128)
+    w = torch.from_numpy(np.array(words.view(np.int32)))  # writable copy
+    shape = torch.Size(x.shape)
+    s16 = torch.from_numpy(np.ascontiguousarray(scales))
+    s32 = s16.to(torch.float32)
     xt = torch.from_numpy(x)
-    zero = torch.zeros_like(scale, dtype=torch.int8)
-    r = max(3, repeat)
+    qs16 = torch.from_numpy(np.ascontiguousarray(our_q_scales))
     q = unpack_from_int32(w, 4, shape)
-    n = x.nbytes
-    return {
-        "unpack_gbs": n / median_time(lambda: unpack_from_int32(w, 4, shape), r) / 1e9,
-        "dequant_gbs": n / median_time(lambda: dequantize(q, scale, zero, args=args), r) / 1e9,
-        "quant_gbs": n / median_time(lambda: quantize(xt, scale, zero, args=args), r) / 1e9,
+    ours_x = x  # the benchmark matrix is our dequantize of these codes
+    d32 = dequantize(q, s32, None, args=args)
+    d16 = dequantize(q, s16, None, args=args)
+    qc = quantize(xt, qs16, None, args=args, dtype=torch.int8)
+    diff16 = np.abs(d16.to(torch.float32).numpy() - ours_x)
+    res = {
+        "version": __import__("compressed_tensors").__version__, "torch": torch.__version__,
+        "unpack_codes_equal": bool(np.array_equal(q.numpy(), our_codes)),
+        "dequant_f32_bit_identical": bool(np.array_equal(d32.numpy().view(np.uint32), ours_x.view(np.uint32))),
+        "dequant_fp16_out_dtype": str(d16.dtype),
+        "dequant_fp16_max_abs_diff": float(diff16.max()),
+        "dequant_fp16_max_rel_diff": float((diff16 / np.maximum(np.abs(ours_x), np.finfo(np.float32).tiny)).max()),
+        "quant_codes_equal": bool(np.array_equal(qc.numpy(), our_q_codes)),
     }
+    r = max(3, repeat)
+    n = x.nbytes
+    default_threads = torch.get_num_threads()
+    for threads in dict.fromkeys((default_threads, 1)):
+        torch.set_num_threads(threads)
+        res[f"threads_{threads}"] = {
+            "unpack_gbs": n / median_time(lambda: unpack_from_int32(w, 4, shape), r) / 1e9,
+            "dequant_gbs": n / median_time(lambda: dequantize(q, s32, None, args=args), r) / 1e9,
+            "dequant_fp16_gbs": n / median_time(lambda: dequantize(q, s16, None, args=args), r) / 1e9,
+            "quant_gbs": n / median_time(lambda: quantize(xt, qs16, None, args=args, dtype=torch.int8), r) / 1e9,
+            "decompress_gbs": n / median_time(
+                lambda: dequantize(unpack_from_int32(w, 4, shape), s32, None, args=args), r) / 1e9,
+        }
+    torch.set_num_threads(default_threads)
+    res["default_threads"] = default_threads
+    return res
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -341,12 +418,31 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
                   f"  ({g['ours_decode_gbs']:.2f} vs {g['gguf_decode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_decode']})",
                   f"  GGUF {t} encode ours / gguf           {e:6.2f}x   >= 1.0x   {check(e >= 1.0)}"
                   f"  ({g['ours_encode_gbs']:.2f} vs {g['gguf_encode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_encode']})"]
-    if k.get("compressed_tensors"):
-        c = k["compressed_tensors"]
-        for what, ours in (("unpack", k["dequant_4b_g128_gbs"]), ("dequant", k["dequant_4b_g128_gbs"]),
-                           ("quant", k["requant_4b_g128_gbs"])):
-            ratio = ours / c[f"{what}_gbs"]
-            lines.append(f"  compressed-tensors {what:<8s} ours/theirs {ratio:6.2f}x   >= 3.0x   {check(ratio >= 3.0)}")
+    c = k.get("compressed_tensors")
+    if c:
+        o = k["ct_layout_ours"]
+        lines.append(f"  compressed-tensors {c['version']} (torch {c['torch']}) on the same inputs ({k['matrix']}, "
+                     f"{' x '.join(map(str, k['shape']))}), GB/s of the float32 matrix, ours / theirs:")
+        lines.append(f"    (numpy filling a new float32 matrix of that shape, no arithmetic: "
+                     f"{k['numpy_fresh_fill_gbs']:.2f} GB/s; torch threads by default: {c['default_threads']})")
+        ours = {"unpack": o["unpack_gbs"], "dequant": o["dequant_gbs"], "quant": k["requant_4b_g128_gbs"]}
+        same = {"unpack": f"int8 codes equal: {c['unpack_codes_equal']}",
+                "dequant": f"f32 out, bit-identical: {c['dequant_f32_bit_identical'] and o['dequant_equal']}",
+                "quant": f"int8 codes equal: {c['quant_codes_equal']}"}
+        for threads in sorted({c["default_threads"], 1}, reverse=True):
+            tr = c[f"threads_{threads}"]
+            tl = f"torch {threads} thread{'s' if threads > 1 else ''}"
+            for what in ("unpack", "dequant", "quant"):
+                ratio = ours[what] / tr[f"{what}_gbs"]
+                lines.append(f"    {what:<7s} ({tl:<15s}) {ratio:6.2f}x   >= 3.0x   {check(ratio >= 3.0)}  "
+                             f"({ours[what]:.2f} vs {tr[f'{what}_gbs']:.2f}; {same[what]})")
+            ratio = o["decompress_gbs"] / tr["decompress_gbs"]
+            lines.append(f"    unpack+dequant from the packed words   {ratio:6.2f}x             "
+                         f"({o['decompress_gbs']:.2f} vs {tr['decompress_gbs']:.2f})")
+            ratio = ours["dequant"] / tr["dequant_fp16_gbs"]
+            lines.append(f"    dequant vs its default fp16 output     {ratio:6.2f}x             ({ours['dequant']:.2f} vs "
+                         f"{tr['dequant_fp16_gbs']:.2f}; max |diff| {c['dequant_fp16_max_abs_diff']:.2g}, "
+                         f"rel {c['dequant_fp16_max_rel_diff']:.2g}: fp16 rounding)")
     else:
         lines.append("  compressed-tensors: not installed (pip install compressed-tensors to compare its kernels)")
     peak = max(r["peak_rss_tree"] for r in rows)

@@ -125,7 +125,7 @@ class AxisMap:
 
     # -- conversions --------------------------------------------------------------------------
     def to_logical(self, stored: np.ndarray, axes: Sequence[str], sizes: Mapping[str, int], *,
-                   signed: bool = False) -> np.ndarray:
+                   signed: bool = False, flip: bool = False) -> np.ndarray:
         """Stored array -> logical array with dims in ``axes`` order (unpacked, transposed).
 
         Parameters
@@ -135,6 +135,8 @@ class AxisMap:
         sizes : logical length of each axis (needed to drop packing padding).
         signed : bool
             Sign-extend packed fields (two's complement) into int8.
+        flip : bool
+            XOR the top bit of every packed field first (see :class:`PackedCodes`).
 
         Returns
         -------
@@ -158,7 +160,7 @@ class AxisMap:
             container = _CONTAINERS[self.container]
             arr = unpack_codes(stored, self.bits, axis=self.stored_axes.index(self.packed_axis),
                                length=int(sizes[self.packed_axis]), container=container,
-                               layout=self.packing, order=self.order, signed=signed)
+                               layout=self.packing, order=self.order, signed=signed, flip=flip)
         perm = [self.stored_axes.index(a) for a in axes]
         return np.transpose(arr, perm) if perm != list(range(len(perm))) else arr
 
@@ -345,16 +347,8 @@ class PackedCodes:
             moved = PackedCodes(words, amap, self.axes, self.sizes, signed=False).to_stored(logical, self.axes)
             if moved is not None:
                 amap, words = logical, moved
-        raw = amap.to_logical(words, self.axes, self.sizes, signed=False)
-        raw = np.ascontiguousarray(raw)
-        if not raw.flags.writeable:
-            raw = raw.copy()
-        if self.flip:
-            raw ^= np.uint8(1 << (self.bits - 1))
-        if not self.signed:
-            return raw
-        from .quant.packing import _sign_extend
-        return _sign_extend(raw, self.bits)
+        raw = amap.to_logical(words, self.axes, self.sizes, signed=self.signed, flip=self.flip)
+        return np.ascontiguousarray(raw)
 
     def logical_words(self) -> np.ndarray | None:
         """Words with stored dims in logical order, packed along the last logical axis, or None.

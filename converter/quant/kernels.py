@@ -22,6 +22,9 @@ import numpy as np
 
 #: Target elements per block (rows x in); 1.5-2x faster than whole-matrix passes.
 BLOCK_ELEMENTS = 1 << 16
+#: Blocks of :func:`quantize_blocked`, about 25 numpy calls each: twice as large halves that
+#: per-call overhead (~10% faster on 11008 x 4096; 4x as large spills the caches).
+QUANT_BLOCK_ELEMENTS = 1 << 17
 #: Elements per super-block when values are produced on demand (:class:`Rows`).
 SUPER_ELEMENTS = 1 << 20
 
@@ -70,9 +73,9 @@ class Rows:
         return c[2][r0 - c[0]:r1 - c[0]]
 
 
-def block_rows(n_cols: int) -> int:
-    """Rows per block for a matrix with ``n_cols`` columns."""
-    return max(1, BLOCK_ELEMENTS // max(1, n_cols))
+def block_rows(n_cols: int, elements: int | None = None) -> int:
+    """Rows per block of about ``elements`` (default :data:`BLOCK_ELEMENTS`) for ``n_cols`` columns."""
+    return max(1, (elements or BLOCK_ELEMENTS) // max(1, n_cols))
 
 
 def byte_table(bits: int, *, signed: bool, flip: bool, center: float) -> np.ndarray:
@@ -297,7 +300,7 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     scales = np.empty((rows, n_groups), dtype=s.scale_np_dtype)
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
     codes = np.empty((rows, n), dtype=s.code_dtype)
-    step = block_rows(n)
+    step = block_rows(n, QUANT_BLOCK_ELEMENTS)
     buf = np.empty((step, n), dtype=np.float32)
     xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     if isinstance(values, Rows):
@@ -318,13 +321,19 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                 q = buf[:k]
                 if s.symmetric:
                     np.abs(x, out=q)
-                    amax = _reduce(q[:, :full].reshape(k, nfull, G), q[:, full:] if full < n else None, np.maximum)
+                    # |x| orders as its bit pattern read as int32 (+0 < finite < inf < NaN): the
+                    # integer max is the float max, without the NaN-aware float reduction (~3x faster)
+                    qi = q.view(np.int32)
+                    amax = _reduce(qi[:, :full].reshape(k, nfull, G), qi[:, full:] if full < n else None,
+                                   np.maximum).view(np.float32)
                     ext = {"amax": amax}
                 else:
                     x3 = x[:, :full].reshape(k, nfull, G)
                     tail = x[:, full:] if full < n else None
-                    ext = {"mx": _reduce(x3, tail, np.maximum), "mn": _reduce(x3, tail, np.minimum)}
-                got = params_from_extrema(s, tensor=tensor, **ext)
+                    mx = _reduce(x3, tail, np.maximum)
+                    mn = _reduce(x3, tail, np.minimum)
+                    ext = {"mx": mx, "mn": mn}
+                got = params_from_extrema(s, tensor=tensor, **ext)  # None: NaN / inf somewhere
                 if got is None:
                     return None
                 sc, z, deg = got
@@ -334,19 +343,30 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                     zps[r0:r1] = z
                 s32 = sc.astype(np.float32)
                 _apply_to(q, x, s32, G, full, np.divide)  # (a tiny scale may overflow to inf: clipped)
+                # x / s is monotone in x, so a group's codes lie between those of its extremes:
+                # when those are in range for every group, the clip below changes nothing
+                if s.symmetric:
+                    top = round_values(amax / s32, s.rounding)
+                    bottom = -top
+                else:
+                    top, bottom = round_values(mx / s32, s.rounding), round_values(mn / s32, s.rounding)
                 round_values(q, s.rounding, out=q)
                 if z is not None:
-                    _apply(q, z.astype(np.float32), G, full, np.add)
+                    zf = z.astype(np.float32)
+                    _apply(q, zf, G, full, np.add)
+                    top, bottom = top + zf, bottom + zf
                 elif s.center:
                     q += np.float32(s.center)
+                    top, bottom = top + np.float32(s.center), bottom + np.float32(s.center)
                 # no NaN can arise here (finite values over finite non-zero scales), so codes_for's
                 # nan_to_num pass is skipped; an overflow to +-inf is clipped like any large value
-                np.clip(q, s.qmin, s.qmax, out=q)
+                if not ((top <= s.qmax).all() and (bottom >= s.qmin).all()):
+                    np.clip(q, s.qmin, s.qmax, out=q)
                 codes[r0:r1] = q
                 if compare is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
                     b = bbuf[:k]
                     if z is not None:
-                        _apply_to(b, q, z.astype(np.float32), G, full, np.subtract)
+                        _apply_to(b, q, zf, G, full, np.subtract)
                     elif s.center:
                         np.subtract(q, np.float32(s.center), out=b)
                     else:

@@ -240,6 +240,27 @@ def test_blocked_quantize_is_bit_exact(bits, signed, zp):
             assert got[2].dtype == want[2].dtype and np.array_equal(got[2], want[2])
 
 
+@pytest.mark.parametrize("signed,zp,rounding", [(True, ZeroPoint.NONE, "half_even"), (False, ZeroPoint.NONE, "half_away"),
+                                                 (False, ZeroPoint.INTEGER, "half_even"), (True, ZeroPoint.INTEGER, "half_away")])
+def test_blocked_quantize_clips_where_a_rounded_scale_is_too_small(signed, zp, rounding):
+    """Scales in fp16's subnormal range can round well below max/qmax: codes then exceed the range
+    and must be clipped, in the blocks (rows) that need it and only there."""
+    tiny = float(np.finfo(np.float16).smallest_subnormal)
+    s, gm = QuantScheme(4, signed, zp, "F16", rounding=rounding), GroupMap.per_group(64)
+    levels = 7 if zp is ZeroPoint.NONE else 15
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((200, 256)) * 0.05).astype(np.float32)
+    top = np.float32(1.49 * tiny * levels)  # top / levels rounds down to 1 subnormal step: codes ~1.5x too big
+    low = -1 if zp is ZeroPoint.NONE else 0  # asymmetric: range [0, top], zero point 0
+    x[150:, :64] = top * rng.uniform(low, 1, (50, 64)).astype(np.float32)
+    x[150:, 0], x[150:, 1] = top, low * top
+    want = _reference_quantize(x, s, gm)
+    got = quantize_blocked(x, s, gm, (OUT, IN))
+    assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16))
+    assert np.array_equal(got[2], want[2])
+    assert want[2][150:, 0].max() == s.qmax  # the clip did act
+
+
 def test_blocked_quantize_defers_errors_to_the_whole_array_path():
     x = np.ones((4, 256), np.float32)
     x[2, 7] = np.nan
@@ -247,6 +268,13 @@ def test_blocked_quantize_defers_errors_to_the_whole_array_path():
     assert quantize_blocked(x, s, gm, (OUT, IN)) is None
     with pytest.raises(QuantizationError):
         Q.quantize(x, s, gm)
+    x[2, 7] = -np.inf  # the integer max of |x| bit patterns sees inf (and NaN) above every finite value
+    assert quantize_blocked(x, s, gm, (OUT, IN)) is None
+    zeros = np.zeros((3, 256), np.float32)
+    zeros[1, :128] = -0.0
+    stats: dict = {}
+    got = quantize_blocked(zeros, s, gm, (OUT, IN), stats=stats)
+    assert stats["degenerate_groups"] == 6 and not got[2].any() and (got[0] == 1).all()
     big = np.full((2, 128), 1e9, np.float32)
     with pytest.raises(QuantizationError, match="overflows"):
         Q.quantize(big, s, gm)
@@ -273,13 +301,18 @@ def test_blocked_dequantize_is_bit_exact(granularity, zp):
         packed = PackedCodes(amap.to_stored(codes, (OUT, IN)), amap, (OUT, IN), {OUT: O, IN: I}, signed=signed)
         t_arr = QuantizedTensor("w", (OUT, IN), codes, scales, s, gm, zero_points=zps)
         t_pk = QuantizedTensor("w", (OUT, IN), packed, scales, s, gm, zero_points=zps)
+        tensors = [t_arr, t_pk]
+        if bits == 4:  # fields stored with the top bit flipped (compressed-tensors' q + 8)
+            words = amap.to_stored(codes, (OUT, IN)).view(np.uint32) ^ np.uint32(0x88888888)
+            flipped = PackedCodes(words.view(np.int32), amap, (OUT, IN), {OUT: O, IN: I}, signed=signed, flip=True)
+            tensors.append(QuantizedTensor("w", (OUT, IN), flipped, scales, s, gm, zero_points=zps))
         c = codes.astype(np.float32) - np.float32(s.center if zp is ZeroPoint.NONE else 0)
         if zp is ZeroPoint.INTEGER:
             c -= gm.expand(zps.astype(np.float32), (O, I), (OUT, IN))
         want = c * gm.expand(scales.astype(np.float32), (O, I), (OUT, IN))
         if zp is ZeroPoint.FLOAT:
             want += gm.expand(zps.astype(np.float32), (O, I), (OUT, IN))
-        for t in (t_arr, t_pk):
+        for t in tensors:
             got = dequantize_blocked(t)
             assert got is not None and np.array_equal(got, want), (bits, signed)
             assert np.array_equal(t.dequantize(), want)

@@ -219,6 +219,41 @@ def test_signed_unpack_is_twos_complement(case):
 
 
 @PROPS
+@given(packing_cases(), st.booleans())
+def test_flip_xors_the_top_bit_before_sign_extension(case, signed):
+    codes, bits, axis, container, layout, order = case
+    words = pack_codes(codes, bits, axis=axis, container=container, layout=layout, order=order)
+    got = unpack_codes(words, bits, axis=axis, length=codes.shape[axis], container=container,
+                       layout=layout, order=order, signed=signed, flip=True)
+    f = codes.astype(np.int64) ^ (1 << (bits - 1))
+    expected = np.where(f >= 1 << (bits - 1), f - (1 << bits), f) if signed else f
+    assert got.dtype == (np.int8 if signed else np.uint8)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("shape", [(2, 8), (3, 1, 16), (37, 64), (5, 6), (1, 130), (0, 8), (3, 0)])
+@pytest.mark.parametrize("signed,flip", [(False, False), (True, False), (False, True), (True, True)])
+def test_4bit_last_axis_fast_path_matches_slot_loop(container, shape, signed, flip, monkeypatch):
+    """The bytewise 4-bit path (last axis, even length) gives what the slot loop gives, blocked or not."""
+    from converter.quant import packing
+
+    codes = np.random.default_rng(sum(shape)).integers(0, 16, size=shape, dtype=np.uint8)
+    words = pack_codes(codes, 4, axis=-1, container=container)
+    kwargs = dict(axis=-1, length=shape[-1], container=container, signed=signed, flip=flip)
+    fast = unpack_codes(words, 4, **kwargs)
+    monkeypatch.setattr(packing, "_BLOCK_CODES", 7)
+    blocked = unpack_codes(words, 4, **kwargs)
+    # the same fields one axis up (axis 0 of the transposed words): the slot loop
+    slow = unpack_codes(np.ascontiguousarray(np.moveaxis(words, -1, 0)), 4, axis=0, length=shape[-1],
+                        container=container, signed=signed, flip=flip)
+    np.testing.assert_array_equal(fast, np.moveaxis(slow, 0, -1))
+    np.testing.assert_array_equal(blocked, fast)
+    assert fast.dtype == slow.dtype and fast.flags.c_contiguous
+
+
+@PROPS
 @given(packing_cases(with_order=False), st.integers(0, 2**32 - 1))
 def test_out_of_range_raises(case, seed):
     codes, bits, axis, container, layout, _ = case
@@ -292,3 +327,14 @@ def test_8bit_codes_in_wide_words_unpack_as_their_bytes(container):
     assert got.tolist() == codes.tolist() and got.flags.writeable
     words0 = pack_codes(codes.T.copy(), 8, axis=0, container=container)  # packed axis not last
     assert unpack_codes(words0, 8, axis=0, length=10, container=container).tolist() == codes.T.tolist()
+
+
+def test_8bit_bytes_path_applies_the_flip():
+    """A flipped (offset) 8-bit field reads as the byte XOR 0x80, in both byte paths."""
+    codes = np.array([[0, 1, 127, 128, 255, 7, 8, 9]], dtype=np.uint8)
+    for container in (np.uint8, np.uint32):
+        words = pack_codes(codes, 8, axis=1, container=container)
+        got = unpack_codes(words, 8, axis=1, length=8, container=container, flip=True)
+        assert got.tolist() == (codes ^ 0x80).tolist()
+        signed = unpack_codes(words, 8, axis=1, length=8, container=container, flip=True, signed=True)
+        assert signed.tolist() == ((codes ^ 0x80).view(np.int8)).tolist()
