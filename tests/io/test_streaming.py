@@ -138,6 +138,21 @@ def test_worker_errors_keep_their_fields():
     assert ei.value.tensor == "t3" and ei.value.field == "scales" and "expected 1, found 2" in str(ei.value)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_tasks_meanwhile_runs_once_in_the_parent(workers):
+    import os
+    parent = os.getpid()
+    seen = []
+    results = {}
+
+    def task(i):
+        return i, os.getpid()
+    run_tasks(4, task, workers=workers, on_result=lambda i, r: results.__setitem__(i, r),
+              meanwhile=lambda: seen.append(os.getpid()))
+    assert seen == [parent] and sorted(results) == [0, 1, 2, 3]
+    assert (workers == 1) == all(pid == parent for _, pid in results.values())
+
+
 def test_shared_dict_collects_worker_items():
     d = SharedDict()
 
