@@ -114,18 +114,26 @@ def compare_tensors(a, b) -> dict[str, Any]:
 
 
 def bytes_equal(a: np.ndarray, b: np.ndarray, block: int = 1 << 24) -> bool:
-    """Byte-for-byte equality in blocks of ``block`` bytes (no full-size temporary); pages of
-    memory-mapped inputs are released every few blocks, so comparing two large mapped tensors
-    does not leave both resident."""
+    """Byte-for-byte equality of two arrays' C-order bytes, in blocks of ``block`` bytes.
+
+    No full-size temporary; blocks whose length is a multiple of 8 are compared as ``uint64``
+    words (twice as fast as bytes). Pages of memory-mapped inputs are released as the comparison
+    goes (after every block when the arrays span more than four, else at the end), so comparing
+    two large mapped tensors leaves neither resident. False when the byte lengths differ.
+    """
     from ..io.parallel import drop_pages
     va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if va.size != vb.size:
         return False
-    for k, i in enumerate(range(0, va.size, block)):
-        if not np.array_equal(va[i:i + block], vb[i:i + block]):
+    large = va.size > 4 * block
+    for i in range(0, va.size, block):
+        x, y = va[i:i + block], vb[i:i + block]
+        if x.size % 8 == 0:
+            x, y = x.view(np.uint64), y.view(np.uint64)
+        if not np.array_equal(x, y):
             return False
-        if k % 4 == 3:
+        if large:
             drop_pages(a, b)
     drop_pages(a, b)
     return True
@@ -136,9 +144,14 @@ def _same_words(a: QuantizedTensor, b: QuantizedTensor) -> bool:
     pa, pb = a.packed, b.packed
     if pa is None or pb is None or pa.signed != pb.signed:
         return False
-    wa = pa.to_stored(pb.amap, pb.axes)
     wb = pb.to_stored(pb.amap, pb.axes)
-    if wa is None or wb is None or wa.shape != wb.shape or wa.dtype.itemsize != wb.dtype.itemsize:
+    if wb is None:
+        return False
+    same = pa.equal_stored(pb.amap, pb.axes, wb)  # a transposed layout, compared in place
+    if same is not None:
+        return same
+    wa = pa.to_stored(pb.amap, pb.axes)
+    if wa is None or wa.shape != wb.shape or wa.dtype.itemsize != wb.dtype.itemsize:
         return False
     return bytes_equal(wa, wb)
 
