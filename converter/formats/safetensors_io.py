@@ -26,6 +26,7 @@ from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
 from converter.errors import (
     ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
 )
+from converter.io.writeback import start_writeback
 
 __all__ = [
     "DTYPES", "MAX_HEADER_SIZE", "TensorInfo", "SafetensorsHeader", "SafetensorsFile",
@@ -579,11 +580,14 @@ class SafetensorsWriter:
             raise
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
-        """``os.pwrite`` until every byte is written (pwrite may write less)."""
+        """``os.pwrite`` until every byte is written (pwrite may write less), then start the
+        disk writing those pages (:func:`converter.io.writeback.start_writeback`), so
+        :meth:`close`'s ``fsync`` does not wait for the whole file."""
         assert self._fd is not None
         done = 0
         while done < view.nbytes:
             done += os.pwrite(self._fd, view[done:done + (1 << 30)], offset + done)
+        start_writeback(self._fd, offset, view.nbytes)
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Write one planned tensor at its precomputed offset.

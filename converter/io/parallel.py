@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ConverterError, FormatError
+from .writeback import start_writeback
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "drop_pages", "Progress", "run_tasks",
            "auto_workers", "SharedDict", "DEFAULT_MAX_MEMORY", "AUTO_PARALLEL_BYTES"]
@@ -402,6 +403,7 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
             done = 0
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+            start_writeback(fd, offset, view.nbytes)  # the final fsync then waits for little
             return view.nbytes
 
         workers = auto_workers(size, n_items)
