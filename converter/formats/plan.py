@@ -22,10 +22,7 @@ from ..errors import ConverterError, FormatError
 from ..io.atomic import atomic_output
 from .safetensors_io import SafetensorsWriter
 from .source import INDEX_NAME
-
-
-#: Output size from which the default worker count (all cores) is used; smaller writes run inline.
-AUTO_PARALLEL_BYTES = 32 * 2**20
+from ..io.parallel import AUTO_PARALLEL_BYTES  # noqa: F401  (re-exported: the write path's threshold)
 
 
 @dataclass(frozen=True)
@@ -165,7 +162,7 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
     row blocks when it is larger than the per-worker budget and its plan allows) and writes its
     arrays at their planned offsets. The file's bytes do not depend on the number of workers.
     """
-    from ..io.parallel import Progress, current, run_tasks
+    from ..io.parallel import Progress, auto_workers, current, run_tasks
     entries = [o for p in plans for o in p.outputs]
     names = [e[0] for e in entries]
     if len(set(names)) != len(names):
@@ -174,8 +171,7 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
     opts = current()
     total = sum(p.nbytes for p in plans)
     # default (no --workers): a process pool only when there is enough work to repay the forks
-    workers = opts.n_workers if opts.workers or total >= AUTO_PARALLEL_BYTES else 1
-    workers = min(workers, max(1, len(plans)))
+    workers = auto_workers(total, len(plans))
     budget = max(1, opts.memory // workers)
     own = progress is None
     if own:

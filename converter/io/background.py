@@ -19,6 +19,8 @@ import threading
 import weakref
 from collections import deque
 
+from .writeback import start_writeback
+
 __all__ = ["BackgroundWriter", "drain_process", "DEFAULT_LIMIT"]
 
 #: Bytes queued but not yet written, at most (besides one larger item alone).
@@ -99,6 +101,7 @@ class BackgroundWriter:
                 done = 0
                 while done < view.nbytes:
                     done += os.pwrite(self.fd, view[done:done + _CHUNK], offset + done)
+                start_writeback(self.fd, offset, view.nbytes)  # the disk starts now; fsync waits for little
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
                 with self._cv:
                     self._error = exc

@@ -37,11 +37,15 @@ from ..errors import ConverterError, FormatError
 from .background import BackgroundWriter
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "drop_pages", "Progress", "run_tasks",
-           "SharedDict", "DEFAULT_MAX_MEMORY"]
+           "auto_workers", "SharedDict", "DEFAULT_MAX_MEMORY", "AUTO_PARALLEL_BYTES"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
 #: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
 DEFAULT_MAX_MEMORY = 320 * 2**20
+
+#: Work size (bytes) from which the default worker count (all cores) is used; smaller jobs run
+#: inline, where forking the workers would cost more than it saves.
+AUTO_PARALLEL_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,18 @@ class RunOptions:
 
 
 _OPTIONS = RunOptions()
+
+
+def auto_workers(total_bytes: int, n_tasks: int) -> int:
+    """Worker processes for ``n_tasks`` tasks moving ``total_bytes`` bytes in all.
+
+    The options' count (``--workers``, else every core) when ``--workers`` was given or the work
+    is at least :data:`AUTO_PARALLEL_BYTES`; otherwise 1 (inline). Never more than ``n_tasks``,
+    never less than 1.
+    """
+    opts = current()
+    workers = opts.n_workers if opts.workers or total_bytes >= AUTO_PARALLEL_BYTES else 1
+    return max(1, min(workers, int(n_tasks)))
 
 
 def current() -> RunOptions:
@@ -330,17 +346,24 @@ def _run_one(i: int) -> tuple[int, bool, Any, list]:
 
 
 def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
-              on_result: Callable[[int, Any], None]) -> None:
+              on_result: Callable[[int, Any], None], meanwhile: Callable[[], None] | None = None) -> None:
     """Run ``fn(0) .. fn(n_tasks - 1)``, in ``workers`` forked processes when more than one.
 
     ``fn`` runs in the worker (it sees the parent's state as of the fork); its small picklable
     result is handed to ``on_result(i, result)`` in the parent, in completion order. The first
     failure is re-raised in the parent (a :class:`ConverterError` keeps its class and fields)
     after the pool is stopped.
+
+    ``meanwhile`` (optional, no arguments) runs once in the parent while the workers work (after
+    they are forked, so it never runs in a worker): I/O-bound housekeeping such as deleting a
+    replaced output overlaps the tasks instead of adding to them. Inline (one worker) it runs
+    before the first task. An exception from it propagates after the pool is stopped.
     """
     global _TASK_FN
     workers = max(1, min(int(workers), n_tasks))
     if workers == 1 or n_tasks <= 1 or not hasattr(os, "fork"):
+        if meanwhile is not None:
+            meanwhile()
         for i in range(n_tasks):
             on_result(i, fn(i))
         return
@@ -349,7 +372,10 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
     ctx = mp.get_context("fork")
     try:
         with ctx.Pool(workers, initializer=limit_blas_threads) as pool:
-            for i, ok, res, records in pool.imap_unordered(_run_one, range(n_tasks), chunksize=1):
+            results = pool.imap_unordered(_run_one, range(n_tasks), chunksize=1)
+            if meanwhile is not None:
+                meanwhile()  # results queue up in the meantime
+            for i, ok, res, records in results:
                 if not ok:
                     pool.terminate()
                     raise _unpack_error(res)
@@ -369,7 +395,6 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
     from the options in force) and the bytes are the same for any number of workers. Gaps are
     zero (``ftruncate``). The file is fsynced.
     """
-    opts = current()
     fd = os.open(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
@@ -382,7 +407,7 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
             bg.submit(view, offset)
             return view.nbytes
 
-        workers = opts.n_workers if opts.workers or size >= 32 * 2**20 else 1
+        workers = auto_workers(size, n_items)
         try:
             with Progress(label, n_items, total_bytes if total_bytes is not None else size) as progress:
                 run_tasks(n_items, task, workers=workers, on_result=lambda i, n: progress.advance(1, n))

@@ -21,7 +21,7 @@ from converter.errors import FormatError, QuantizationError
 from converter.formats import registry
 from converter.groups import GroupMap
 from converter.io.parallel import Progress, SharedDict, parse_size, run_options, run_tasks
-from converter.layout import IN, OUT, AxisMap, PackedCodes, transpose_2d
+from converter.layout import IN, OUT, AxisMap, PackedCodes, equal_transposed, transpose_2d
 from converter.quant import quantize as Q
 from converter.quant.kernels import dequantize_blocked, quantize_blocked
 from converter.scheme import QuantScheme, ZeroPoint
@@ -138,6 +138,21 @@ def test_worker_errors_keep_their_fields():
     assert ei.value.tensor == "t3" and ei.value.field == "scales" and "expected 1, found 2" in str(ei.value)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_tasks_meanwhile_runs_once_in_the_parent(workers):
+    import os
+    parent = os.getpid()
+    seen = []
+    results = {}
+
+    def task(i):
+        return i, os.getpid()
+    run_tasks(4, task, workers=workers, on_result=lambda i, r: results.__setitem__(i, r),
+              meanwhile=lambda: seen.append(os.getpid()))
+    assert seen == [parent] and sorted(results) == [0, 1, 2, 3]
+    assert (workers == 1) == all(pid == parent for _, pid in results.values())
+
+
 def test_shared_dict_collects_worker_items():
     d = SharedDict()
 
@@ -193,6 +208,13 @@ def test_packed_fast_path_equals_unpack_and_pack(bits, container, src_t, dst_t, 
                           (logical.view(np.uint8) ^ (1 << (bits - 1))) & ((1 << bits) - 1))
     sub = pc.rows(1, rows)
     assert sub is not None and np.array_equal(sub.unpack(), logical[1:])
+    # equal_stored: the in-place comparison agrees with comparing to_stored's result
+    same = pc.equal_stored(da, (OUT, IN), want)
+    if same is not None:
+        assert same and src_t != dst_t and not flip
+        bad = want.copy()
+        bad.reshape(-1)[seed % bad.size] ^= 1
+        assert pc.equal_stored(da, (OUT, IN), bad) is False
 
 
 def test_awq_order_fast_path_needs_same_order():
@@ -209,6 +231,19 @@ def test_transpose_2d():
     a = np.arange(300 * 517, dtype=np.int32).reshape(300, 517)
     assert np.array_equal(transpose_2d(a), a.T)
     assert np.array_equal(transpose_2d(a[:5, :3]), a[:5, :3].T)
+
+
+def test_equal_transposed_compares_bits():
+    a = np.arange(70 * 517, dtype=np.int32).reshape(70, 517)  # 70 rows: stripes of 32, 32, 6
+    b = np.ascontiguousarray(a.T)
+    assert equal_transposed(a, b) and equal_transposed(a, b.view(np.uint32)) and equal_transposed(a, b.view(np.float32))
+    for r, c in [(0, 0), (69, 516), (33, 100)]:  # a changed word in each stripe is found
+        bad = b.copy()
+        bad.view(np.uint32)[c, r] ^= np.uint32(1 << 31)
+        assert not equal_transposed(a, bad)
+    nan = np.full((3, 2), np.nan, np.float32)
+    assert equal_transposed(nan, np.ascontiguousarray(nan.T))  # bits, not float equality
+    assert not equal_transposed(a, b[:, :-1]) and not equal_transposed(a, b.view(np.uint8)) and not equal_transposed(a, a)
 
 
 # -- kernels ----------------------------------------------------------------------------------------

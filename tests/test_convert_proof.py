@@ -1,0 +1,91 @@
+"""The repack proof is about the bytes in the written files: a byte changed on disk after the
+write (before the read-back) is reported, whatever the number of worker processes; an output the
+repack replaces is gone when it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from converter.formats import registry
+from converter.formats.safetensors_io import read_header
+from converter.io.parallel import run_options
+from converter.ops.convert import convert_exact
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from synthetic import Shape, build_gptq  # noqa: E402
+
+TINY = Shape(layers=2, hidden=256, mlp=384, vocab=300, group=64)
+
+
+@pytest.fixture(scope="module")
+def gptq_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("proof") / "gptq"
+    build_gptq(d, TINY, seed=5)
+    return d
+
+
+def _flip_byte(path, tensor: str, at: int) -> None:
+    """XOR one byte of ``tensor``'s data in safetensors file ``path`` (in place)."""
+    h = read_header(path)
+    info = h.tensors[tensor]
+    assert 0 <= at < info.nbytes
+    with open(path, "r+b") as fh:
+        fh.seek(h.data_start + info.begin + at)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x10]))
+
+
+def _tampering(monkeypatch, tensor: str, at: int) -> None:
+    """Make the compressed-tensors writer change one byte of ``tensor`` once its output is committed."""
+    get = registry.get
+    real = get("compressed-tensors")
+
+    def write(ckpt, dst, **kw):
+        summary = real.write(ckpt, dst, **kw)
+        _flip_byte(dst / "model.safetensors", tensor, at)
+        return summary
+    fake = dataclasses.replace(real, write=write)
+    monkeypatch.setattr(registry, "get", lambda name: fake if name == "compressed-tensors" else get(name))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_clean_repack_is_all_exact(gptq_dir, tmp_path, workers):
+    with run_options(workers=workers):
+        rep = convert_exact(gptq_dir, tmp_path / "ct", "compressed-tensors")
+    assert rep["summary"]["all_exact"] and rep["summary"]["changed"] == 0
+    assert [r["name"] for r in rep["tensors"]] == registry.load(gptq_dir).names()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("tensor,stored,at", [
+    ("model.layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight_packed", 12345),
+    ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight_packed", 0),
+    ("model.embed_tokens.weight", "model.embed_tokens.weight", 7),
+])
+def test_a_byte_changed_in_the_written_file_is_reported(gptq_dir, tmp_path, monkeypatch, workers, tensor, stored, at):
+    _tampering(monkeypatch, stored, at)
+    with run_options(workers=workers):
+        rep = convert_exact(gptq_dir, tmp_path / "ct", "compressed-tensors")
+    rows = {r["name"]: r for r in rep["tensors"]}
+    assert rows[tensor]["mode"] == "changed" and not rows[tensor]["bit_exact"]
+    if "codes_identical" in rows[tensor]:
+        assert not rows[tensor]["codes_identical"]
+    assert [n for n, r in rows.items() if r["mode"] != "changed"] == [n for n in rows if n != tensor]
+    assert rep["summary"]["changed"] == 1 and not rep["summary"]["all_exact"]
+
+
+def test_overwrite_leaves_only_the_new_output(gptq_dir, tmp_path):
+    dst = tmp_path / "ct"
+    dst.mkdir()
+    (dst / "stale.txt").write_text("from before")
+    with run_options(workers=2):
+        rep = convert_exact(gptq_dir, dst, "compressed-tensors", overwrite=True)
+    assert rep["summary"]["all_exact"]
+    assert not (dst / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["ct"]  # the replaced output was deleted
