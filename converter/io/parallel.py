@@ -329,6 +329,13 @@ def _run_one(i: int) -> tuple[int, bool, Any, list]:
         return i, False, _pack_error(exc), []
 
 
+def _worker_init() -> None:
+    """In each pool worker: one BLAS thread, single-threaded kernels (the processes share the cores)."""
+    from ..quant.threads import mark_worker_process
+    limit_blas_threads()
+    mark_worker_process()
+
+
 def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
               on_result: Callable[[int, Any], None]) -> None:
     """Run ``fn(0) .. fn(n_tasks - 1)``, in ``workers`` forked processes when more than one.
@@ -348,7 +355,7 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
     _TASK_FN = fn
     ctx = mp.get_context("fork")
     try:
-        with ctx.Pool(workers, initializer=limit_blas_threads) as pool:
+        with ctx.Pool(workers, initializer=_worker_init) as pool:
             for i, ok, res, records in pool.imap_unordered(_run_one, range(n_tasks), chunksize=1):
                 if not ok:
                     pool.terminate()
