@@ -345,6 +345,13 @@ def _run_one(i: int) -> tuple[int, bool, Any, list]:
         return i, False, _pack_error(exc), []
 
 
+def _worker_init() -> None:
+    """In each pool worker: one BLAS thread, single-threaded kernels (the processes share the cores)."""
+    from ..quant.threads import mark_worker_process
+    limit_blas_threads()
+    mark_worker_process()
+
+
 def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
               on_result: Callable[[int, Any], None], meanwhile: Callable[[], None] | None = None) -> None:
     """Run ``fn(0) .. fn(n_tasks - 1)``, in ``workers`` forked processes when more than one.
@@ -371,7 +378,7 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
     _TASK_FN = fn
     ctx = mp.get_context("fork")
     try:
-        with ctx.Pool(workers, initializer=limit_blas_threads) as pool:
+        with ctx.Pool(workers, initializer=_worker_init) as pool:
             results = pool.imap_unordered(_run_one, range(n_tasks), chunksize=1)
             if meanwhile is not None:
                 meanwhile()  # results queue up in the meantime

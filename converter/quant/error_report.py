@@ -113,6 +113,23 @@ class ErrorSums:
         else:
             self.row_se[r0:r1] = self.grp_se[r0:r1, 0] = se.sum(axis=1)
 
+    def part(self) -> "ErrorSums":
+        """Sums for another thread's rows: the same inputs and per-row arrays (rows are disjoint),
+        its own scalar sums; fold it back with :meth:`absorb`."""
+        p = object.__new__(ErrorSums)
+        p.__dict__.update(self.__dict__)
+        p.sr = p.oe = p.orf = p.max_abs = 0.0
+        p.changed = 0
+        return p
+
+    def absorb(self, other: "ErrorSums") -> None:
+        """Add the scalar sums of a :meth:`part` (its per-row figures are already in place)."""
+        self.sr += other.sr
+        self.oe += other.oe
+        self.orf += other.orf
+        self.changed += other.changed
+        self.max_abs = max(self.max_abs, other.max_abs)
+
     def figures(self) -> dict[str, Any]:
         """The ``vs_source`` figures (:func:`figures_from_sums`)."""
         return figures_from_sums(self.row_se, self.grp_se, self.g, self.G, self.n, sr=self.sr, max_abs=self.max_abs,

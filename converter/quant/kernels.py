@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from .threads import kernel_threads, run_rows
+
 #: Target elements per block (rows x in); 1.5-2x faster than whole-matrix passes.
 BLOCK_ELEMENTS = 1 << 16
 #: Blocks of :func:`quantize_blocked`, about 25 numpy calls each: twice as large halves that
@@ -170,23 +172,26 @@ def dequantize_blocked(t) -> np.ndarray | None:
     G = gm.group_size if g == "group" else None
     full = (n // G) * G if G else 0
     step = block_rows(n)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        o = out[r0:r1]
-        if direct is not None:
-            np.copyto(o, direct[r0:r1], casting="unsafe")  # exact: |q| <= 255
-            if center:
-                o -= center
-        else:  # mode="wrap": byte indices are always in range, and it skips numpy's checked copy
-            dst = o.view(table.dtype) if per > 1 else o
-            np.take(table, raw[r0:r1], out=dst.reshape(raw[r0:r1].shape), mode="wrap")
-        sc = scales if g == "tensor" else scales[r0:r1]
-        zz = None if zp is None else (zp if g == "tensor" else zp[r0:r1])
-        if zkind == "integer":
-            _apply(o, zz, G, full, np.subtract)
-        _apply(o, sc, G, full, np.multiply)
-        if zkind == "float":
-            _apply(o, zz, G, full, np.add)
+
+    def work(a: int, b: int) -> None:
+        for r0 in range(a, b, step):
+            r1 = min(b, r0 + step)
+            o = out[r0:r1]
+            if direct is not None:
+                np.copyto(o, direct[r0:r1], casting="unsafe")  # exact: |q| <= 255
+                if center:
+                    o -= center
+            else:  # mode="wrap": byte indices are always in range, and it skips numpy's checked copy
+                dst = o.view(table.dtype) if per > 1 else o
+                np.take(table, raw[r0:r1], out=dst.reshape(raw[r0:r1].shape), mode="wrap")
+            sc = scales if g == "tensor" else scales[r0:r1]
+            zz = None if zp is None else (zp if g == "tensor" else zp[r0:r1])
+            if zkind == "integer":
+                _apply(o, zz, G, full, np.subtract)
+            _apply(o, sc, G, full, np.multiply)
+            if zkind == "float":
+                _apply(o, zz, G, full, np.add)
+    run_rows(work, rows, step, kernel_threads(out.size))  # row ranges on the cores allowed
     return out
 
 
@@ -301,23 +306,27 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
     codes = np.empty((rows, n), dtype=s.code_dtype)
     step = block_rows(n, QUANT_BLOCK_ELEMENTS)
-    buf = np.empty((step, n), dtype=np.float32)
-    xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
     if isinstance(values, Rows):
         step = max(1, min(step, values.step))
-    if compare is not None:
-        bbuf = np.empty((step, n), dtype=np.float32)
-        ebuf = np.empty((step, n), dtype=np.float32)
-    degenerate = 0
-    try:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # once, not per block
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
+
+    def work(a: int, b: int):
+        """Rows ``a:b`` with this thread's own buffers, value cache and error sums."""
+        vals = values if a == 0 or not isinstance(values, Rows) else Rows(values.source)
+        part = compare if a == 0 or compare is None else compare.part()
+        buf = np.empty((step, n), dtype=np.float32)
+        xbuf = np.empty((step, n), dtype=np.float32) if values.dtype != np.float32 else None
+        if part is not None:
+            bbuf = np.empty((step, n), dtype=np.float32)
+            ebuf = np.empty((step, n), dtype=np.float32)
+        deg_total = 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # per thread, once
+            for r0 in range(a, b, step):
+                r1 = min(b, r0 + step)
                 k = r1 - r0
-                x = values[r0:r1]
+                x = vals[r0:r1]
                 if xbuf is not None:
                     x = xbuf[:k]
-                    np.copyto(x, values[r0:r1], casting="unsafe")
+                    np.copyto(x, vals[r0:r1], casting="unsafe")
                 q = buf[:k]
                 if s.symmetric:
                     np.abs(x, out=q)
@@ -335,9 +344,9 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                     ext = {"mx": mx, "mn": mn}
                 got = params_from_extrema(s, tensor=tensor, **ext)  # None: NaN / inf somewhere
                 if got is None:
-                    return None
+                    return None  # (this range)
                 sc, z, deg = got
-                degenerate += deg
+                deg_total += deg
                 scales[r0:r1] = sc
                 if zps is not None:
                     zps[r0:r1] = z
@@ -363,18 +372,28 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
                 if not ((top <= s.qmax).all() and (bottom >= s.qmin).all()):
                     np.clip(q, s.qmin, s.qmax, out=q)
                 codes[r0:r1] = q
-                if compare is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
-                    b = bbuf[:k]
+                if part is not None:  # the target's dequantize: (q - c) * s or (q - z) * s
+                    bq = bbuf[:k]
                     if z is not None:
-                        _apply_to(b, q, zf, G, full, np.subtract)
+                        _apply_to(bq, q, zf, G, full, np.subtract)
                     elif s.center:
-                        np.subtract(q, np.float32(s.center), out=b)
+                        np.subtract(q, np.float32(s.center), out=bq)
                     else:
-                        np.copyto(b, q)
-                    _apply(b, s32, G, full, np.multiply)
-                    compare.add(r0, x, b, ebuf[:k])
+                        np.copyto(bq, q)
+                    _apply(bq, s32, G, full, np.multiply)
+                    part.add(r0, x, bq, ebuf[:k])
+        return deg_total, part
+
+    try:
+        parts = run_rows(work, rows, step, kernel_threads(rows * n))  # row ranges on the cores allowed
     except QuantizationError:
         return None
+    if any(p is None for p in parts):  # a NaN / inf somewhere: the whole-array path says where
+        return None
+    degenerate = sum(p[0] for p in parts)
+    for p in parts[1:]:
+        if compare is not None:
+            compare.absorb(p[1])
     if zps is not None:
         zps = zps.astype(s.code_dtype)
     if stats is not None:
