@@ -89,3 +89,18 @@ def test_overwrite_leaves_only_the_new_output(gptq_dir, tmp_path):
     assert rep["summary"]["all_exact"]
     assert not (dst / "stale.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ct"]  # the replaced output was deleted
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_requantize_readback_reports_a_byte_changed_on_disk(gptq_dir, tmp_path, monkeypatch, workers):
+    """requantize_model's read-back (spread over the workers) flags the tensor whose bytes
+    changed after the write, and only that one."""
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    _tampering(monkeypatch, "model.layers.1.mlp.up_proj.weight_packed", 5)
+    with run_options(workers=workers):
+        rep = requantize_model(gptq_dir, tmp_path / "rq", Target(bits=8, granularity="channel"),
+                               to="compressed-tensors")
+    flags = {r["name"]: r["readback_bit_exact"] for r in rep["tensors"]}
+    assert flags.pop("model.layers.1.mlp.up_proj.weight") is False
+    assert flags and all(flags.values())

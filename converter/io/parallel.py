@@ -392,6 +392,10 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
         _TASK_FN = None
 
 
+#: Bytes of one large array written before its (mapped) pages are released.
+_MAPPED_CHUNK = 32 * 2**20
+
+
 def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tuple[int, Any]], *,
                      label: str = "writing", total_bytes: int | None = None) -> None:
     """Fill a file of ``size`` bytes whose layout is fixed: item ``i`` is ``produce(i) -> (offset,
@@ -410,8 +414,17 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
 
         def task(i: int) -> int:
             offset, arr = produce(i)
-            view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-            bg.submit(view, offset)
+            data = np.ascontiguousarray(arr)
+            view = memoryview(data.reshape(-1).view(np.uint8))
+            if view.nbytes <= _MAPPED_CHUNK:
+                bg.submit(view, offset)
+                return view.nbytes
+            # a large array (often a memory map of the source: a dense pass-through) goes in
+            # chunks, its pages released after each, so it is never resident whole
+            for start in range(0, view.nbytes, _MAPPED_CHUNK):
+                bg.submit(view[start:start + _MAPPED_CHUNK], offset + start)
+                bg.drain()
+                drop_pages(data, arr)
             return view.nbytes
 
         workers = auto_workers(size, n_items)

@@ -62,6 +62,27 @@ def _digest(t: QuantizedTensor) -> str:
     return "p:" + crc(parts)
 
 
+def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, str]) -> None:
+    """Set ``readback_bit_exact`` in each report row: the tensor read back from ``out`` (the
+    committed output, through the target's reader) has the digest of the one computed.
+
+    The tensors are read and digested in the worker processes of the options in force
+    (:func:`converter.io.parallel.auto_workers` on the output's stored bytes), one per task.
+    """
+    from ..io.parallel import auto_workers, run_tasks
+    names = list(rows)
+    total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
+
+    def check(i: int) -> bool:
+        back = out[names[i]] if names[i] in out else None
+        mine = written.get(names[i])
+        return bool(mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine)
+
+    def done(i: int, ok: bool) -> None:
+        rows[names[i]]["readback_bit_exact"] = ok
+    run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
+
+
 def plan(ckpt: Checkpoint, target: Target) -> dict[str, tuple[str, str]]:
     """``name -> (exact|lossy, reason)`` for every quantized tensor, from specs only."""
     return {s.name: classify(s, target) for s in ckpt.specs() if s.kind == "quantized"}
@@ -132,12 +153,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         if name not in rows:
             view[name]
     if verify:
-        out = registry.load(dst, format=to)
-        for name, row in rows.items():
-            mine = view._requant_written.pop(name, None)
-            back = out[name] if name in out else None
-            ok = mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine
-            row["readback_bit_exact"] = bool(ok)
+        verify_readback(registry.load(dst, format=to), rows, view._requant_written)
     passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized"]
     return summarize(list(rows.values()), source=str(src), source_format=ckpt.format, destination=str(dst),
                      target_format=to, target=target.to_json(),

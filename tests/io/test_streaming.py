@@ -413,3 +413,19 @@ def test_gguf_write_identical_for_any_workers(gptq_dir, tmp_path):
     assert outs[0] == outs[1]
     back = load(tmp_path / "w2.gguf")
     assert back.format == "gguf" and len(back.quantized_names()) == 2 * 7
+
+
+def test_gguf_write_in_chunks_gives_the_same_bytes(gptq_dir, tmp_path, monkeypatch):
+    """Large arrays go to write_at_offsets' background writer in chunks, their mapped pages
+    released after each: the file is the same as when every array goes whole."""
+    from converter.io import parallel
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    outs = []
+    for chunk in (1 << 40, 4096):
+        monkeypatch.setattr(parallel, "_MAPPED_CHUNK", chunk)
+        with run_options(workers=1):
+            requantize_model(gptq_dir, tmp_path / f"c{chunk}.gguf", Target(bits=4, granularity="group", group_size=32),
+                             to="gguf", overwrite=True)
+        outs.append((tmp_path / f"c{chunk}.gguf").read_bytes())
+    assert outs[0] == outs[1] and len(outs[0]) > 10 * 4096
