@@ -209,6 +209,8 @@ def command_table(src: Path, work: Path, repeat: int) -> tuple[list[dict], dict]
         paired = label.startswith(("repack", "requant"))
         runs, ratios = [], []
         for _ in range(repeat if paired else 1):
+            if out is not None:  # every run writes a new output (no --overwrite deletion inside the timing)
+                shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
             r = run_cmd(args)
             runs.append(r)
             if paired:  # its baseline, right after it

@@ -125,6 +125,10 @@ class NotRepresentableError(UnsupportedError):
     """An exact repack was asked for but the target cannot hold the source scheme; says which option requantizes."""
 
 
+class OutputWriteError(ConverterError, OSError):
+    """Writing the output failed (disk full, I/O error ...): names the file and the OS error."""
+
+
 class OutputExistsError(ConverterError, FileExistsError):
     """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
 

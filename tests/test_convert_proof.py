@@ -104,3 +104,30 @@ def test_requantize_readback_reports_a_byte_changed_on_disk(gptq_dir, tmp_path, 
     flags = {r["name"]: r["readback_bit_exact"] for r in rep["tensors"]}
     assert flags.pop("model.layers.1.mlp.up_proj.weight") is False
     assert flags and all(flags.values())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_background_write_is_a_named_error_and_leaves_nothing(gptq_dir, tmp_path, monkeypatch, workers):
+    """ENOSPC in the writer thread reaches the caller as OutputWriteError (a ConverterError and
+    an OSError) naming the output, not its temporary sibling, from one or two workers; nothing is
+    left at the destination."""
+    import errno
+    import os
+    import threading
+
+    from converter.errors import OutputWriteError
+    real = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if threading.current_thread().name == "qckpt-pwrite":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    dst = tmp_path / "ct"
+    with run_options(workers=workers), pytest.raises(OutputWriteError) as info:
+        convert_exact(gptq_dir, dst, "compressed-tensors")
+    err = info.value
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    assert err.file is not None and ".qckpt-tmp-" not in err.file and str(dst) in err.file
+    assert "No space left" in str(err)
+    assert not dst.exists() and not [p for p in tmp_path.iterdir() if ".qckpt-tmp-" in p.name]

@@ -22,7 +22,6 @@ from ..errors import ConverterError, FormatError
 from ..io.atomic import atomic_output
 from .safetensors_io import SafetensorsWriter
 from .source import INDEX_NAME
-from ..io.parallel import AUTO_PARALLEL_BYTES  # noqa: F401  (re-exported: the write path's threshold)
 
 
 @dataclass(frozen=True)

@@ -575,9 +575,12 @@ class SafetensorsWriter:
         self._rows: dict[str, int] = {}
         self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._bg = BackgroundWriter(self._fd)
+        self._bg = BackgroundWriter(self._fd, path=self.path)  # its thread starts with the first tensor
         try:
-            self._bg.submit(memoryview(prefix), 0)
+            head = memoryview(prefix)
+            done = 0
+            while done < head.nbytes:  # synchronously: no thread exists yet when workers fork
+                done += os.pwrite(self._fd, head[done:], done)
             os.ftruncate(self._fd, self._size)
         except BaseException:
             self._abort()
@@ -588,11 +591,6 @@ class SafetensorsWriter:
         :mod:`converter.io.background`; the array behind ``view`` must not change afterwards)."""
         assert self._fd is not None
         self._bg.submit(view, offset)
-
-    def flush(self) -> None:
-        """Wait until every queued byte is written (raises the write's OSError, if one failed)."""
-        if self._fd is not None:
-            self._bg.drain()
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Write one planned tensor at its precomputed offset.

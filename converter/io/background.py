@@ -7,7 +7,8 @@ in flight are bounded (``limit``; one item larger than the limit still goes, alo
 written at its own offset, so the file's bytes do not depend on the timing.
 
 A write error (``ENOSPC`` ...) is raised by the next :meth:`BackgroundWriter.submit` or
-:meth:`~BackgroundWriter.drain`; nothing is dropped silently. After a ``fork`` the child starts
+:meth:`~BackgroundWriter.drain` as :class:`converter.errors.OutputWriteError` naming the file;
+nothing is dropped silently. After a ``fork`` the child starts
 its own queue and thread on first use (a thread does not survive ``fork``), and
 :func:`drain_process` lets a worker wait for its own writes before it reports a task done.
 """
@@ -42,9 +43,10 @@ class BackgroundWriter:
         Bytes in flight before :meth:`submit` waits.
     """
 
-    def __init__(self, fd: int, *, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, fd: int, *, limit: int = DEFAULT_LIMIT, path: str | os.PathLike | None = None) -> None:
         self.fd = fd
         self.limit = int(limit)
+        self.path = path
         self._reset()
         _WRITERS.add(self)
 
@@ -70,8 +72,8 @@ class BackgroundWriter:
 
         Raises
         ------
-        OSError
-            A previous background write failed.
+        OutputWriteError
+            A previous background write failed (a :class:`ConverterError` and an ``OSError``).
         """
         self._mine()
         n = view.nbytes
@@ -103,8 +105,16 @@ class BackgroundWriter:
                     done += os.pwrite(self.fd, view[done:done + _CHUNK], offset + done)
                 start_writeback(self.fd, offset, view.nbytes)  # the disk starts now; fsync waits for little
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
+                err = exc
+                if isinstance(exc, OSError):  # one of qckpt's errors, naming the file (CLI: no traceback)
+                    from ..errors import OutputWriteError
+                    err = OutputWriteError("cannot write the output", file=self.path,
+                                           field=f"{view.nbytes} bytes at offset {offset}",
+                                           expected="all bytes written", found=exc.strerror or str(exc),
+                                           hint="check free disk space")
+                    err.errno = err._errno = exc.errno  # (_errno survives the trip from a worker)
                 with self._cv:
-                    self._error = exc
+                    self._error = err
                     self._queue.clear()
                     self._inflight = 0
                     self._cv.notify_all()
@@ -119,8 +129,8 @@ class BackgroundWriter:
 
         Raises
         ------
-        OSError
-            A background write failed.
+        OutputWriteError
+            A background write failed (a :class:`ConverterError` and an ``OSError``).
         """
         self._mine()
         with self._cv:

@@ -296,6 +296,8 @@ def _unpack_error(packed: tuple) -> BaseException:
         exc = cls.__new__(cls)
         exc.__dict__.update(fields)
         Exception.__init__(exc, exc.render())
+        if isinstance(exc, OSError) and "_errno" in fields:
+            exc.errno = fields["_errno"]
         return exc
     return RuntimeError(f"worker failed: {packed[1]}: {packed[2]}")
 
@@ -404,13 +406,15 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
     For formats written outside :func:`converter.formats.plan.write_plans` (GGUF): the header and
     every offset are computed first, so tensors can be encoded in parallel (workers and progress
     from the options in force) and the bytes are the same for any number of workers. Gaps are
-    zero (``ftruncate``). The file is fsynced.
+    zero (``ftruncate``). Arrays are written by a background thread (:mod:`converter.io.background`):
+    ``produce`` must return an array nobody modifies afterwards; arrays over 32 MiB go in chunks,
+    their (mapped) pages released after each. The file is fsynced.
     """
     fd = os.open(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
 
-        bg = BackgroundWriter(fd)
+        bg = BackgroundWriter(fd, path=path)
 
         def task(i: int) -> int:
             offset, arr = produce(i)

@@ -64,9 +64,13 @@ class ErrorSums:
         self.x = np.random.default_rng(SEED).standard_normal((n, N_INPUTS))
         self.large = rows * n > LARGE
         self.x32 = self.x.astype(np.float32) if self.large else None
-        self.sr = self.oe = self.orf = 0.0
         self.max_abs = 0.0
         self.changed = 0
+        # per-row sums, added in row order at the end: the figures do not depend on how the rows
+        # were split over blocks or threads
+        self.row_sr = np.zeros(rows, dtype=np.float64)
+        self.row_oe = np.zeros(rows, dtype=np.float64)
+        self.row_orf = np.zeros(rows, dtype=np.float64)
         self.row_se = np.zeros(rows, dtype=np.float64)
         self.grp_se = np.zeros((rows, -(-n // self.G)), dtype=np.float64)
 
@@ -75,34 +79,50 @@ class ErrorSums:
 
     def _chunk_squares(self, v: np.ndarray) -> np.ndarray:
         """``(rows, chunks)`` float64: sums of squares of ``v`` over chunks of ``C`` along ``in``
-        (the last one partial), each summed in float32."""
+        (the last one partial), each summed in float32 (in float64 when float32 squares overflow
+        or underflow, e.g. values near 1e21 or 1e-23)."""
         k, n, C = v.shape[0], self.n, self.C
         nfull, full = n // C, (n // C) * C
         out = np.empty((k, nfull + (full < n)), dtype=np.float64)
-        if nfull:
-            v3 = v[:, :full].reshape(k, nfull, C)
-            out[:, :nfull] = np.einsum("rci,rci->rc", v3, v3)
-        if full < n:
-            t = v[:, full:]
-            out[:, nfull] = np.einsum("ri,ri->r", t, t)
+        for dt in (np.float32, np.float64):  # float64 again when float32 squares over/underflow
+            w = v if dt is np.float32 else v.astype(np.float64)
+            if nfull:
+                v3 = w[:, :full].reshape(k, nfull, C)
+                out[:, :nfull] = np.einsum("rci,rci->rc", v3, v3)
+            if full < n:
+                t = w[:, full:]
+                out[:, nfull] = np.einsum("ri,ri->r", t, t)
+            if np.isfinite(out).all() and not self._underflows(v, out, nfull, full):
+                break
         return out
+
+    def _underflows(self, v: np.ndarray, sums: np.ndarray, nfull: int, full: int) -> bool:
+        """Some chunk's sum of squares is 0 while its values are not all 0 (squares below float32's
+        range, e.g. values near 1e-23)."""
+        zero = sums == 0
+        if not zero.any():
+            return False
+        k, C = v.shape[0], self.C
+        if nfull and zero[:, :nfull].any() and np.any(v[:, :full].reshape(k, nfull, C)[zero[:, :nfull]]):
+            return True
+        return bool(full < self.n and zero[:, nfull].any() and np.any(v[zero[:, nfull], full:]))
 
     def add(self, r0: int, A: np.ndarray, B: np.ndarray | None = None, E: np.ndarray | None = None) -> None:
         """Rows ``r0 : r0 + len(A)``. ``B=None``: identical to ``A`` (only its own figures).
         ``E``: a float32 buffer of ``A``'s shape to hold ``B - A`` (allocated when omitted)."""
+        r1 = r0 + A.shape[0]
         y = self._products(A)
-        self.orf += float(np.sum(y * y))
-        self.sr += float(self._chunk_squares(A).sum())
+        self.row_orf[r0:r1] = np.einsum("ij,ij->i", y, y)
+        self.row_sr[r0:r1] = self._chunk_squares(A).sum(axis=1)
         if B is None:
             return
-        r1 = r0 + A.shape[0]
         e = np.subtract(B, A, out=E)  # float32, as error_stats forms it
         if self.large:
             dy = (e @ self.x32).astype(np.float64)
         else:
             dy = B.astype(np.float64) @ self.x
             dy -= y
-        self.oe += float(np.sum(dy * dy))
+        self.row_oe[r0:r1] = np.einsum("ij,ij->i", dy, dy)
         self.changed += int(np.count_nonzero(e != 0))
         if e.size:
             self.max_abs = max(self.max_abs, float(e.max()), -float(e.min()))
@@ -118,22 +138,20 @@ class ErrorSums:
         its own scalar sums; fold it back with :meth:`absorb`."""
         p = object.__new__(ErrorSums)
         p.__dict__.update(self.__dict__)
-        p.sr = p.oe = p.orf = p.max_abs = 0.0
+        p.max_abs = 0.0
         p.changed = 0
         return p
 
     def absorb(self, other: "ErrorSums") -> None:
-        """Add the scalar sums of a :meth:`part` (its per-row figures are already in place)."""
-        self.sr += other.sr
-        self.oe += other.oe
-        self.orf += other.orf
+        """Fold in a :meth:`part`'s count and maximum (its per-row sums are already in place)."""
         self.changed += other.changed
         self.max_abs = max(self.max_abs, other.max_abs)
 
     def figures(self) -> dict[str, Any]:
         """The ``vs_source`` figures (:func:`figures_from_sums`)."""
-        return figures_from_sums(self.row_se, self.grp_se, self.g, self.G, self.n, sr=self.sr, max_abs=self.max_abs,
-                                 changed=self.changed, out_sq_err=self.oe, out_sq_ref=self.orf)
+        return figures_from_sums(self.row_se, self.grp_se, self.g, self.G, self.n, sr=float(self.row_sr.sum()),
+                                 max_abs=self.max_abs, changed=self.changed, out_sq_err=float(self.row_oe.sum()),
+                                 out_sq_ref=float(self.row_orf.sum()))
 
 
 def blocked_applicable(group_map, axes, shape) -> bool:
@@ -149,8 +167,9 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
     """:func:`comparison` in one pass of cache-sized row blocks (:class:`ErrorSums`), or None when
     not applicable. ``approx=None``: known identical to ``ref``.
 
-    The same figures with float64 accumulation; sums are formed block by block, so the last
-    digits may differ from the whole-array formulas (the figures are reports, not outputs).
+    The same figures (squares summed as :class:`ErrorSums` states); sums are formed block by
+    block, so the last digits may differ from the whole-array formulas (the figures are
+    reports, not outputs).
     """
     same = approx is None
     if not blocked_applicable(group_map, axes, ref.shape) or (not same and ref.shape != approx.shape):

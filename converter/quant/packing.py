@@ -444,7 +444,7 @@ def unpack_codes(words: np.ndarray, bits: int, *, axis: int, length: int, contai
     if bits == 8 and (width == 8 or (axis == words.ndim - 1 and sys.byteorder == "little"
                                       and slots == tuple(range(width // 8)))):
         # one code per byte, LSB-first: the words' bytes are the codes in order (one copy)
-        raw = words.view(np.uint8) if width > 8 else words
+        raw = np.ascontiguousarray(words).view(np.uint8) if width > 8 else words
         out = np.array(raw[_along(raw.ndim, axis, slice(0, length))], dtype=np.uint8, order="C")
         if flip:
             out ^= np.uint8(0x80)

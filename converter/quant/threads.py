@@ -5,12 +5,14 @@ run on several cores when each thread works on its own rows with its own buffers
 count follows the parallelism the user allowed: ``--workers N`` (the cores by default) in a
 process that is not itself one of the workers of a pool; inside a pool worker, or with
 ``--workers 1``, kernels run in the calling thread, so processes and threads never oversubscribe
-the cores. Results do not depend on the thread count (every row is computed the same way).
+the cores. Codes, scales and values do not depend on the thread count (every row is computed
+the same way); error-report sums are kept per row and added in row order, so they do not either.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -37,11 +39,26 @@ def kernel_threads(elements: int) -> int:
     return max(1, min(n, elements // MIN_ELEMENTS_PER_THREAD))
 
 
+_LOCAL = threading.local()
+
+
 def _pool(n: int) -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid() or _POOL[1]._max_workers < n:
+        if _POOL is not None and _POOL[0] == os.getpid():
+            _POOL[1].shutdown(wait=False)
         _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="qckpt-kernel"))
     return _POOL[1]
+
+
+def _in_range(fn: Callable[[int, int], Any], a: int, b: int) -> Any:
+    """``fn(a, b)`` marked as running inside a kernel range: a nested :func:`run_rows` (a value
+    cache dequantizing its rows ...) then runs inline instead of waiting on the pool it occupies."""
+    _LOCAL.inside = True
+    try:
+        return fn(a, b)
+    finally:
+        _LOCAL.inside = False
 
 
 def split_rows(rows: int, step: int, n: int) -> list[tuple[int, int]]:
@@ -55,13 +72,15 @@ def split_rows(rows: int, step: int, n: int) -> list[tuple[int, int]]:
 def run_rows(fn: Callable[[int, int], Any], rows: int, step: int, threads: int) -> list[Any]:
     """``[fn(a, b) for each range of split_rows(rows, step, threads)]``, the ranges in parallel
     (the first in the calling thread). An exception in any range is raised after all finish."""
+    if getattr(_LOCAL, "inside", False):  # nested in a range: no second hand-off (no deadlock)
+        threads = 1
     ranges = split_rows(rows, step, threads)
-    if len(ranges) == 1:
-        return [fn(*ranges[0])]
+    if len(ranges) <= 1:
+        return [fn(*r) for r in ranges]
     pool = _pool(len(ranges) - 1)
-    futures = [pool.submit(fn, a, b) for a, b in ranges[1:]]
+    futures = [pool.submit(_in_range, fn, a, b) for a, b in ranges[1:]]
     try:
-        first = fn(*ranges[0])
+        first = _in_range(fn, *ranges[0])
     finally:
         rest = [f.exception() or f.result() for f in futures]  # wait for all of them
     for f in futures:

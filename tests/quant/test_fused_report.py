@@ -63,3 +63,19 @@ def test_fused_figures_equal_independent(rows, n, src_group, target, out_tol):
     ts = out.scheme
     ref = quantize(src.dequantize(), ts, out.group_map)
     assert np.array_equal(out.codes, ref.codes) and np.array_equal(out.scales, ref.scales)
+
+
+@pytest.mark.parametrize("magnitude", [1e21, 1e-24])
+def test_figures_survive_float32_overflow_and_underflow_of_squares(magnitude):
+    """Values whose squares leave float32's range are summed again in float64: finite figures
+    equal to the whole-array (float64) formulas, never inf / NaN / a false 'no error'."""
+    from converter.quant.error_report import comparison
+    from converter.quant.metrics import error_stats
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((64, 256)) * magnitude).astype(np.float32)
+    b = (a * np.float32(1 + 1e-3)).astype(np.float32)
+    got = comparison(a, b, GroupMap.per_group(128), ("out", "in"))
+    st = error_stats(a, b)
+    assert got["exact"] is False and st.exact is False
+    for k in ("mse", "rel_frobenius", "sqnr_db"):
+        assert math.isfinite(got[k]) and math.isclose(got[k], getattr(st, k), rel_tol=1e-6), k
