@@ -71,7 +71,6 @@ class ErrorSums:
         self.row_sr = np.zeros(rows, dtype=np.float64)
         self.row_oe = np.zeros(rows, dtype=np.float64)
         self.row_orf = np.zeros(rows, dtype=np.float64)
-        self.row_se = np.zeros(rows, dtype=np.float64)
         self.grp_se = np.zeros((rows, -(-n // self.G)), dtype=np.float64)
 
     def _products(self, A: np.ndarray) -> np.ndarray:
@@ -127,11 +126,7 @@ class ErrorSums:
         if e.size:
             self.max_abs = max(self.max_abs, float(e.max()), -float(e.min()))
         se = self._chunk_squares(e)
-        if self.g == "group":
-            self.grp_se[r0:r1] = se
-            self.row_se[r0:r1] = se.sum(axis=1)
-        else:
-            self.row_se[r0:r1] = self.grp_se[r0:r1, 0] = se.sum(axis=1)
+        self.grp_se[r0:r1] = se if self.g == "group" else se.sum(axis=1, keepdims=True)
 
     def part(self) -> "ErrorSums":
         """Sums for another thread's rows: the same inputs and per-row arrays (rows are disjoint),
@@ -149,7 +144,7 @@ class ErrorSums:
 
     def figures(self) -> dict[str, Any]:
         """The ``vs_source`` figures (:func:`figures_from_sums`)."""
-        return figures_from_sums(self.row_se, self.grp_se, self.g, self.G, self.n, sr=float(self.row_sr.sum()),
+        return figures_from_sums(self.grp_se, self.g, self.G, self.n, sr=float(self.row_sr.sum()),
                                  max_abs=self.max_abs, changed=self.changed, out_sq_err=float(self.row_oe.sum()),
                                  out_sq_ref=float(self.row_orf.sum()))
 
@@ -186,14 +181,13 @@ def _comparison_blocked(ref: np.ndarray, approx: np.ndarray, group_map, axes) ->
     return sums.figures()
 
 
-def figures_from_sums(row_se: np.ndarray, grp_se: np.ndarray, granularity: str, group_size: int, n_in: int, *,
+def figures_from_sums(grp_se: np.ndarray, granularity: str, group_size: int, n_in: int, *,
                       sr: float, max_abs: float, changed: int, out_sq_err: float,
                       out_sq_ref: float) -> dict[str, Any]:
     """The report figures of a 2-D ``(out, in)`` comparison from its sums.
 
     Parameters
     ----------
-    row_se : ndarray of float64, ``(out,)``: squared error per output channel.
     grp_se : ndarray of float64, ``(out, groups)``: squared error per target group (groups of
         ``group_size`` along ``in``, the last one possibly partial; one per row when per channel
         or per tensor).
@@ -207,6 +201,7 @@ def figures_from_sums(row_se: np.ndarray, grp_se: np.ndarray, granularity: str, 
     g, G, n = granularity, int(group_size), int(n_in)
     rows, ngr = grp_se.shape
     full = (n // G) * G
+    row_se = grp_se.sum(axis=1)  # squared error per output channel
     se = float(row_se.sum())
     numel = rows * n
     mse = se / numel

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 #: Fewest rows x columns per thread worth a hand-off.
@@ -82,8 +82,5 @@ def run_rows(fn: Callable[[int, int], Any], rows: int, step: int, threads: int) 
     try:
         first = _in_range(fn, *ranges[0])
     finally:
-        rest = [f.exception() or f.result() for f in futures]  # wait for all of them
-    for f in futures:
-        if f.exception() is not None:
-            raise f.exception()
-    return [first] + rest
+        wait(futures)  # every range finishes before anything is raised or returned
+    return [first] + [f.result() for f in futures]  # (re-raises a range's exception)
