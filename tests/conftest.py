@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,20 @@ from converter.errors import MalformedInputError
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_checkpoints"
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from synthetic import Shape, build_gptq  # noqa: E402
+
+#: A two-layer Llama-shaped GPTQ checkpoint (benchmarks/synthetic.py) for streaming / proof tests.
+TINY = Shape(layers=2, hidden=256, mlp=384, vocab=300, group=64)
+
+
+@pytest.fixture(scope="session")
+def gptq_dir(tmp_path_factory):
+    """The TINY synthetic GPTQ directory (read-only: tests write their outputs elsewhere)."""
+    d = tmp_path_factory.mktemp("synth") / "gptq"
+    build_gptq(d, TINY, seed=3)
+    return d
 
 
 def write_native_as_is(path, tensors, config):

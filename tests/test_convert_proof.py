@@ -5,7 +5,6 @@ repack replaces is gone when it returns."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pytest
 
@@ -13,20 +12,6 @@ from converter.formats import registry
 from converter.formats.safetensors_io import read_header
 from converter.io.parallel import run_options
 from converter.ops.convert import convert_exact
-
-from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from synthetic import Shape, build_gptq  # noqa: E402
-
-TINY = Shape(layers=2, hidden=256, mlp=384, vocab=300, group=64)
-
-
-@pytest.fixture(scope="module")
-def gptq_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("proof") / "gptq"
-    build_gptq(d, TINY, seed=5)
-    return d
 
 
 def _flip_byte(path, tensor: str, at: int) -> None:

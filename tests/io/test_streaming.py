@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import sys
 
 import numpy as np
 import pytest
@@ -27,19 +26,7 @@ from converter.quant.kernels import dequantize_blocked, quantize_blocked
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
-from ..conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from synthetic import Shape, build_gptq  # noqa: E402
-
-TINY = Shape(layers=2, hidden=256, mlp=384, vocab=300, group=64)
-
-
-@pytest.fixture(scope="module")
-def gptq_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("synth") / "gptq"
-    build_gptq(d, TINY, seed=3)
-    return d
+from ..conftest import TINY
 
 
 def _data_bytes(d):
