@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
-from converter.io.background import BackgroundWriter
+from converter.io.background import BackgroundWriter, pwrite_all
 from converter.errors import (
     ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
 )
@@ -577,10 +577,7 @@ class SafetensorsWriter:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._bg = BackgroundWriter(self._fd, path=self.path)  # its thread starts with the first tensor
         try:
-            head = memoryview(prefix)
-            done = 0
-            while done < head.nbytes:  # synchronously: no thread exists yet when workers fork
-                done += os.pwrite(self._fd, head[done:], done)
+            pwrite_all(self._fd, memoryview(prefix), 0)  # synchronously: no thread exists yet when workers fork
             os.ftruncate(self._fd, self._size)
         except BaseException:
             self._abort()

@@ -22,7 +22,7 @@ from collections import deque
 
 from .writeback import start_writeback
 
-__all__ = ["BackgroundWriter", "drain_process", "DEFAULT_LIMIT"]
+__all__ = ["BackgroundWriter", "drain_process", "pwrite_all", "DEFAULT_LIMIT"]
 
 #: Bytes queued but not yet written, at most (besides one larger item alone).
 DEFAULT_LIMIT = 96 * 2**20
@@ -30,6 +30,13 @@ DEFAULT_LIMIT = 96 * 2**20
 _CHUNK = 1 << 30
 
 _WRITERS: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+
+
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """``os.pwrite`` until every byte of ``view`` is at ``offset`` (pwrite may write less)."""
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:done + _CHUNK], offset + done)
 
 
 class BackgroundWriter:
@@ -100,9 +107,7 @@ class BackgroundWriter:
                     return
                 view, offset = self._queue[0]
             try:
-                done = 0
-                while done < view.nbytes:
-                    done += os.pwrite(self.fd, view[done:done + _CHUNK], offset + done)
+                pwrite_all(self.fd, view, offset)
                 start_writeback(self.fd, offset, view.nbytes)  # the disk starts now; fsync waits for little
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
                 err = exc
