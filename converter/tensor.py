@@ -382,12 +382,17 @@ class Checkpoint:
         Data files read (shards), for audits.
     extra_files : tuple of str
         Other files of a model directory (tokenizer ...), copied by directory writers.
+    side_files : mapping of file name -> callable() -> bytes, optional
+        Side files the source carries in another form (a GGUF's tokenizer and chat template as
+        ``tokenizer.json`` / ``tokenizer_config.json``), made on demand and written by directory
+        writers beside the tensors unless a copied ``extra_files`` entry has the same name.
     """
 
     def __init__(self, specs: Mapping[str, TensorSpec], loader: Callable[[str], Tensor], *, format: str,
                  path: str | None = None, config: Mapping[str, Any] | None = None,
                  metadata: Mapping[str, Any] | None = None, files: Sequence[str] = (),
-                 extra_files: Sequence[str] = ()) -> None:
+                 extra_files: Sequence[str] = (),
+                 side_files: Mapping[str, Callable[[], bytes]] | None = None) -> None:
         self._specs = dict(specs)
         self._loader = loader
         self.format = format
@@ -396,6 +401,7 @@ class Checkpoint:
         self.metadata = dict(metadata or {})
         self.files = tuple(files)
         self.extra_files = tuple(extra_files)
+        self.side_files = dict(side_files or {})
 
     @classmethod
     def from_tensors(cls, tensors: Sequence[Tensor], *, format: str = "memory", **kwargs: Any) -> "Checkpoint":

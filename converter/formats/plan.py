@@ -227,7 +227,8 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
 
     ``model.safetensors`` (or ``model-0000i-of-0000N.safetensors`` shards with
     ``model.safetensors.index.json``, huggingface_hub naming), ``config.json`` (when given),
-    other JSON files (``extra_json``: file name -> object) and copied ``extra_files``.
+    other JSON files (``extra_json``: file name -> object), copied ``extra_files`` and the
+    checkpoint's generated ``side_files`` (a GGUF's tokenizer; a copied file of the same name wins).
 
     Tied embeddings (:mod:`converter.formats.ties`, CASES.md B32/B33): when the config says
     ``tie_word_embeddings: true`` and an ``lm_head.weight`` is planned, an head identical to the
@@ -278,6 +279,10 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
             if f.name not in written:
                 shutil.copyfile(f, tmp / f.name)
                 written.append(f.name)
+        for fname, make in getattr(ckpt, "side_files", {}).items():
+            if fname not in written:
+                (tmp / fname).write_bytes(make())
+                written.append(fname)
     result: dict[str, Any] = {"files": written, "tensors": len(plans)}
     if tie is not None:
         result["tied_head"] = tie

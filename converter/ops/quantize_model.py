@@ -91,7 +91,8 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> tuple[Checkpo
         return q
 
     return Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
-                      metadata=dict(src.metadata), files=()), stats
+                      metadata=dict(src.metadata), files=(), extra_files=src.extra_files,
+                      side_files=src.side_files), stats
 
 
 def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:

@@ -115,7 +115,8 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         return out
 
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
-                      metadata=dict(src.metadata), files=(), extra_files=src.extra_files)
+                      metadata=dict(src.metadata), files=(), extra_files=src.extra_files,
+                      side_files=src.side_files)
     view._requant_written = written  # type: ignore[attr-defined]
     return view, rows, plans
 
