@@ -104,6 +104,20 @@ def render_convert(doc: dict) -> None:
     s = doc["summary"]
     c.print(f"{s['tensors']} tensors: {s['exact']} exact, {s['exact_up_to_rounding']} exact up to rounding, "
             f"{s['changed']} changed")
+    render_modules(doc, c)
+
+
+def render_modules(doc: dict, c: Console | None = None) -> None:
+    """The target's module decisions: counts, then each module written dense and why."""
+    mods, counts = doc.get("modules"), doc.get("module_summary")
+    if not mods or not counts:
+        return
+    c = c or console()
+    c.print(f"modules: {counts['quantized']} quantized, {counts['dequantized']} dequantized (the target keeps them "
+            f"dense), {counts['kept dense']} kept dense")
+    for d in mods:
+        if d["decision"] == "dequantized":
+            c.print(f"  {d['module']}: dequantized exactly to float32 ({d['reason']})")
 
 
 def render_error_report(doc: dict) -> None:
@@ -149,3 +163,4 @@ def render_error_report(doc: dict) -> None:
     m = o["metadata"]
     c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> {fmt(m['after']['metadata_bytes'], 8)} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
+    render_modules(doc, c)

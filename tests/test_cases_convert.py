@@ -122,8 +122,9 @@ def _b13_tensor(I=6, G=4, out=8):
 
 
 @pytest.mark.parametrize("target,outcome", [
-    ("gptq", "exact"), ("native", "exact"), ("compressed-tensors", "exact"),
-    ("awq", "AWQ needs in_features % group_size == 0 (in=6, group_size=4)"),
+    ("gptq", "partial final group: gptq loaders cannot read"), ("native", "exact"),
+    ("compressed-tensors", "partial final group: compressed-tensors loaders cannot read"),
+    ("awq", "partial final group: awq loaders cannot read"),
     ("mlx", "MLX group_size must be one of (32, 64, 128), found 4"),
     ("gguf", "32 consecutive elements"),
 ])
@@ -145,6 +146,34 @@ def test_b13_partial_group_across_formats(tmp_path, target, outcome):
     assert np.allclose(expect, [0.2, -0.1, 0.3, 0.1, 2.0, -1.0], rtol=1e-3)
 
 
+@pytest.mark.parametrize("target", ["gptq", "compressed-tensors"])
+def test_b13_partial_group_written_only_when_allowed(tmp_path, target):
+    # the formats can hold ceil(I/G) groups (GPTQModel pads at inference, B14), but their common
+    # loaders cannot (compressed-tensors 0.20 decompress, gptqmodel's CPU kernel): only on request
+    src = _native(tmp_path, [_b13_tensor()])
+    rep = convert_exact(src, tmp_path / "out", target, options={"allow_partial_groups": True})
+    assert rep["summary"]["all_exact"]
+    t = registry.load(tmp_path / "out")["m.l.weight"]
+    assert t.scales.shape == (8, 2)  # ceil(6/4) groups, not 6 // 4
+    s = np.float16([0.1, 0.5]).astype(np.float32)
+    expect = np.array([2, -1, 3, 1, 4, -2], np.float32) * np.repeat(s, [4, 2])
+    assert np.array_equal(t.dequantize()[0], expect)
+    assert np.allclose(expect, [0.2, -0.1, 0.3, 0.1, 2.0, -1.0], rtol=1e-3)
+
+
+def test_b13_refusal_names_the_group_sizes_that_divide(tmp_path):
+    # widths 96 and 160 with groups of 64: partial in both; 16 and 32 divide both (96 = 3*32, 160 = 5*32)
+    a, b = _b13_tensor(I=96, G=64), _b13_tensor(I=160, G=64)
+    b = QuantizedTensor("m.k.weight", b.axes, b.codes, b.scales, b.scheme, b.group_map)
+    with pytest.raises(NotRepresentableError) as err:
+        convert_exact(_native(tmp_path, [a, b]), tmp_path / "out", "compressed-tensors")
+    # the first tensor in the file (m.k, width 160) is named, with the count of the others
+    assert "(and 1 more tensors)" in str(err.value) and "in_features 160" in str(err.value)
+    assert err.value.tensor == "m.k.weight"
+    assert err.value.hint == "use --group-size 16 or 32 (divides every layer)"
+    assert not (tmp_path / "out").exists()
+
+
 def test_b15_mlx_in_not_multiple_of_group(tmp_path):
     t = _b13_tensor(I=48, G=32)
     with pytest.raises(NotRepresentableError, match=r"in_features 48 is not a multiple of group_size 32 \(B15\)"):
@@ -153,7 +182,7 @@ def test_b15_mlx_in_not_multiple_of_group(tmp_path):
 
 def test_b14_partial_group_recorded_in_gptq_notes(tmp_path):
     t = _b13_tensor(I=192, G=128)
-    rep = convert_exact(_native(tmp_path, [t]), tmp_path / "g", "gptq")
+    rep = convert_exact(_native(tmp_path, [t]), tmp_path / "g", "gptq", options={"allow_partial_groups": True})
     notes = " ".join(rep["written"]["notes"]["m.l.weight"])
     assert "partial final group (64 of 128)" in notes and "padded to 256" in notes
     doc = registry.load(tmp_path / "g")

@@ -646,8 +646,12 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
     return replace(spec, scheme=spec.scheme.replace(scale_dtype=dtype))
 
 
+from .modules import hf_linear_policy  # noqa: E402
+
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
-                                 detect_gptq, read_gptq, write_gptq, check_target=check_target))
+                                 detect_gptq, read_gptq, write_gptq, check_target=check_target,
+                                 keep_dense=hf_linear_policy("gptq"), partial_groups=False,
+                                 float_zero_points=False))
 
 
 # -- validation hooks (converter/validate/hooks.py) ------------------------------------------------

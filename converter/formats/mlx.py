@@ -457,6 +457,23 @@ def _plan(spec: TensorSpec) -> TensorPlan:
     return rows_plan(plan) if tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group" else plan
 
 
+def _flatten_rope(cfg: dict) -> None:
+    """Give ``cfg`` the top-level rope keys mlx-lm reads, from a transformers-5 ``rope_parameters``.
+
+    transformers 5 writes ``rope_parameters: {"rope_type", "rope_theta", ...}`` and no top-level
+    ``rope_theta``; mlx-lm 0.32's model arguments (``models/llama.py`` ``ModelArgs``) read
+    ``rope_theta`` (default 10000) and ``rope_scaling`` at top level, so without them a model with
+    another base frequency loads and computes wrong logits. Keys already present are kept.
+    """
+    rp = cfg.get("rope_parameters")
+    if not isinstance(rp, dict) or any(isinstance(v, dict) for v in rp.values()):
+        return  # absent, or per-layer-type parameters (models that read rope_parameters themselves)
+    if "rope_theta" in rp:
+        cfg.setdefault("rope_theta", rp["rope_theta"])
+    if rp.get("rope_type", "default") != "default" and not cfg.get("rope_scaling"):
+        cfg["rope_scaling"] = {k: copy.deepcopy(v) for k, v in rp.items() if k != "rope_theta"}
+
+
 def mlx_config(ckpt: Checkpoint) -> dict:
     """``config.json`` for the written model: defaults = most common (group_size, bits), overrides per module."""
     q = [s for s in ckpt.specs() if s.kind == "quantized"]
@@ -467,6 +484,7 @@ def mlx_config(ckpt: Checkpoint) -> dict:
         if (target_group_size(s), s.scheme.bits) != (g, b):
             quant[module_prefix(s.name)] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
     cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")}
+    _flatten_rope(cfg)
     cfg["quantization"] = quant
     cfg["quantization_config"] = copy.deepcopy(quant)
     return cfg

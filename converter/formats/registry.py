@@ -50,6 +50,9 @@ class FormatHandler:
     read: Callable[[Source], Any]
     write: Optional[Callable[..., dict]] = None
     check_target: Optional[Callable[[Any], Optional[str]]] = None
+    keep_dense: Optional[Callable[[Any], Optional[str]]] = None
+    partial_groups: bool = True
+    float_zero_points: bool = True
 
 
 _REGISTRY: dict[str, FormatHandler] = {}

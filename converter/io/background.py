@@ -148,7 +148,8 @@ class BackgroundWriter:
             self._stop = True
             self._cv.notify_all()
         t = self._thread
-        if t is not None and t is not threading.current_thread():
+        # a thread interrupted (Ctrl-C) between its creation and its start was never started
+        if t is not None and t is not threading.current_thread() and t.ident is not None:
             t.join()
         self._thread = None
 

@@ -50,6 +50,8 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
 
     ``options`` are the writer's options; those the target's ``check_target`` accepts are passed
     to it (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
+    ``allow_partial_groups=True`` writes partial final groups to a target whose common loaders
+    cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
     """
     handler = registry.check_writable(to)
     if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
@@ -62,6 +64,8 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
         if spec.kind == "opaque":
             raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
                                    tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
+    if not (options or {}).get("allow_partial_groups"):
+        _refuse_partial_groups(ckpt, handler)
     check = _target_checker(handler, options)
     problems = []
     for spec in ckpt.specs():
@@ -76,6 +80,50 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
         raise NotRepresentableError(f"not representable in {to}: {reason}{more}", file=ckpt.path, tensor=name,
                                     field="scheme", hint=REQUANTIZE_HINT)
     return []
+
+
+#: group sizes offered when a target refuses partial final groups (the sizes kernels take).
+COMMON_GROUP_SIZES = (16, 32, 64, 128, 256)
+
+
+def dividing_group_sizes(ckpt: Checkpoint) -> list[int]:
+    """The common group sizes (:data:`COMMON_GROUP_SIZES`) that divide the ``in`` width of every
+    quantized tensor of ``ckpt`` (so that no group is partial), from specs only."""
+    widths = {int(dict(zip(s.axes, s.shape))["in"]) for s in ckpt.specs()
+              if s.kind == "quantized" and s.axes and "in" in s.axes}
+    return [g for g in COMMON_GROUP_SIZES if all(w % g == 0 for w in widths)]
+
+
+def _refuse_partial_groups(ckpt: Checkpoint, handler) -> None:
+    """Raise before any data moves when ``handler``'s loaders cannot read partial final groups
+    (``FormatHandler.partial_groups`` False) and a tensor of ``ckpt`` has one.
+
+    Raises
+    ------
+    NotRepresentableError
+        Naming the first such tensor (and how many more), its ``in`` width and group size, and the
+        group sizes that divide every layer.
+    """
+    if handler.partial_groups:
+        return
+    bad = []
+    for s in ckpt.specs():
+        gm = s.group_map
+        if s.kind != "quantized" or gm is None or gm.granularity.value != "group" or not s.axes or gm.axis not in s.axes:
+            continue
+        width = int(dict(zip(s.axes, s.shape))[gm.axis])
+        if width % gm.group_size:
+            bad.append((s.name, width, gm.group_size))
+    if not bad:
+        return
+    name, width, g = bad[0]
+    more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+    fits = dividing_group_sizes(ckpt)
+    hint = (f"use --group-size {' or '.join(map(str, fits))} (divides every layer)" if fits else
+            "no common group size divides every layer: use --per-channel")
+    raise NotRepresentableError(f"partial final group: {handler.name} loaders cannot read a group that runs past "
+                                f"the end of a row{more}", file=ckpt.path, tensor=name, field="group_size",
+                                expected=f"a group size dividing in_features {width}", found=g, hint=hint)
 
 
 def compare_tensors(a, b) -> dict[str, Any]:
@@ -225,13 +273,16 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     """Repack ``src`` into format ``to`` at ``dst`` and prove it (report ``schemas/convert-report.schema.json``)."""
     from ..io.atomic import check_not_inside, deferred_removal
     check_not_inside(src, dst)
+    from .module_policy import apply_module_policy, summarize_decisions
     ckpt = registry.load(src)
-    plan_exact(ckpt, to, options)
-    handler = registry.get(to)
+    handler = registry.check_writable(to)
+    # the target's module policy: what its loaders keep dense is written dense (exact dequantization)
+    view, modules = apply_module_policy(ckpt, handler)
+    plan_exact(view, to, options)
     # an output this replaces is deleted while the proof runs (deletion waits on the disk)
     with deferred_removal() as remove_replaced:
         try:
-            written = handler.write(ckpt, Path(dst), overwrite=overwrite, **(options or {}))
+            written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
             exc.with_context(file=ckpt.path)
             if not exc.hint or "requantize" not in exc.hint:
@@ -241,8 +292,13 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         out = registry.load(dst, format=to)
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced)
     changed = [r["name"] for r in rows if r["mode"] in ("changed", "missing")]
+    why = {d["tensor"]: d["reason"] for d in modules if d["decision"] != "quantized"}
+    for r in rows:
+        if r["name"] in why and r["mode"] in ("dequantized", "changed") and r["kind"] == "quantized":
+            r["reason"] = why[r["name"]]
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
-            "mode": "repack", "written": written, "tensors": rows,
+            "mode": "repack", "written": written, "tensors": rows, "modules": modules,
+            "module_summary": summarize_decisions(modules),
             "summary": {"tensors": len(rows),
                         "exact": sum(r["mode"] in ("exact", "passthrough", "dequantized", "tied") for r in rows),
                         "exact_up_to_rounding": sum(r["mode"] == "exact_up_to_rounding" for r in rows),

@@ -11,6 +11,7 @@ and each tensor's dequantized values compared with what was written.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +137,22 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     from ..io.atomic import check_not_inside
     from ..ops.convert import plan_exact
     check_not_inside(src, dst)
-    ckpt = registry.load(src)
-    to = to or ckpt.format
+    from .module_policy import apply_module_policy, summarize_decisions, verify_dequantized
+    source = registry.load(src)
+    to = to or source.format
+    handler = registry.check_writable(to)
+    # the target's module policy first: what its loaders keep dense is dequantized, not requantized
+    ckpt, modules = apply_module_policy(source, handler)
+    if not handler.float_zero_points and target.symmetric is None:
+        target = dataclasses.replace(target, integer_zero=True)
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:
-        exc.hint = OPTION_HINT
+        exc.hint = (exc.hint + "; " if exc.hint and exc.field == "group_size" else "") + OPTION_HINT
+        exc.args = (exc.render(),)
         raise
-    handler = registry.get(to)
     try:
         handler.write(view, Path(dst), overwrite=overwrite)
     except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
@@ -154,8 +161,13 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         if name not in rows:
             view[name]
     if verify:
-        verify_readback(registry.load(dst, format=to), rows, view._requant_written)
+        out = registry.load(dst, format=to)
+        verify_readback(out, rows, view._requant_written)
+        verify_dequantized(source, out, modules)
     passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized"]
-    return summarize(list(rows.values()), source=str(src), source_format=ckpt.format, destination=str(dst),
-                     target_format=to, target=target.to_json(),
-                     reference=str(reference) if reference is not None else None, passthrough=passthrough)
+    doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),
+                    target_format=to, target=target.to_json(),
+                    reference=str(reference) if reference is not None else None, passthrough=passthrough)
+    doc["modules"] = modules
+    doc["module_summary"] = summarize_decisions(modules)
+    return doc

@@ -65,6 +65,10 @@ class Target:
     scale_dtype : ``"F16" | "BF16" | "F32"``, optional
     scale_search : ``"none" | "mse"``
         ``mse``: per group, the clipping ratio minimising the squared error (lossy path only).
+    integer_zero : bool
+        The target format stores integer zero points only (GPTQ, AWQ, compressed-tensors): with
+        ``symmetric`` left out, a float-bias source (GGUF Q4_1, MLX affine) stays asymmetric with
+        integer zero points instead of keeping float biases the writer would refuse.
     """
 
     bits: int | None = None
@@ -73,6 +77,7 @@ class Target:
     symmetric: bool | None = None
     scale_dtype: str | None = None
     scale_search: str = "none"
+    integer_zero: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity is None and self.group_size is not None:
@@ -127,8 +132,8 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target) -> tuple[Q
         sym = scheme.symmetric if target.symmetric is None else target.symmetric
         if sym:
             zp, signed = ZeroPoint.NONE, scheme.signed if scheme.symmetric else True
-        elif target.symmetric is None:  # asymmetric source kept as is (integer zero or float bias)
-            zp, signed = scheme.zero_point, scheme.signed
+        elif target.symmetric is None and not (target.integer_zero and scheme.zero_point is ZeroPoint.FLOAT):
+            zp, signed = scheme.zero_point, scheme.signed  # asymmetric source kept as is (integer zero or float bias)
         elif scheme.zero_point is ZeroPoint.INTEGER:
             zp, signed = ZeroPoint.INTEGER, scheme.signed
         else:  # --asym: integer zero points (a float-bias source is re-expressed or requantized)

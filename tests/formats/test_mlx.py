@@ -308,3 +308,28 @@ def test_check_target_reasons():
     nf4 = QuantScheme(4, False, ZeroPoint.NONE, "F32", codebook=tuple(range(16)))
     assert "codebook" in check_target(spec((2, 64), GroupMap.per_group(32), nf4))
     assert get("mlx").check_target is check_target
+
+
+def test_transformers5_rope_parameters_become_the_top_level_keys_mlx_lm_reads(tmp_path):
+    # issue 12: transformers 5 writes only rope_parameters; mlx-lm 0.32 models/llama.py reads
+    # rope_theta (default 10000) and rope_scaling at top level: SmolLM2's 100000 was silently lost
+    from converter.formats.mlx import mlx_config
+    from converter.groups import GroupMap
+    from converter.layout import IN, OUT
+    from converter.scheme import QuantScheme, ZeroPoint
+    from converter.tensor import Checkpoint, QuantizedTensor
+    t = QuantizedTensor("model.layers.0.mlp.up_proj.weight", (OUT, IN), np.zeros((4, 64), np.uint8),
+                        np.ones((4, 2), np.float16), QuantScheme(4, False, ZeroPoint.NONE, "F16"), GroupMap.per_group(32))
+    plain = {"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}
+    cfg = mlx_config(Checkpoint.from_tensors([t], config=plain))
+    assert cfg["rope_theta"] == 100000.0 and "rope_scaling" not in cfg
+    assert cfg["rope_parameters"] == plain["rope_parameters"]  # kept for transformers
+    llama3 = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192}}
+    cfg = mlx_config(Checkpoint.from_tensors([t], config=llama3))
+    assert cfg["rope_theta"] == 500000.0
+    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    legacy = {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}
+    assert mlx_config(Checkpoint.from_tensors([t], config=legacy))["rope_theta"] == 10000.0  # present: kept

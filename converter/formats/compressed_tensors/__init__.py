@@ -10,6 +10,7 @@ FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.
 
 from __future__ import annotations
 
+from ..modules import hf_linear_policy
 from ..registry import FormatHandler, register
 from .config import parse_config  # noqa: F401
 from .reader import detect_ct, read_ct
@@ -17,4 +18,6 @@ from .writer import check_target, write_ct
 
 HANDLER = register(FormatHandler("compressed-tensors",
                                  "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",
-                                 detect_ct, read_ct, write_ct, check_target=check_target))
+                                 detect_ct, read_ct, write_ct, check_target=check_target,
+                                 keep_dense=hf_linear_policy("compressed-tensors"), partial_groups=False,
+                                 float_zero_points=False))

@@ -210,6 +210,18 @@ def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> Ten
     return rows_plan(plan, once=once, fixed=fixed)
 
 
+def _has_unquantized_head(ckpt: Checkpoint, by_args: dict[WeightArgs, list[str]]) -> bool:
+    """True when the model has an output head ``lm_head`` that is not among the quantized modules:
+    stored dense, or not stored because it is tied to the embedding (``tie_word_embeddings``), or
+    implied by a causal-LM architecture in ``config.json``."""
+    if any("lm_head" in mods for mods in by_args.values()):
+        return False
+    cfg = ckpt.config or {}
+    archs = cfg.get("architectures") or []
+    return ("lm_head.weight" in ckpt or cfg.get("tie_word_embeddings") is True
+            or any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs))
+
+
 def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version: str | None = None,
              ct_format: str | None = None, max_shard_bytes: int | None = None, **_: Any) -> dict:
     """Write ``ckpt`` as a compressed-tensors model directory (atomically).
@@ -254,6 +266,10 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
             return encode(t, prefix, fmt=fmt, version=vt, keep_g_idx=keep)
         plans.append(_row_split(TensorPlan(spec.name, _outputs(spec, prefix, fmt, vt, keep), enc, mnotes), spec, prefix,
                                 fmt))
+    if _has_unquantized_head(ckpt, by_args) and "lm_head" not in ignore:
+        # targets match every Linear, lm_head included: a head stored dense (or tied to the
+        # embedding, not stored) must be ignored or the loader expects a compressed lm_head
+        ignore.append("lm_head")
     if len(by_args) == 1:
         groups = [(next(iter(by_args)), ["Linear"])]
     else:

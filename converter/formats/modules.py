@@ -1,0 +1,93 @@
+"""Module roles and each target's module policy: which modules a target format quantizes.
+
+Whether an input embedding, an output head or an MoE router may be stored quantized is a fact of
+the target format *and of the loaders that read it*, not of the source. A loader that does not
+expect a quantized module ignores its ``qweight``/``scales`` and randomly initialises the module
+(transformers with GPTQ / AWQ: the embedding is an ``nn.Embedding``, never replaced by a quantized
+layer), or expects a quantized module that was never stored (compressed-tensors ``targets:
+["Linear"]`` with an empty ``ignore`` covers ``lm_head``). Either way the model loads and computes
+garbage. Each writable format therefore declares a *policy*: a function of a tensor's spec that
+returns ``None`` (the target may store it quantized) or the reason it must stay dense.
+
+Roles are recognised from Hugging Face module names (after a reader's renaming, e.g. GGUF
+``token_embd`` -> ``model.embed_tokens``):
+
+- ``embedding``: ``*.embed_tokens``, ``wte`` / ``wpe``, ``word_embeddings``, ``position_embeddings``,
+  ``token_type_embeddings``, ``embed_in``, ``tok_embeddings``, ``embed_positions``;
+- ``head``: ``lm_head``, ``embed_out`` (GPT-NeoX), ``output`` at top level;
+- ``router``: MoE gates (``*.mlp.gate``, ``*.block_sparse_moe.gate``, ``*.router``), kept dense by
+  the HF quantizers (llm-compressor's ignore lists, GPTQModel's dynamic exclusions);
+- ``linear``: anything else with a 2-D ``.weight``.
+
+Sources: transformers ``integrations/gptq`` / ``awq`` (only ``nn.Linear`` modules are replaced;
+``lm_head`` is excluded unless the config says ``lm_head: true``), compressed-tensors
+``apply_quantization_config`` (``targets`` matched by module class, ``ignore`` by name), mlx-lm
+``utils.quantize_model`` (every module with ``to_quantized`` — ``Linear`` and ``Embedding`` — whose
+last dimension is divisible by the group size).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+from ..tensor import TensorSpec
+
+EMBEDDING = "embedding"
+HEAD = "head"
+ROUTER = "router"
+LINEAR = "linear"
+OTHER = "other"
+
+_EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|position_embeddings|token_type_embeddings"
+                           r"|embed_in|tok_embeddings|embed_positions|shared)\.weight$")
+_HEAD_RE = re.compile(r"(^|\.)(lm_head|embed_out)\.weight$|^output\.weight$")
+_ROUTER_RE = re.compile(r"\.(mlp\.gate|block_sparse_moe\.gate|router|mlp\.router)\.weight$")
+
+#: A policy: ``None`` when the target may store the tensor quantized, else why it stays dense.
+Policy = Callable[[TensorSpec], Optional[str]]
+
+
+def module_role(name: str, ndim: int | None = None) -> str:
+    """The role of tensor ``name``: ``embedding``, ``head``, ``router``, ``linear`` or ``other``.
+
+    ``ndim`` (the logical rank) separates a 2-D ``linear`` weight from 1-D norms and biases
+    (``other``); when None, any ``.weight`` not matched otherwise counts as ``linear``.
+    """
+    if _EMBEDDING_RE.search(name):
+        return EMBEDDING
+    if _HEAD_RE.search(name):
+        return HEAD
+    if _ROUTER_RE.search(name):
+        return ROUTER
+    if name.endswith(".weight") and (ndim is None or ndim >= 2):
+        return LINEAR
+    return OTHER
+
+
+def hf_linear_policy(target: str) -> Policy:
+    """The policy of a target whose Hugging Face loaders quantize ``nn.Linear`` layers only
+    (GPTQ, AWQ, compressed-tensors int): embeddings, the output head and MoE routers stay dense.
+
+    ``target`` names the format in the reason (``"gptq"``, ``"awq"``, ``"compressed-tensors"``).
+    """
+    reasons = {
+        EMBEDDING: f"input embedding: {target} loaders keep nn.Embedding dense (a quantized one is ignored "
+                   f"and randomly initialised)",
+        HEAD: f"output head: {target} configs written by qckpt keep lm_head dense (listed as not converted)",
+        ROUTER: f"MoE router: {target} loaders keep router gates dense",
+    }
+
+    def policy(spec: TensorSpec) -> str | None:
+        role = module_role(spec.name, len(spec.shape))
+        if role in reasons:
+            return reasons[role]
+        if role != LINEAR:
+            return f"not a linear weight ({role}): {target} quantizes nn.Linear weights only"
+        return None
+    return policy
+
+
+def no_policy(spec: TensorSpec) -> str | None:
+    """Every quantized tensor may stay quantized (GGUF, MLX, qckpt native)."""
+    return None
