@@ -102,8 +102,15 @@ def render_convert(doc: dict) -> None:
                   fmt(r.get("max_abs_diff")))
     c.print(t)
     s = doc["summary"]
-    c.print(f"{s['tensors']} tensors: {s['exact']} exact, {s['exact_up_to_rounding']} exact up to rounding, "
-            f"{s['changed']} changed")
+    for kind in ("quantized", "dense"):
+        k = s.get(kind)
+        if not k or not k["tensors"]:
+            continue
+        rounding = (f", {k['exact_up_to_rounding']} exact up to rounding (max |diff| {fmt(k['max_rounding_diff'])})"
+                    if k["exact_up_to_rounding"] else "")
+        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed")
+    c.print("all tensors bit-exact" if s["all_exact"] else
+            "lossless up to the stated rounding" if s["lossless"] else "CHANGED: the output does not reproduce the source")
     render_modules(doc, c)
 
 

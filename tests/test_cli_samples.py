@@ -23,7 +23,7 @@ from converter.cli import main
 from converter.formats import registry
 from converter.schemas import validate_document
 from tests.conftest import SAMPLES
-from tests.test_repack_matrix import EXPECTED, REASONS, REFUSE
+from tests.test_repack_matrix import EXPECTED, REASONS, REFUSE, ROUND
 
 FORMATS = {
     "awq_gemm_w4_g128_zp": "awq", "bnb_int8": "bitsandbytes", "bnb_nf4_bs64": "bitsandbytes",
@@ -100,5 +100,13 @@ def test_convert_json(sample, target, tmp_path):
     doc = json.loads(r.output)
     validate_document(doc, "convert-report")
     assert doc["target_format"] == target and doc["source_format"] == FORMATS[sample]
-    assert doc["summary"]["changed"] == 0 and doc["summary"]["all_exact"]
-    assert doc["summary"]["tensors"] == len(registry.load(SAMPLES / sample))
+    s = doc["summary"]
+    assert s["changed"] == 0 and s["lossless"] and s["tensors"] == len(registry.load(SAMPLES / sample))
+    rounded = [r for r in doc["tensors"] if r["mode"] == "exact_up_to_rounding"]
+    # all_exact only when every tensor is bit-exact (issue 18: rounded biases made it claim true)
+    assert s["all_exact"] is (not rounded)
+    if EXPECTED[(sample, target)] == ROUND:
+        assert rounded and s["quantized"]["exact_up_to_rounding"] == len(rounded) == 7
+        assert 0 < s["quantized"]["max_rounding_diff"] == max(r["max_abs_diff"] for r in rounded)
+    assert s["dense"]["exact"] == s["dense"]["tensors"]  # biases are passed through, counted apart
+    assert s["quantized"]["tensors"] + s["dense"]["tensors"] == s["tensors"]

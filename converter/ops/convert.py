@@ -299,7 +299,29 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
             "mode": "repack", "written": written, "tensors": rows, "modules": modules,
             "module_summary": summarize_decisions(modules),
-            "summary": {"tensors": len(rows),
-                        "exact": sum(r["mode"] in ("exact", "passthrough", "dequantized", "tied") for r in rows),
-                        "exact_up_to_rounding": sum(r["mode"] == "exact_up_to_rounding" for r in rows),
-                        "changed": len(changed), "all_exact": not changed}}
+            "summary": summarize_rows(rows)}
+
+
+#: row modes whose values are bit-identical to the source's (dense bytes, or float32 values)
+BIT_EXACT_MODES = ("exact", "passthrough", "dequantized", "tied")
+
+
+def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The convert summary: counts by outcome overall and for quantized and dense tensors apart.
+
+    ``all_exact`` is True only when *every* tensor is bit-exact (``exact_up_to_rounding`` is not
+    exact: its values differ by the target's rounding of a derived parameter, ``max_abs_diff``
+    says by how much); ``lossless`` is True when no tensor changed beyond that stated rounding.
+    """
+    def counts(sel: list[dict[str, Any]]) -> dict[str, Any]:
+        rounding = [r for r in sel if r["mode"] == "exact_up_to_rounding"]
+        return {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
+                "exact_up_to_rounding": len(rounding),
+                "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
+                "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
+    out = counts(rows)
+    out["all_exact"] = out["exact"] == len(rows)
+    out["lossless"] = out["changed"] == 0
+    out["quantized"] = counts([r for r in rows if r["kind"] == "quantized"])
+    out["dense"] = counts([r for r in rows if r["kind"] != "quantized"])
+    return out
