@@ -29,8 +29,9 @@ OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G
 
 def _digest(t: QuantizedTensor) -> str:
     """A CRC-32 chain over what the dequantized values are a function of: the scheme (up to the
-    scale dtype), groups, shape, and the codes (unsigned domain), float32 scales and float32 zero
-    points (explicit integer zero points, so a symmetric centre and its explicit zero agree).
+    scale dtype and the rounding rule that made the codes), groups, shape, and the codes (unsigned
+    domain), float32 scales and float32 zero points (explicit integer zero points, so a symmetric
+    centre and its explicit zero agree).
 
     Equal digests mean identical dequantized float32 values (dequantize is a deterministic function
     of exactly these) up to a 2^-32 chance per tensor of missing a corruption, at a quarter of the
@@ -52,8 +53,8 @@ def _digest(t: QuantizedTensor) -> str:
         d = np.ascontiguousarray(t.dequantize())
         return "v:" + crc([repr(d.shape).encode(), memoryview(d).cast("B")])
     gm = c.group_map
-    head = repr((c.shape, c.axes, c.scheme.replace(scale_dtype="F32"), gm.granularity.value, gm.axis,
-                 gm.group_size)).encode()
+    scheme = c.scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)
+    head = repr((c.shape, c.axes, scheme, gm.granularity.value, gm.axis, gm.group_size)).encode()
     parts = [head]
     if gm.g_idx is not None:
         parts.append(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data)
