@@ -1,8 +1,9 @@
 """``qckpt convert SRC DST [--to FORMAT] --per-channel | --group-size G | --bits B ...``: requantize.
 
 Plan first, from headers only: every quantized tensor is classified exact or lossy
-(:func:`converter.quant.requant.classify`) and the requantized specs are checked against the
-target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store is
+(:func:`converter.quant.requant.classify`; a target format with its own quantizer, e.g. GGUF,
+adapts the target to its types first, :mod:`converter.quant.format_quant`) and the requantized
+specs are checked against the target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store is
 refused before anything is written, naming the option to change. Then a lazy Checkpoint view
 requantizes tensor by tensor as the target's writer asks for them (one tensor in memory at a
 time), recording the error figures; dense tensors pass through. Finally the output is read back
@@ -21,6 +22,7 @@ from ..errors import ConverterError, NotRepresentableError
 from ..formats import registry
 from ..io.parallel import SharedDict
 from ..quant.error_report import summarize, tensor_report
+from ..quant.format_quant import FormatQuantizer, format_quantizer
 from ..quant.requant import Target, classify, requantize, target_probe
 from ..tensor import Checkpoint, QuantizedTensor, spec_of
 
@@ -30,8 +32,9 @@ OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G
 
 def _digest(t: QuantizedTensor) -> str:
     """A CRC-32 chain over what the dequantized values are a function of: the scheme (up to the
-    scale dtype), groups, shape, and the codes (unsigned domain), float32 scales and float32 zero
-    points (explicit integer zero points, so a symmetric centre and its explicit zero agree).
+    scale dtype and the rounding rule that made the codes), groups, shape, and the codes (unsigned
+    domain), float32 scales and float32 zero points (explicit integer zero points, so a symmetric
+    centre and its explicit zero agree).
 
     Equal digests mean identical dequantized float32 values (dequantize is a deterministic function
     of exactly these) up to a 2^-32 chance per tensor of missing a corruption, at a quarter of the
@@ -53,8 +56,8 @@ def _digest(t: QuantizedTensor) -> str:
         d = np.ascontiguousarray(t.dequantize())
         return "v:" + crc([repr(d.shape).encode(), memoryview(d).cast("B")])
     gm = c.group_map
-    head = repr((c.shape, c.axes, c.scheme.replace(scale_dtype="F32"), gm.granularity.value, gm.axis,
-                 gm.group_size)).encode()
+    scheme = c.scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)
+    head = repr((c.shape, c.axes, scheme, gm.granularity.value, gm.axis, gm.group_size)).encode()
     parts = [head]
     if gm.g_idx is not None:
         parts.append(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data)
@@ -84,18 +87,37 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
 
 
-def plan(ckpt: Checkpoint, target: Target) -> dict[str, tuple[str, str]]:
-    """``name -> (exact|lossy, reason)`` for every quantized tensor, from specs only."""
-    return {s.name: classify(s, target) for s in ckpt.specs() if s.kind == "quantized"}
+def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None) -> dict[str, tuple[str, str]]:
+    """``name -> (exact|lossy, reason)`` for every quantized tensor, from specs only.
+
+    Raises
+    ------
+    NotRepresentableError
+        ``fmt`` refuses a target (names the tensor and the option).
+    """
+    out = {}
+    for s in ckpt.specs():
+        if s.kind != "quantized":
+            continue
+        try:
+            out[s.name] = classify(s, target, fmt)
+        except ConverterError as exc:
+            raise exc.with_context(file=ckpt.path, tensor=s.name)
+    return out
 
 
-def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None
+def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
+                          fmt: FormatQuantizer | None = None
                           ) -> tuple[Checkpoint, dict[str, dict], dict[str, tuple[str, str]]]:
-    """A lazily requantized view of ``src``, the dict its report rows go into, and the plan."""
-    plans = plan(src, target)
+    """A lazily requantized view of ``src``, the dict its report rows go into, and the plan.
+
+    ``fmt``: the target format's own quantizer (:func:`converter.quant.format_quant.format_quantizer`),
+    which adapts every target and produces the types it defines (:func:`converter.quant.requant.requantize`).
+    """
+    plans = plan(src, target, fmt)
     specs = {}
     for spec in src.specs():
-        specs[spec.name] = spec_of(target_probe(spec, target)) if spec.kind == "quantized" else spec
+        specs[spec.name] = spec_of(target_probe(spec, target, fmt)) if spec.kind == "quantized" else spec
     # filled by the loader, which may run in worker processes (converter.io.parallel)
     rows: dict[str, dict] = SharedDict()
     written: dict[str, Any] = SharedDict()
@@ -104,7 +126,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         t = src[name]
         if not isinstance(t, QuantizedTensor):
             return t
-        out, info = requantize(t, target)
+        out, info = requantize(t, target, fmt=fmt)
         ref = None
         if reference is not None and name in reference:
             ref = reference[name].dequantize()
@@ -112,7 +134,9 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
                 raise NotRepresentableError("reference tensor shape differs", file=reference.path, tensor=name,
                                             field="shape", expected=list(t.shape), found=list(ref.shape))
         rows[name] = tensor_report(t, out, plans[name], info, reference=ref, src_spec=src.spec(name))
-        written[name] = _digest(out)  # a digest, not the tensor: one tensor in memory at a time
+        # a digest, not the tensor: one tensor in memory at a time (in the form the target's
+        # reader returns it, when the format stores it differently, e.g. GGUF's 32-element blocks)
+        written[name] = _digest(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)
         return out
 
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
@@ -140,13 +164,13 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     from .module_policy import apply_module_policy, summarize_decisions, verify_dequantized
     source = registry.load(src)
     to = to or source.format
-    handler = registry.check_writable(to)
+    handler = registry.check_writable(to)  # (also loads the built-in formats, which register their quantizers)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
     ckpt, modules = apply_module_policy(source, handler)
     if not handler.float_zero_points and target.symmetric is None:
         target = dataclasses.replace(target, integer_zero=True)
     ref_ckpt = registry.load(reference) if reference is not None else None
-    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt)
+    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=format_quantizer(to))
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:

@@ -133,12 +133,12 @@ def as_integer_zero(t):
         return t.replace(zero_points=zp, scheme=s.replace(zero_point=ZeroPoint.INTEGER))
     sc = t.scales.astype(np.float32)
     b = t.zero_points.astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # (a zero scale: z is inf / NaN, not ok)
         z = -b / sc
-    zr = np.rint(z)
-    ok = np.isfinite(z) & (zr == z) & (zr >= s.qmin) & (zr <= s.qmax)
-    # exactness: the integer form must reproduce s*q + b exactly, i.e. -z*s == b in float32
-    ok &= (-(zr * sc)).astype(np.float32) == b
+        zr = np.rint(z)
+        ok = np.isfinite(z) & (zr == z) & (zr >= s.qmin) & (zr <= s.qmax)
+        # exactness: the integer form must reproduce s*q + b exactly, i.e. -z*s == b in float32
+        ok &= (-(zr * sc)).astype(np.float32) == b
     if not ok.all():
         idx = np.unravel_index(int(np.argmin(ok)), ok.shape)
         raise NotRepresentableError("float bias is not an integer zero point", tensor=t.name, field="zero_points",

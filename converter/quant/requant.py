@@ -11,6 +11,9 @@ Two routes, chosen per tensor *before any data moves* by :func:`classify` (from 
   float32 (bf16/fp16 scales widened first, CASES.md B24/B25), requantize with round-half-to-even
   through :func:`converter.quant.quantize.choose_params` / :func:`~converter.quant.quantize.codes_for`
   (the one RTN quantizer), optionally with an MSE clipping search (:func:`mse_scale_search`).
+  A target format that defines its types by a reference quantizer (GGUF: llama.cpp's) supplies a
+  :class:`~converter.quant.format_quant.FormatQuantizer`; its ``quantize`` then replaces the RTN
+  step for the targets it accepts, on the same float32 source values.
 
 When a lossy plan meets data whose parameters happen to be constant within every target group
 (e.g. per-channel -> group -> per-channel), the codes are still carried and the result is exact;
@@ -113,13 +116,16 @@ class Target:
                 "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
 
 
-def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target) -> tuple[QuantScheme, GroupMap]:
+def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target, fmt=None) -> tuple[QuantScheme, GroupMap]:
     """The concrete target scheme and group map for a source ``scheme`` / ``group_map``.
 
     Left-out options keep the source's value. A codebook source (NF4/FP4) has no affine grid: its
     target is a signed symmetric integer scheme unless ``--asym`` is given.
-    The lossy route always rounds half to even, so the target's ``rounding`` is ``half_even``
-    when anything but the layout changes.
+    The lossy route rounds half to even, so the target's ``rounding`` is ``half_even``
+    when anything but the layout changes, unless a format quantizer produces the target.
+    ``fmt`` (a :class:`converter.quant.format_quant.FormatQuantizer` of the target format) then
+    adapts the result to the format's own form, or refuses it (NotRepresentableError naming the
+    option).
     """
     bits = int(target.bits) if target.bits is not None else scheme.bits
     sd = target.scale_dtype or scheme.scale_dtype
@@ -149,6 +155,8 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target) -> tuple[Q
         gm = GroupMap.per_channel(OUT)
     else:
         gm = GroupMap.per_group(int(target.group_size), IN)
+    if fmt is not None:
+        new, gm = fmt.adapt(new, gm, target)
     return new, gm
 
 
@@ -197,7 +205,7 @@ def _refines(src: GroupMap, dst: GroupMap, shape: Sequence[int], axes: Sequence[
     return False, f"{src.describe()} -> {dst.describe()} regroups"
 
 
-def classify(spec_or_tensor, target: Target) -> tuple[str, str]:
+def classify(spec_or_tensor, target: Target, fmt=None) -> tuple[str, str]:
     """Decide, from the spec alone, whether requantizing to ``target`` is exact or lossy.
 
     Parameters
@@ -205,6 +213,7 @@ def classify(spec_or_tensor, target: Target) -> tuple[str, str]:
     spec_or_tensor : TensorSpec or QuantizedTensor (only shape, axes, scheme, group map are read;
         a spec's group map carries no ``g_idx``, ``act_order`` says whether one is stored).
     target : Target
+    fmt : FormatQuantizer of the target format, optional (see :func:`resolve`).
 
     Returns
     -------
@@ -212,7 +221,7 @@ def classify(spec_or_tensor, target: Target) -> tuple[str, str]:
     """
     s, gm, shape, axes = spec_or_tensor.scheme, spec_or_tensor.group_map, spec_or_tensor.shape, spec_or_tensor.axes
     act = bool(getattr(spec_or_tensor, "act_order", False)) or gm.g_idx is not None
-    ts, tgm = resolve(s, gm, target)
+    ts, tgm = resolve(s, gm, target, fmt)
     if act and target.granularity is not None:
         return "lossy", "act-order (g_idx) groups regrouped in column order"
     if target.scale_search == "mse":
@@ -489,7 +498,7 @@ def mse_scale_search(values: np.ndarray, scheme: QuantScheme, group_map: GroupMa
     return best_s, best_z, info
 
 
-def requantize(t, target: Target, *, allow_carry: bool = True):
+def requantize(t, target: Target, *, allow_carry: bool = True, fmt=None):
     """Requantize ``t`` to ``target`` (exact carry when possible, else unpack -> float32 -> RTN).
 
     Parameters
@@ -497,11 +506,16 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
     t : QuantizedTensor (any scheme; bf16/fp16 scales are widened to float32 before arithmetic).
     target : Target
     allow_carry : carry codes whenever the data allow it (also under a lossy plan).
+    fmt : FormatQuantizer of the target format, optional. The target is adapted to the format
+        (:func:`resolve`); when the data are not carried, the format's own quantizer produces
+        the targets it accepts (:func:`converter.quant.format_quant.quantize_with`: from the
+        source's float32 dequantized values), unless ``--scale-search mse`` is asked for.
 
     Returns
     -------
-    (QuantizedTensor, info) : info has ``route`` (``"carried"`` | ``"requantized"``), and for
-        ``--scale-search mse`` the search totals.
+    (QuantizedTensor, info) : info has ``route`` (``"carried"`` | ``"requantized"``), for
+        ``--scale-search mse`` the search totals, and ``quantizer`` (the format quantizer's label)
+        when one produced the result.
 
     Raises
     ------
@@ -510,11 +524,19 @@ def requantize(t, target: Target, *, allow_carry: bool = True):
         group; hint: a wider ``--scale-dtype``).
     """
     from ..tensor import QuantizedTensor
-    scheme, gm = resolve(t.scheme, t.group_map, target)
+    scheme, gm = resolve(t.scheme, t.group_map, target, fmt)
     if allow_carry and target.scale_search == "none":
         out = carry(t, scheme, gm)
         if out is not None:  # carry() checked the values identical
             return out, {"route": "carried", "_identical": True}
+    label = fmt.accepts(scheme, gm, tuple(t.shape), tuple(t.axes)) \
+        if fmt is not None and target.scale_search == "none" else None
+    if label is not None:  # the format's own quantizer defines this target
+        from .format_quant import quantize_with
+        gm.check_shape(t.shape, t.axes)
+        out, info = quantize_with(fmt, t, scheme, gm)
+        info["quantizer"] = label
+        return out, info
     scheme = scheme.replace(rounding="half_even")
     alt = None
     if (allow_carry and target.scale_search == "none" and t.scheme.zero_point is ZeroPoint.FLOAT
@@ -582,11 +604,12 @@ def _carry_rounded_zero(t, scheme: QuantScheme, gm: GroupMap):
     return carry(as_positive_scales(t2), scheme, gm)
 
 
-def target_probe(spec, target: Target):
-    """A zero-filled QuantizedTensor with the target's scheme / groups for ``spec`` (shape only)."""
+def target_probe(spec, target: Target, fmt=None):
+    """A zero-filled QuantizedTensor with the target's scheme / groups for ``spec`` (shape only;
+    ``fmt``: the target format's quantizer, see :func:`resolve`)."""
     from ..tensor import QuantizedTensor
     gm_src = spec.group_map
-    scheme, gm = resolve(spec.scheme, gm_src, target)
+    scheme, gm = resolve(spec.scheme, gm_src, target, fmt)
     if spec.act_order and target.granularity is None:
         n = spec.shape[list(spec.axes).index(gm.axis)]
         gm = GroupMap.per_group(gm.group_size, gm.axis, g_idx=np.arange(n, dtype=np.int32) // gm.group_size)

@@ -1,0 +1,155 @@
+"""A target format's own quantizer, called by the generic requantize for the types it defines.
+
+Some formats define a quantized type by its reference quantizer, not only by its layout: a GGUF
+``Q4_0`` tensor is what llama.cpp's ``quantize_row_q4_0_ref`` makes of the float values (gguf-py
+``gguf.quants.quantize``), with its own scale rule and rounding. Such a format registers a
+:class:`FormatQuantizer` under its registry name (from its module in ``converter/formats/``); the
+requantize operation looks it up for the ``--to`` format and passes it to
+:func:`converter.quant.requant.requantize`, which then
+
+1. lets it ``adapt`` every resolved target scheme / group map to the format's own conventions
+   (or refuse a request the format cannot meet), before any data moves, and
+2. on the lossy route, for the targets it ``accepts``, calls its ``quantize`` instead of the
+   generic round-to-nearest: :func:`quantize_with` feeds it the source's float32 dequantized values
+   row block by row block and sums the error report's figures in the same blocks.
+
+Nothing in this module knows a format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["FormatQuantizer", "register_format_quantizer", "format_quantizer", "quantize_with"]
+
+
+@dataclass(frozen=True)
+class FormatQuantizer:
+    """A format's quantizer for the target schemes it defines.
+
+    Attributes
+    ----------
+    format : str
+        Registry name of the format (``--to`` name).
+    adapt : callable(scheme, group_map, target) -> (scheme, group_map)
+        The format's form of a resolved target (:func:`converter.quant.requant.resolve`); raises a
+        :class:`~converter.errors.NotRepresentableError` naming the option when the request cannot
+        be met in the format. Called from specs only (no data).
+    accepts : callable(scheme, group_map, shape, axes) -> str or None
+        A label of the quantizer used (e.g. the reference function) when ``quantize`` produces
+        this adapted target for a tensor of logical ``shape`` / ``axes``; None: the generic
+        round-to-nearest applies.
+    quantize : callable(values, scheme, group_map, axes, name) -> QuantizedTensor
+        ``values`` float32 of logical shape (2-D: a block of consecutive ``out`` rows); the result
+        has exactly ``scheme`` and ``group_map`` (what :meth:`adapt` returned). Rows must be
+        quantized independently of each other (a block of rows gives the rows of the whole).
+    stored : callable(QuantizedTensor) -> QuantizedTensor, optional
+        The same values in the form the format's reader returns them (e.g. a group-128 scale
+        repeated over the format's 32-element blocks); the read-back check digests this form.
+        None: the tensor as written.
+    """
+
+    format: str
+    adapt: Callable[..., tuple[Any, Any]]
+    accepts: Callable[..., Optional[str]]
+    quantize: Callable[..., Any]
+    stored: Optional[Callable[[Any], Any]] = None
+
+
+_REGISTRY: dict[str, FormatQuantizer] = {}
+
+
+def register_format_quantizer(q: FormatQuantizer) -> FormatQuantizer:
+    """Register ``q`` for its format (called once, at the format module's import)."""
+    if q.format in _REGISTRY:
+        raise ValueError(f"format quantizer for {q.format!r} registered twice")
+    _REGISTRY[q.format] = q
+    return q
+
+
+def format_quantizer(fmt: str | None) -> FormatQuantizer | None:
+    """The quantizer registered for format ``fmt``, or None (the generic quantizer applies).
+
+    The format's module must have been imported (``converter.formats.registry`` loads the built-in
+    formats on first use).
+    """
+    return _REGISTRY.get(fmt) if fmt else None
+
+
+def _concat_rows(parts: Sequence[Any]):
+    """One QuantizedTensor from blocks of consecutive ``out`` rows of a 2-D ``(out, in)`` tensor."""
+    from ..tensor import QuantizedTensor
+    p0 = parts[0]
+    if len(parts) == 1:
+        return p0
+
+    def cat(name: str):
+        arrs = [getattr(p, name) for p in parts]
+        return None if arrs[0] is None else np.concatenate(arrs, axis=0)
+    return QuantizedTensor(p0.name, p0.axes, cat("codes"), cat("scales"), p0.scheme, p0.group_map,
+                           zero_points=cat("zero_points"), stored={})
+
+
+def _degenerate(x: np.ndarray, group_map, axes) -> int:
+    """Groups whose values are all zero."""
+    return int(np.count_nonzero(group_map.reduce(np.abs(x), np.maximum, axes) == 0))
+
+
+def quantize_with(fq: FormatQuantizer, t, scheme, group_map) -> tuple[Any, dict]:
+    """Requantize QuantizedTensor ``t`` with the format quantizer ``fq`` to ``scheme`` / ``group_map``.
+
+    The quantizer sees the source's float32 dequantized values in logical orientation. A 2-D
+    ``(out, in)`` tensor whose groups the blocked error sums cover
+    (:func:`converter.quant.error_report.blocked_applicable`) is produced in row blocks (source
+    rows dequantized on demand, :class:`converter.quant.kernels.Rows`; ranges of rows on the
+    kernel threads) and each block's error against the source is summed while both are in
+    cache (:class:`~converter.quant.error_report.ErrorSums`, figures independent of the
+    blocking); any other tensor is quantized whole and compared afterwards.
+
+    Returns
+    -------
+    (QuantizedTensor, info)
+        ``info`` as :func:`converter.quant.requant.requantize` returns it: ``route``
+        ``"requantized"``, ``degenerate_groups``, and ``_vs_source`` (the summed figures) or
+        ``_values`` (the source values, for :func:`~converter.quant.error_report.tensor_report`).
+    """
+    from .error_report import ErrorSums, blocked_applicable
+    from .kernels import QUANT_BLOCK_ELEMENTS, Rows, block_rows
+    from .threads import kernel_threads, run_rows
+    shape, axes = tuple(int(s) for s in t.shape), tuple(t.axes)
+    info: dict[str, Any] = {"route": "requantized"}
+    if not (len(shape) == 2 and blocked_applicable(group_map, axes, shape)):
+        x = t.dequantize()
+        info["_values"] = x
+        info["degenerate_groups"] = _degenerate(x, group_map, axes)
+        return fq.quantize(x, scheme, group_map, axes, t.name), info
+    rows, n = shape
+    sums = ErrorSums(rows, n, group_map.granularity.value, group_map.group_size)
+    values = Rows(t)
+    step = max(1, min(block_rows(n, QUANT_BLOCK_ELEMENTS), values.step))
+
+    def work(a: int, b: int):
+        """Rows ``a:b`` with this thread's own value cache, buffer and error sums."""
+        vals = values if a == 0 else Rows(values.source)
+        part = sums if a == 0 else sums.part()
+        ebuf = np.empty((step, n), dtype=np.float32)
+        pieces, degenerate = [], 0
+        for r0 in range(a, b, step):
+            r1 = min(b, r0 + step)
+            x = vals[r0:r1]
+            q = fq.quantize(x, scheme, group_map, axes, t.name)
+            part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
+            degenerate += _degenerate(x, group_map, axes)
+            pieces.append(q)
+        return pieces, degenerate, part
+
+    parts = run_rows(work, rows, step, kernel_threads(rows * n))
+    for _, _, part in parts[1:]:
+        sums.absorb(part)
+    out = _concat_rows([q for pieces, _, _ in parts for q in pieces])
+    info["degenerate_groups"] = sum(d for _, d, _ in parts)
+    info["_vs_source"] = sums.figures()
+    return out, info
