@@ -182,9 +182,15 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
-    _emit(doc, as_json, lambda d: click.echo(f"dequantized {d['tensors']} tensors from {d['source_format']} to "
-                                               f"{d['dtype']}: {d['destination']} ({', '.join(d['files'])})"),
-          "dequantize-report")
+    def human(d):
+        click.echo(f"dequantized {d['tensors']} tensors from {d['source_format']} to {d['dtype']}: "
+                   f"{d['destination']} ({', '.join(d['files'])})")
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in d.get("side_files_skipped", {}).items():
+            by_reason.setdefault(reason, []).append(name)
+        for reason, names in by_reason.items():
+            click.echo(f"  not written: {', '.join(names)}: {reason}")
+    _emit(doc, as_json, human, "dequantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())

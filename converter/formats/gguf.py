@@ -31,7 +31,12 @@ BF16       is listed but raises UnsupportedError when loaded
 Names: llama.cpp names map to Hugging Face names per ``general.architecture``
 (:mod:`converter.formats.gguf_names`); LLaMA q/k rows are un-permuted on read and permuted on
 write (``LlamaModel.permute``). All key/values are kept in ``ckpt.metadata["gguf_kv"]`` (plain
-JSON values) with their GGUF types in ``ckpt.metadata["gguf_kv_types"]``.
+JSON values) with their GGUF types in ``ckpt.metadata["gguf_kv_types"]``. ``ckpt.config`` is the
+Hugging Face ``config.json`` the key/values describe (:mod:`converter.formats.gguf_hf_config`) and
+``ckpt.side_files`` the tokenizer files (:mod:`converter.formats.gguf_hf_tokenizer`, built when a
+directory writer asks for them); what could not be made is in ``metadata["side_files_skipped"]``
+(file name -> reason). Writing GGUF from a GGUF source takes every key/value from the source,
+never from that derived config.
 
 Writing (``gguf.GGUFWriter``, streamed one tensor at a time into an atomic temporary file) packs
 quantized tensors whose scheme *is* a legacy type (codes and scales reused, no requantization);
@@ -581,7 +586,30 @@ def read_gguf(src: Source) -> Checkpoint:
         "gguf_names": {n: e.gguf_name for n, e in entries.items()},
         "ggml_types": {n: e.type_name for n, e in entries.items()},
     }
-    return Checkpoint(specs, load, format="gguf", path=str(path), config={}, metadata=metadata, files=[str(path)])
+    config, side_files, skipped = _hf_side_files(kv, kv_types, [e.gguf_name for e in entries.values()])
+    if skipped:
+        metadata["side_files_skipped"] = skipped
+    return Checkpoint(specs, load, format="gguf", path=str(path), config=config, metadata=metadata,
+                      files=[str(path)], side_files=side_files)
+
+
+def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_names: Sequence[str]):
+    """``(config, side_files, skipped)``: the Hugging Face ``config.json`` dict (:mod:`.gguf_hf_config`;
+    ``{}`` when the architecture is not mapped), the tokenizer files made on demand
+    (:mod:`.gguf_hf_tokenizer`) and, per file not made, the reason."""
+    from .gguf_hf_config import hf_config_from_gguf
+    from .gguf_hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
+    skipped: dict[str, str] = {}
+    try:
+        config = hf_config_from_gguf(kv, gguf_names, kv_types=kv_types)
+    except ConverterError as exc:
+        config, skipped["config.json"] = {}, exc.render()
+    try:
+        side = hf_tokenizer_files_from_gguf(kv)
+    except ConverterError as exc:
+        side = {}
+        skipped.update({name: exc.render() for name in TOKENIZER_FILES})
+    return config, side, skipped
 
 
 def detect_gguf(src: Source) -> Detection | None:

@@ -6,6 +6,7 @@ dtype; dense tensors pass through bit-exact.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,32 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
     return plans
 
 
-def _plain_config(config: dict | None) -> dict | None:
+TORCH_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+"""safetensors dtype -> the ``torch_dtype`` / ``dtype`` name transformers writes in config.json."""
+
+
+def written_dtype(plans: list[TensorPlan]) -> str | None:
+    """The float dtype holding most of the written elements (``"F32"`` ...), None without float outputs."""
+    counts: Counter[str] = Counter()
+    for p in plans:
+        for _, dt, shape in p.outputs:
+            if dt in TORCH_DTYPE_NAMES:
+                counts[dt] += int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return max(counts, key=lambda d: (counts[d], d)) if counts else None
+
+
+def _plain_config(config: dict | None, plans: list[TensorPlan]) -> dict | None:
+    """config.json without quantization keys, ``dtype`` (and ``torch_dtype`` when the source had one) set to
+    the dtype written: transformers 5 loads in ``dtype`` by default, so a source's ``bfloat16`` kept over
+    float32 weights would round them on load."""
     if not config:
         return None
     cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "quantization")}
+    dt = written_dtype(plans)
+    if dt is not None:
+        cfg["dtype"] = TORCH_DTYPE_NAMES[dt]
+        if "torch_dtype" in cfg:
+            cfg["torch_dtype"] = TORCH_DTYPE_NAMES[dt]
     return cfg
 
 
@@ -66,8 +89,9 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     """Write ``ckpt`` as plain float safetensors.
 
     ``dst`` ending in ``.safetensors`` gives one file; otherwise a model directory (sharded when
-    ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed) and the
-    source directory's other files copied.
+    ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed, ``dtype`` the
+    dtype written: :func:`written_dtype`), the source directory's other files copied and the source's
+    side files (a GGUF's tokenizer) written.
     """
     ckpt.refuse_opaque("plain")
     dtype = DTYPE_CHOICES.get(dtype, dtype)
@@ -78,7 +102,7 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     dst = Path(dst)
     if dst.suffix == ".safetensors":
         return write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
-    return write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config),
+    return write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
                            extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
 
 

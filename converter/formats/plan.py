@@ -238,7 +238,8 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     Returns
     -------
     dict with ``files`` (names written), ``tensors`` (count) and, when the rule applied,
-    ``tied_head`` (head, embedding, identical, max_abs_diff, note).
+    ``tied_head`` (head, embedding, identical, max_abs_diff, note); ``side_files_skipped`` (file name
+    -> reason) for the side files the source could not make (``metadata["side_files_skipped"]``).
     """
     from ..io.parallel import Progress
     from .ties import resolve_tied_head
@@ -286,6 +287,10 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     result: dict[str, Any] = {"files": written, "tensors": len(plans)}
     if tie is not None:
         result["tied_head"] = tie
+    skipped = {k: v for k, v in (getattr(ckpt, "metadata", {}) or {}).get("side_files_skipped", {}).items()
+               if k not in written}
+    if skipped:
+        result["side_files_skipped"] = skipped
     return result
 
 

@@ -32,3 +32,22 @@ def test_sharded_write_and_read(tmp_path):
     back = converter.load(out)
     for name in ck.names():
         np.testing.assert_array_equal(back[name].data, ck[name].data)
+
+
+def test_dequantize_config_states_the_written_dtype(tmp_path):
+    """Regression: dequantizing a GPTQ sample (config torch_dtype float16) to f32 kept 'float16' in config.json,
+    which transformers 5 (dtype='auto' by default) would load as fp16, rounding the f32 weights."""
+    src = SAMPLES / "gptq_w4_g128_sym"
+    assert json.loads((src / "config.json").read_text())["torch_dtype"] == "float16"
+    out = tmp_path / "deq"
+    write_plain(converter.load(src), out, dtype="F32")
+    cfg = json.loads((out / "config.json").read_text())
+    arrays = load_file(str(out / "model.safetensors"))
+    # the dequantized Linear weights are F32 and hold most elements (the biases pass through as F16)
+    by_dtype = {}
+    for a in arrays.values():
+        by_dtype[a.dtype] = by_dtype.get(a.dtype, 0) + a.size
+    assert {arrays[n].dtype for n in arrays if n.endswith(".weight")} == {np.dtype(np.float32)}
+    assert max(by_dtype, key=by_dtype.get) == np.float32
+    assert cfg["torch_dtype"] == "float32" and cfg["dtype"] == "float32"
+    assert "quantization_config" not in cfg
