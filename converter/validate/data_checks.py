@@ -44,6 +44,8 @@ SATURATION_RATIO = 0.25
 ZERO_OFFSET_LIMIT = 0.5
 #: ... and above this fraction of the codes' spread (std of q - z).
 ZERO_OFFSET_RATIO = 0.15
+#: Zero scales are an error (scales misread) above this fraction of a tensor's scales, a warning below.
+SCALE_ZERO_ERROR_FRACTION = 0.5
 #: Fewer groups than this give no statistics worth reporting.
 MIN_GROUPS = 16
 #: Fewer elements than this give no mean offset worth reporting (standard error std / 32).
@@ -222,13 +224,26 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
                                f"offset only)", severity="info", count=int(zero.sum()), first_index=where(zero),
                                double_quant=t.double_quant.kind))
         else:
-            out.append(finding("scale-zero", t.name, f"{int(zero.sum())} of {n} scales are zero: those groups decode "
-                               f"to 0 and requantizing them divides by zero", count=int(zero.sum()),
-                               first_index=where(zero)))
+            # a few zero scales are what an absmax quantizer writes for an all-zero group, and what a
+            # K-quant sub-block scale quantized to 0 becomes once repacked without its super-block:
+            # those groups decode to 0 in every loader. Mostly zero scales mean misread scales.
+            k = int(zero.sum())
+            many = k > SCALE_ZERO_ERROR_FRACTION * n
+            out.append(finding("scale-zero", t.name, f"{k} of {n} scales are zero: those groups decode to 0"
+                               + ("" if many else " (an all-zero group, or a K-quant sub-block scale quantized to 0 "
+                                  "and repacked; wrong only if the source groups were not zero)"),
+                               severity=None if many else "warning", count=k, first_index=where(zero)))
     neg = s32 < 0
     if neg.any() and not negative_ok:
-        out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative",
-                           count=int(neg.sum()), first_index=where(neg), first_value=float(s32[neg].flat[0])))
+        # s * (q - z) decodes the same in every loader whatever the sign of s, and exact repacks of
+        # GGUF (d < 0 when the largest magnitude is negative) or MLX keep their signs: unusual for the
+        # format's own quantizers, not a wrong decode. A whole tensor negated looks the same: only a
+        # reference tells (--reference: reference-mismatch).
+        out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative: the format's own "
+                           f"quantizers write positive scales, but s*(q-z) decodes either sign (exact repacks of GGUF "
+                           f"or MLX keep theirs); compare against a reference to rule out negated weights",
+                           severity="warning", count=int(neg.sum()), first_index=where(neg),
+                           first_value=float(s32[neg].flat[0])))
     try:
         tiny = float(ml_dtypes.finfo(t.scheme.scale_np_dtype).smallest_normal)
     except (ValueError, TypeError):
