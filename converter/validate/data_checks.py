@@ -232,7 +232,7 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
             out.append(finding("scale-zero", t.name, f"{k} of {n} scales are zero: those groups decode to 0"
                                + ("" if many else " (an all-zero group, or a K-quant sub-block scale quantized to 0 "
                                   "and repacked; wrong only if the source groups were not zero)"),
-                               severity=None if many else "warning", count=k, first_index=where(zero)))
+                               severity=None if many else "info", count=k, first_index=where(zero)))
     neg = s32 < 0
     if neg.any() and not negative_ok:
         # s * (q - z) decodes the same in every loader whatever the sign of s, and exact repacks of
@@ -242,7 +242,7 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
         out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative: the format's own "
                            f"quantizers write positive scales, but s*(q-z) decodes either sign (exact repacks of GGUF "
                            f"or MLX keep theirs); compare against a reference to rule out negated weights",
-                           severity="warning", count=int(neg.sum()), first_index=where(neg),
+                           severity="info", count=int(neg.sum()), first_index=where(neg),
                            first_value=float(s32[neg].flat[0])))
     try:
         tiny = float(ml_dtypes.finfo(t.scheme.scale_np_dtype).smallest_normal)
