@@ -110,8 +110,16 @@ def render_convert(doc: dict) -> None:
                     if k["exact_up_to_rounding"] else "")
         c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed")
     c.print("all tensors bit-exact" if s["all_exact"] else
-            "lossless up to the stated rounding" if s["lossless"] else "CHANGED: the output does not reproduce the source")
+            "codes identical; values exact up to the stated rounding" if s["within_rounding"] else
+            "CHANGED: the output does not reproduce the source")
     render_modules(doc, c)
+    render_side_files(doc, c)
+
+
+def render_side_files(doc: dict, c: Console | None = None) -> None:
+    """Side files (config.json, tokenizer ...) the output lacks, and why."""
+    for name, reason in (doc.get("side_files_skipped") or {}).items():
+        (c or console()).print(f"not written: {name}: {reason}")
 
 
 def render_modules(doc: dict, c: Console | None = None) -> None:
@@ -171,3 +179,4 @@ def render_error_report(doc: dict) -> None:
     c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> {fmt(m['after']['metadata_bytes'], 8)} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
     render_modules(doc, c)
+    render_side_files(doc, c)

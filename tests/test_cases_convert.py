@@ -162,7 +162,7 @@ def test_b13_partial_group_written_only_when_allowed(tmp_path, target):
 
 
 def test_b13_refusal_names_the_group_sizes_that_divide(tmp_path):
-    # widths 96 and 160 with groups of 64: partial in both; 16 and 32 divide both (96 = 3*32, 160 = 5*32)
+    # widths 96 and 160 with groups of 64: partial in both; of the kernel sizes only 32 divides both (96 = 3*32, 160 = 5*32)
     a, b = _b13_tensor(I=96, G=64), _b13_tensor(I=160, G=64)
     b = QuantizedTensor("m.k.weight", b.axes, b.codes, b.scales, b.scheme, b.group_map)
     with pytest.raises(NotRepresentableError) as err:
@@ -170,7 +170,7 @@ def test_b13_refusal_names_the_group_sizes_that_divide(tmp_path):
     # the first tensor in the file (m.k, width 160) is named, with the count of the others
     assert "(and 1 more tensors)" in str(err.value) and "in_features 160" in str(err.value)
     assert err.value.tensor == "m.k.weight"
-    assert err.value.hint == "use --group-size 16 or 32 (divides every layer)"
+    assert err.value.hint == "use --group-size 32 (divides every layer)"
     assert not (tmp_path / "out").exists()
 
 

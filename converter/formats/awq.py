@@ -45,6 +45,7 @@ from ..layout import IN, OUT, AxisMap
 from ..quant.packing import AWQ_ORDER
 from ..scheme import QuantScheme, ZeroPoint
 from ..tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from .modules import dense_linear_modules, hf_linear_policy
 from .plan import TensorPlan, dense_plan, write_model_dir
 from .registry import Detection, FormatHandler, register
 from .source import Source
@@ -514,13 +515,16 @@ def awq_config(ckpt: Checkpoint, group_size: int, modules_to_not_convert: Any = 
 
     Keys follow AutoAWQ ``AwqConfig.to_transformers_dict`` (``awq/models/_config.py``).
     ``zero_point`` is always true: zeros are written explicitly, symmetric ones as 8.
-    ``modules_to_not_convert`` is the given value, else the source's when the source was AWQ,
-    else ``None`` (as AutoAWQ writes it).
+    ``modules_to_not_convert`` is the given value, else every dense Linear-like module of ``ckpt``
+    (:func:`converter.formats.modules.dense_linear_modules`: an MoE router or a layer the source left
+    dense; transformers' AWQ loader matches the full names, from the start at a module boundary)
+    together with the source's list when the source was AWQ, else ``None`` (as AutoAWQ writes it).
     """
     if modules_to_not_convert is _UNSET:
-        modules_to_not_convert = None
+        names = set(dense_linear_modules(ckpt.specs()))
         if ckpt.format == FORMAT:
-            modules_to_not_convert = (ckpt.metadata.get("quantization_config") or {}).get("modules_to_not_convert")
+            names |= set((ckpt.metadata.get("quantization_config") or {}).get("modules_to_not_convert") or ())
+        modules_to_not_convert = sorted(names) or None
     cfg = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     cfg["quantization_config"] = {"quant_method": "awq", "bits": BITS, "group_size": group_size,
                                   "zero_point": True, "version": "gemm",
@@ -563,7 +567,6 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
     return summary
 
 
-from .modules import hf_linear_policy  # noqa: E402
 
 HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM", detect_awq, read_awq, write_awq,
                                  check_target=check_target, keep_dense=hf_linear_policy("awq"), partial_groups=False,

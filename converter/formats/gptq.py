@@ -609,6 +609,7 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     src_q = (ckpt.config or {}).get("quantization_config")
     if ckpt.format == "gptq" and isinstance(src_q, dict):
         base = {k: v for k, v in src_q.items() if k != "dynamic"}
+    base.update(_not_converted(ckpt, src_q if ckpt.format == "gptq" and isinstance(src_q, dict) else None))
     meta = dict(base.get("meta") or {})
     meta["quantizer"] = [QCKPT_QUANTIZER]
     meta.setdefault("static_groups", False)
@@ -625,6 +626,43 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     result["notes"] = {p.source: list(p.notes) for p in plans}
     result["quantization_config"] = qc
     return result
+
+
+_BLOCK_RE = re.compile(r"^(?P<block>.+?\.(?:layers|h|blocks|block|layer)\.\d+)\.(?P<rel>.+)$")
+
+
+def _not_converted(ckpt: Checkpoint, src_q: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The config keys that name the Linear modules written dense, so no loader converts them.
+
+    - ``dynamic``: a GPTQModel negative rule ``"-:^<module>$": {}`` per dense Linear-like module
+      (:func:`converter.formats.modules.dense_linear_modules`), plus the source's own ``-:`` rules;
+    - ``modules_in_block_to_quantize`` (transformers / optimum ``GPTQQuantizer.convert_model``, which
+      converts every Linear of the decoder blocks unless this list is given; matched with
+      ``name.endswith``): the quantized modules' names within a block, when a block holds a dense one.
+
+    Raises
+    ------
+    NotRepresentableError
+        A module name quantized in one block and dense in another (optimum's list is per block).
+    """
+    dense = dense_linear_modules(ckpt.specs())
+    rules = {k: v for k, v in ((src_q or {}).get("dynamic") or {}).items() if str(k).startswith("-:")}
+    for m in dense:
+        rules[f"-:^{re.escape(m)}$"] = {}
+    out: dict[str, Any] = {"dynamic": rules} if rules else {}
+    in_block = [m for m in dense if _BLOCK_RE.match(m)]
+    if in_block:
+        quantized = sorted({mt.group("rel") for n in ckpt.quantized_names()
+                            if (mt := _BLOCK_RE.match(n[: -len(".weight")] if n.endswith(".weight") else n))})
+        clash = next(((m, q) for m in in_block for q in quantized if m.endswith(q)), None)
+        if clash:
+            raise NotRepresentableError("a module is dense in one decoder block and quantized in another: "
+                                        "transformers' GPTQ loader converts the same modules in every block",
+                                        tensor=clash[0] + ".weight", field="modules_in_block_to_quantize",
+                                        expected="the same modules quantized in every block", found=clash[1],
+                                        hint="requantize every block alike, or keep that module dense everywhere")
+        out["modules_in_block_to_quantize"] = [quantized]
+    return out
 
 
 def _all_zero_points_centred(ckpt: Checkpoint) -> bool:
@@ -646,7 +684,7 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
     return replace(spec, scheme=spec.scheme.replace(scale_dtype=dtype))
 
 
-from .modules import hf_linear_policy  # noqa: E402
+from .modules import dense_linear_modules, hf_linear_policy  # noqa: E402
 
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target,

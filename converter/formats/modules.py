@@ -13,10 +13,15 @@ Roles are recognised from Hugging Face module names (after a reader's renaming, 
 ``token_embd`` -> ``model.embed_tokens``):
 
 - ``embedding``: ``*.embed_tokens``, ``wte`` / ``wpe``, ``word_embeddings``, ``position_embeddings``,
-  ``token_type_embeddings``, ``embed_in``, ``tok_embeddings``, ``embed_positions``;
-- ``head``: ``lm_head``, ``embed_out`` (GPT-NeoX), ``output`` at top level;
-- ``router``: MoE gates (``*.mlp.gate``, ``*.block_sparse_moe.gate``, ``*.router``), kept dense by
-  the HF quantizers (llm-compressor's ignore lists, GPTQModel's dynamic exclusions);
+  ``token_type_embeddings``, ``embed_in``, ``tok_embeddings``, ``embed_positions``, ``embeddings``
+  (Mamba), ``embed_tokens_per_layer`` (Gemma 3n), ``relative_attention_bias`` (T5, an
+  ``nn.Embedding``), T5's top-level ``shared``;
+- ``head``: ``lm_head``, ``embed_out`` (GPT-NeoX), ``output`` at top level, BERT's tied
+  ``cls.predictions.decoder``;
+- ``router``: MoE gates (``*.mlp.gate`` — DeepSeek, Qwen-MoE, Mixtral's ``block_sparse_moe.gate`` —
+  ``*.router``, DBRX / GraniteMoE ``router.layer``, Qwen-MoE ``shared_expert_gate``), kept dense by
+  the HF quantizers (llm-compressor's ignore lists, GPTQModel's dynamic exclusions); ``mlp.gate_proj``
+  is a ``linear``;
 - ``linear``: anything else with a 2-D ``.weight``.
 
 Sources: transformers ``integrations/gptq`` / ``awq`` (only ``nn.Linear`` modules are replaced;
@@ -40,9 +45,11 @@ LINEAR = "linear"
 OTHER = "other"
 
 _EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|position_embeddings|token_type_embeddings"
-                           r"|embed_in|tok_embeddings|embed_positions|shared)\.weight$")
-_HEAD_RE = re.compile(r"(^|\.)(lm_head|embed_out)\.weight$|^output\.weight$")
-_ROUTER_RE = re.compile(r"\.(mlp\.gate|block_sparse_moe\.gate|router|mlp\.router)\.weight$")
+                           r"|embed_in|tok_embeddings|embed_positions|embeddings|embed_tokens_per_layer"
+                           r"|relative_attention_bias)\.weight$|^shared\.weight$")
+_HEAD_RE = re.compile(r"(^|\.)(lm_head|embed_out)\.weight$|^output\.weight$|(^|\.)cls\.predictions\.decoder\.weight$")
+_ROUTER_RE = re.compile(r"\.(mlp\.gate|block_sparse_moe\.gate|router|mlp\.router|router\.layer|shared_expert_gate)"
+                        r"\.weight$")
 
 #: A policy: ``None`` when the target may store the tensor quantized, else why it stays dense.
 Policy = Callable[[TensorSpec], Optional[str]]
@@ -65,27 +72,46 @@ def module_role(name: str, ndim: int | None = None) -> str:
     return OTHER
 
 
-def hf_linear_policy(target: str) -> Policy:
+def hf_linear_policy(target: str, *, quantized_head: bool = False) -> Policy:
     """The policy of a target whose Hugging Face loaders quantize ``nn.Linear`` layers only
-    (GPTQ, AWQ, compressed-tensors int): embeddings, the output head and MoE routers stay dense.
+    (GPTQ, AWQ, compressed-tensors int): embeddings and MoE routers stay dense, and the output head
+    too unless ``quantized_head`` (compressed-tensors: ``targets: ["Linear"]`` covers ``lm_head``).
 
+    GPTQ through transformers converts only the Linear layers inside the decoder blocks (optimum
+    ``GPTQQuantizer.convert_model``), AWQ skips the output embedding by default
+    (``get_modules_to_not_convert(add_default_skips=True)``): a quantized head would be ignored.
     ``target`` names the format in the reason (``"gptq"``, ``"awq"``, ``"compressed-tensors"``).
     """
     reasons = {
         EMBEDDING: f"input embedding: {target} loaders keep nn.Embedding dense (a quantized one is ignored "
                    f"and randomly initialised)",
-        HEAD: f"output head: {target} configs written by qckpt keep lm_head dense (listed as not converted)",
         ROUTER: f"MoE router: {target} loaders keep router gates dense",
     }
+    if not quantized_head:
+        reasons[HEAD] = (f"output head: {target} loaders through transformers convert only the Linear layers "
+                         f"of the decoder blocks (a quantized lm_head would be ignored)")
 
     def policy(spec: TensorSpec) -> str | None:
         role = module_role(spec.name, len(spec.shape))
         if role in reasons:
             return reasons[role]
-        if role != LINEAR:
+        if role not in (LINEAR, HEAD):
             return f"not a linear weight ({role}): {target} quantizes nn.Linear weights only"
         return None
     return policy
+
+
+def dense_linear_modules(specs) -> list[str]:
+    """Module names (``<module>`` of ``<module>.weight``) of the dense rank-2 weights among ``specs``
+    whose role is ``linear``, ``router`` or ``head``: the Linear layers a target config must name as
+    not converted, or its loader replaces them with quantized layers that find no ``qweight`` and are
+    randomly initialised (transformers AWQ ``modules_to_not_convert``, GPTQModel ``dynamic``)."""
+    out = []
+    for spec in specs:
+        if spec.kind == "dense" and len(spec.shape) == 2 and spec.name.endswith(".weight") \
+                and module_role(spec.name, 2) in (LINEAR, ROUTER, HEAD):
+            out.append(spec.name[: -len(".weight")])
+    return sorted(out)
 
 
 def no_policy(spec: TensorSpec) -> str | None:

@@ -6,7 +6,6 @@ dtype; dense tensors pass through bit-exact.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +59,18 @@ TORCH_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F6
 
 
 def written_dtype(plans: list[TensorPlan]) -> str | None:
-    """The float dtype holding most of the written elements (``"F32"`` ...), None without float outputs."""
-    counts: Counter[str] = Counter()
-    for p in plans:
-        for _, dt, shape in p.outputs:
-            if dt in TORCH_DTYPE_NAMES:
-                counts[dt] += int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return max(counts, key=lambda d: (counts[d], d)) if counts else None
+    """The narrowest float dtype that holds every written float tensor exactly (``"F32"`` ...), None
+    without float outputs: the one dtype written, else the widest (F16 and BF16 together: F32).
+
+    A model loaded in this dtype computes with exactly the values written (a bf16 dequantization
+    beside a GGUF's float32 norms loads in float32, not with its norms rounded to bf16).
+    """
+    found = {dt for p in plans for _, dt, _ in p.outputs if dt in TORCH_DTYPE_NAMES}
+    if not found:
+        return None
+    if len(found) == 1:
+        return next(iter(found))
+    return "F64" if "F64" in found else "F32"
 
 
 def _plain_config(config: dict | None, plans: list[TensorPlan]) -> dict | None:

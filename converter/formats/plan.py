@@ -280,15 +280,23 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
             if f.name not in written:
                 shutil.copyfile(f, tmp / f.name)
                 written.append(f.name)
+        failed: dict[str, str] = {}
         for fname, make in getattr(ckpt, "side_files", {}).items():
             if fname not in written:
-                (tmp / fname).write_bytes(make())
+                try:
+                    data = make()
+                except ConverterError as exc:  # a side file the source cannot make: the tensors still go
+                    failed[fname] = exc.render()
+                    continue
+                (tmp / fname).write_bytes(data)
                 written.append(fname)
     result: dict[str, Any] = {"files": written, "tensors": len(plans)}
     if tie is not None:
         result["tied_head"] = tie
-    skipped = {k: v for k, v in (getattr(ckpt, "metadata", {}) or {}).get("side_files_skipped", {}).items()
-               if k not in written}
+    skipped = {k: (v if k not in written else f"written without the model's hyperparameters: {v}")
+               for k, v in (getattr(ckpt, "metadata", {}) or {}).get("side_files_skipped", {}).items()
+               if k not in written or k == "config.json"}
+    skipped.update(failed)
     if skipped:
         result["side_files_skipped"] = skipped
     return result

@@ -83,7 +83,7 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
 
 
 #: group sizes offered when a target refuses partial final groups (the sizes kernels take).
-COMMON_GROUP_SIZES = (16, 32, 64, 128, 256)
+COMMON_GROUP_SIZES = (32, 64, 128, 256)
 
 
 def dividing_group_sizes(ckpt: Checkpoint) -> list[int]:
@@ -292,6 +292,10 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         out = registry.load(dst, format=to)
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced)
     changed = [r["name"] for r in rows if r["mode"] in ("changed", "missing")]
+    proven = {r["name"]: bool(r["bit_exact"]) for r in rows}
+    for d in modules:
+        if d["decision"] == "dequantized":
+            d["readback_bit_exact"] = proven.get(d["tensor"], False)
     why = {d["tensor"]: d["reason"] for d in modules if d["decision"] != "quantized"}
     for r in rows:
         if r["name"] in why and r["mode"] in ("dequantized", "changed") and r["kind"] == "quantized":
@@ -299,6 +303,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
             "mode": "repack", "written": written, "tensors": rows, "modules": modules,
             "module_summary": summarize_decisions(modules),
+            **({"side_files_skipped": written["side_files_skipped"]} if (written or {}).get("side_files_skipped") else {}),
             "summary": summarize_rows(rows)}
 
 
@@ -311,7 +316,8 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     ``all_exact`` is True only when *every* tensor is bit-exact (``exact_up_to_rounding`` is not
     exact: its values differ by the target's rounding of a derived parameter, ``max_abs_diff``
-    says by how much); ``lossless`` is True when no tensor changed beyond that stated rounding.
+    says by how much); ``within_rounding`` is True when every tensor is bit-exact or exact up to
+    that stated rounding (codes identical), i.e. none ``changed`` or ``missing``.
     """
     def counts(sel: list[dict[str, Any]]) -> dict[str, Any]:
         rounding = [r for r in sel if r["mode"] == "exact_up_to_rounding"]
@@ -321,7 +327,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
     out = counts(rows)
     out["all_exact"] = out["exact"] == len(rows)
-    out["lossless"] = out["changed"] == 0
+    out["within_rounding"] = out["changed"] == 0
     out["quantized"] = counts([r for r in rows if r["kind"] == "quantized"])
     out["dense"] = counts([r for r in rows if r["kind"] != "quantized"])
     return out

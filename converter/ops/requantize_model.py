@@ -178,7 +178,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         exc.args = (exc.render(),)
         raise
     try:
-        handler.write(view, Path(dst), overwrite=overwrite)
+        written = handler.write(view, Path(dst), overwrite=overwrite) or {}
     except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
         raise exc.with_context(file=ckpt.path)
     for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
@@ -194,4 +194,6 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
                     reference=str(reference) if reference is not None else None, passthrough=passthrough)
     doc["modules"] = modules
     doc["module_summary"] = summarize_decisions(modules)
+    if written.get("side_files_skipped"):
+        doc["side_files_skipped"] = written["side_files_skipped"]
     return doc

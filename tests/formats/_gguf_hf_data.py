@@ -28,7 +28,7 @@ def real_checkpoint():
     return load(REAL)
 
 
-def write_tiny_llama(path: Path, *, add_bos: bool = True) -> Path:
+def write_tiny_llama(path: Path, *, add_bos: bool = True, merges: tuple[str, ...] = ("Ġ t", "h e", "t he")) -> Path:
     """A complete one-block LLaMA GGUF small enough to read in milliseconds (gguf-py ``GGUFWriter``).
 
     Hyperparameters (by hand): hidden 64, 4 heads / 2 kv heads of 16, feed-forward 128, context 256,
@@ -58,7 +58,7 @@ def write_tiny_llama(path: Path, *, add_bos: bool = True) -> Path:
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
     w.add_token_types([1] * 259 + [3, 3])
-    w.add_token_merges(["Ġ t", "h e", "t he"])
+    w.add_token_merges(list(merges))
     w.add_bos_token_id(259)
     w.add_eos_token_id(260)
     w.add_add_bos_token(add_bos)

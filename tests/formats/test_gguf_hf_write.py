@@ -63,7 +63,8 @@ def test_dequantize_writes_a_complete_model_folder(tmp_path, tiny, dtype, torch_
     doc = json.loads(_run("dequantize", tiny, out, "--dtype", dtype, "--json"))
     assert set(doc["files"]) == {"model.safetensors"} | HF_FILES and "side_files_skipped" not in doc
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg == {**TINY_CONFIG, "dtype": torch_name}  # the dtype actually written (most elements)
+    # the narrowest dtype holding every written tensor exactly: f16 weights beside the F32 norms -> float32
+    assert cfg == {**TINY_CONFIG, "dtype": "float32"}
     header = _header(out / "model.safetensors")
     assert header["model.layers.0.self_attn.q_proj.weight"]["dtype"] == st_dtype
     assert header["model.norm.weight"]["dtype"] == "F32" and header["model.embed_tokens.weight"]["dtype"] == "F16"
@@ -129,3 +130,15 @@ def test_unmapped_gguf_says_what_was_not_written(tmp_path):
     assert "bert" in skipped["config.json"] and "tokenizer.ggml.model" in skipped["tokenizer.json"]
     text = _run("dequantize", SAMPLES / "gguf" / "minilm_gguf_Q4_0.gguf", tmp_path / "mini2")
     assert "not written: config.json" in text
+
+
+def test_a_tokenizer_that_cannot_be_built_is_skipped_with_its_reason_not_fatal(tmp_path):
+    # review of issue 12: a merge that is not two vocabulary tokens ("x yz": "yz" is no token) made
+    # the whole write fail; the tensors and the other side files are still written, the report says why
+    src = write_tiny_llama(tmp_path / "bad.gguf", merges=("Ġ t", "h e", "x yz"))
+    res = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "out"), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert "tokenizer.json" not in files and {"config.json", "model.safetensors", "generation_config.json"} <= files
+    assert "tokenizer.ggml.merges" in doc["side_files_skipped"]["tokenizer.json"]

@@ -43,7 +43,7 @@ def test_dequantize_config_states_the_written_dtype(tmp_path):
     write_plain(converter.load(src), out, dtype="F32")
     cfg = json.loads((out / "config.json").read_text())
     arrays = load_file(str(out / "model.safetensors"))
-    # the dequantized Linear weights are F32 and hold most elements (the biases pass through as F16)
+    # the dequantized Linear weights are F32, the biases pass through as F16: float32 holds both exactly
     by_dtype = {}
     for a in arrays.values():
         by_dtype[a.dtype] = by_dtype.get(a.dtype, 0) + a.size

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from converter.errors import NotRepresentableError
 from converter.formats import registry
 from converter.formats.modules import EMBEDDING, HEAD, LINEAR, OTHER, ROUTER, module_role
 from converter.formats.native import write_native
@@ -31,6 +32,13 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "t
     ("model.layers.3.block_sparse_moe.gate.weight", 2, ROUTER),
     ("model.layers.3.mlp.gate_proj.weight", 2, LINEAR), ("encoder.layer.0.output.dense.weight", 2, LINEAR),
     ("model.layers.0.input_layernorm.weight", 1, OTHER), ("model.layers.0.self_attn.q_proj.bias", 1, OTHER),
+    # review of issue 12: names from Qwen2-MoE, DBRX / GraniteMoE, T5, Gemma 3n, Mamba, BERT heads
+    ("model.layers.0.mlp.shared_expert_gate.weight", 2, ROUTER), ("transformer.blocks.0.ffn.router.layer.weight", 2, ROUTER),
+    ("model.layers.0.block_sparse_moe.router.layer.weight", 2, ROUTER),
+    ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 2, EMBEDDING),
+    ("shared.weight", 2, EMBEDDING), ("model.layers.0.mlp.shared.weight", 2, LINEAR),
+    ("model.language_model.embed_tokens_per_layer.weight", 2, EMBEDDING), ("backbone.embeddings.weight", 2, EMBEDDING),
+    ("cls.predictions.decoder.weight", 2, HEAD), ("model.layers.0.mlp.experts.0.gate_proj.weight", 2, LINEAR),
 ])
 def test_module_roles(name, ndim, role):
     assert module_role(name, ndim) == role
@@ -137,3 +145,59 @@ def test_float_bias_source_kept_asymmetric_gets_integer_zero_points_for_integer_
     step = (float(np.float16(1.7)) + 15 * 0.25 - float(np.float16(-3.3))) / 255
     err = np.abs(back.dequantize() - t.dequantize())
     assert err.max() <= step / 2 * 1.01 and doc["tensors"][0]["readback_bit_exact"] is True
+
+
+def _moe_src(tmp_path, *, router_quantized_everywhere=True):
+    # two blocks, each with a quantized q_proj and an MoE router (quantized in the source, as an MLX
+    # model stores it): transformers' AWQ / GPTQ loaders replace every Linear of a block unless the
+    # config names it, and would leave a router that holds no qweight randomly initialised
+    tensors = []
+    for b in (0, 1):
+        tensors.append(_linear(f"model.layers.{b}.self_attn.q_proj.weight"))
+        tensors.append(_linear(f"model.layers.{b}.mlp.gate.weight"))
+    p = tmp_path / "moe.safetensors"
+    write_native(Checkpoint.from_tensors(tensors, config=LLAMA_CONFIG), p)
+    return p
+
+
+def test_awq_config_names_the_dense_router(tmp_path):
+    rep = convert_exact(_moe_src(tmp_path), tmp_path / "awq", "awq")
+    qc = json.loads((tmp_path / "awq" / "config.json").read_text())["quantization_config"]
+    assert qc["modules_to_not_convert"] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    assert {d["tensor"]: d["decision"] for d in rep["modules"]}["model.layers.1.mlp.gate.weight"] == "dequantized"
+    assert all(d["readback_bit_exact"] for d in rep["modules"] if d["decision"] == "dequantized")
+
+
+def test_gptq_config_names_the_dense_router_for_gptqmodel_and_for_transformers(tmp_path):
+    convert_exact(_moe_src(tmp_path), tmp_path / "gptq", "gptq")
+    qc = json.loads((tmp_path / "gptq" / "config.json").read_text())["quantization_config"]
+    # GPTQModel: negative dynamic rules; transformers (optimum convert_model): the modules to convert
+    assert qc["dynamic"] == {r"-:^model\.layers\.0\.mlp\.gate$": {}, r"-:^model\.layers\.1\.mlp\.gate$": {}}
+    assert qc["modules_in_block_to_quantize"] == [["self_attn.q_proj"]]
+    back = registry.load(tmp_path / "gptq")
+    assert isinstance(back["model.layers.0.mlp.gate.weight"], DenseTensor)
+    assert isinstance(back["model.layers.0.self_attn.q_proj.weight"], QuantizedTensor)
+
+
+def test_gptq_refuses_a_module_dense_in_one_block_and_quantized_in_another(tmp_path):
+    # layer 1's up_proj is dense in the source, layer 0's quantized: optimum's per-block list cannot say so
+    tensors = [_linear("model.layers.0.mlp.up_proj.weight"),
+               DenseTensor("model.layers.1.mlp.up_proj.weight", np.zeros((64, 64), np.float16))]
+    p = tmp_path / "mixed.safetensors"
+    write_native(Checkpoint.from_tensors(tensors), p)
+    with pytest.raises(NotRepresentableError, match="dense in one decoder block and quantized in another"):
+        convert_exact(p, tmp_path / "gptq", "gptq")
+    assert not (tmp_path / "gptq").exists()
+
+
+def test_compressed_tensors_keeps_a_quantized_head_quantized(tmp_path):
+    # compressed-tensors' targets ["Linear"] cover lm_head: its loaders read a quantized head
+    head = _linear("lm_head.weight")
+    p = tmp_path / "head.safetensors"
+    write_native(Checkpoint.from_tensors([_linear(), head], config={"architectures": ["LlamaForCausalLM"]}), p)
+    rep = convert_exact(p, tmp_path / "ct", "compressed-tensors")
+    assert isinstance(registry.load(tmp_path / "ct")["lm_head.weight"], QuantizedTensor)
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    assert "lm_head" not in qc["ignore"] and rep["module_summary"]["dequantized"] == 0
+    rep = convert_exact(p, tmp_path / "gptq", "gptq")  # optimum converts block Linears only: dense
+    assert {d["tensor"]: d["decision"] for d in rep["modules"]}["lm_head.weight"] == "dequantized"
