@@ -932,9 +932,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     return result
 
 
+from .gguf_policy import requant_targets  # noqa: E402
+
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
-                                 check_target=check_target))
+                                 check_target=check_target, requant_targets=requant_targets))
 
 
 from ..validate.hooks import register_hooks  # noqa: E402

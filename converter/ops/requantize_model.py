@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -87,8 +87,12 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
 
 
-def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None) -> dict[str, tuple[str, str]]:
+def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
+         overrides: Mapping[str, Target] | None = None) -> dict[str, tuple[str, str]]:
     """``name -> (exact|lossy, reason)`` for every quantized tensor, from specs only.
+
+    ``overrides``: per tensor name, the target the target format's module policy gives it instead
+    of ``target`` (``FormatHandler.requant_targets``).
 
     Raises
     ------
@@ -100,24 +104,27 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None) -
         if s.kind != "quantized":
             continue
         try:
-            out[s.name] = classify(s, target, fmt)
+            out[s.name] = classify(s, (overrides or {}).get(s.name, target), fmt)
         except ConverterError as exc:
             raise exc.with_context(file=ckpt.path, tensor=s.name)
     return out
 
 
 def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
-                          fmt: FormatQuantizer | None = None
+                          fmt: FormatQuantizer | None = None, overrides: Mapping[str, Target] | None = None
                           ) -> tuple[Checkpoint, dict[str, dict], dict[str, tuple[str, str]]]:
     """A lazily requantized view of ``src``, the dict its report rows go into, and the plan.
 
     ``fmt``: the target format's own quantizer (:func:`converter.quant.format_quant.format_quantizer`),
     which adapts every target and produces the types it defines (:func:`converter.quant.requant.requantize`).
+    ``overrides``: per tensor name, the target used instead of ``target`` (see :func:`plan`).
     """
-    plans = plan(src, target, fmt)
+    overrides = dict(overrides or {})
+    plans = plan(src, target, fmt, overrides)
     specs = {}
     for spec in src.specs():
-        specs[spec.name] = spec_of(target_probe(spec, target, fmt)) if spec.kind == "quantized" else spec
+        specs[spec.name] = (spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
+                            if spec.kind == "quantized" else spec)
     # filled by the loader, which may run in worker processes (converter.io.parallel)
     rows: dict[str, dict] = SharedDict()
     written: dict[str, Any] = SharedDict()
@@ -126,7 +133,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         t = src[name]
         if not isinstance(t, QuantizedTensor):
             return t
-        out, info = requantize(t, target, fmt=fmt)
+        out, info = requantize(t, overrides.get(name, target), fmt=fmt)
         ref = None
         if reference is not None and name in reference:
             ref = reference[name].dequantize()
@@ -169,8 +176,16 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     ckpt, modules = apply_module_policy(source, handler)
     if not handler.float_zero_points and target.symmetric is None:
         target = dataclasses.replace(target, integer_zero=True)
+    overrides: dict[str, Target] = {}
+    if handler.requant_targets is not None:  # the target format's per-module targets (GGUF's output head)
+        for name, (t, reason) in handler.requant_targets(ckpt, target).items():
+            overrides[name] = t
+            for d in modules:
+                if d["tensor"] == name:
+                    d["reason"] = reason
     ref_ckpt = registry.load(reference) if reference is not None else None
-    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=format_quantizer(to))
+    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=format_quantizer(to),
+                                          overrides=overrides)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:

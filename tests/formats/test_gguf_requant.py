@@ -314,3 +314,55 @@ def test_group_128_target_written_as_blocks_reads_back(tmp_path):
     rep = requantize_model(AWQ, out, Target(bits=4, symmetric=True), to="gguf")
     assert all(r["readback_bit_exact"] and "quantizer" not in r["target"] for r in rep["tensors"])
     assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors if len(t.shape) == 2} == {"Q4_0"}
+
+
+# ------------------------------------------------------------------------------------------------
+# The output head: llama.cpp keeps it above the requested type (llama_tensor_get_type)
+# ------------------------------------------------------------------------------------------------
+
+def _tied_llama_source(tmp_path, with_head=False):
+    """A native llama-named checkpoint: a quantized (int8, groups of 32) embedding 6 x 64, an up_proj,
+    and optionally a quantized lm_head; no lm_head means a tied head."""
+    from converter.formats.native import write_native
+    rng = np.random.default_rng(12)
+    ts = []
+    for name, shape in (("model.embed_tokens.weight", (6, 64)), ("model.layers.0.mlp.up_proj.weight", (8, 64)),
+                        *((("lm_head.weight", (6, 64)),) if with_head else ())):
+        q = rng.integers(-127, 128, shape).astype(np.int8)
+        ts.append(QuantizedTensor(name, ("out", "in"), q, rng.uniform(0.001, 0.01, (shape[0], 2)).astype(np.float16),
+                                  QuantScheme(8, True, ZeroPoint.NONE, "F16"), GroupMap.per_group(32)))
+    p = tmp_path / ("head.safetensors" if with_head else "tied.safetensors")
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": not with_head,
+           "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}
+    write_native(Checkpoint.from_tensors(ts, config=cfg), p)
+    return p
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_output_head_requantized_to_q8_0_like_llama_quantize(tmp_path, with_head):
+    # llama-quantize Q4_0 writes output.weight -- or token_embd when there is none (a tied head) -- as
+    # Q8_0 when its row length is not a multiple of 256 (here 64). Measured on SmolLM2-135M-Instruct:
+    # qckpt's Q4_0 output was byte-identical to llama-cpp-python 0.3.36's llama_model_quantize
+    # (ftype MOSTLY_Q4_0) in all 272 tensors, and with token_embd at Q4_0 it no longer answered ' Paris'
+    src = _tied_llama_source(tmp_path, with_head)
+    ck = load(src)
+    out = tmp_path / "q4_0.gguf"
+    rep = requantize_model(src, out, OPTIONS["Q4_0"], to="gguf")
+    raw = _raw(out)
+    head_gguf, head_hf = ("output.weight", "lm_head.weight") if with_head else ("token_embd.weight",
+                                                                                 "model.embed_tokens.weight")
+    x = ck[head_hf].dequantize()
+    assert raw[head_gguf].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    # the source head is already int8 in groups of 32: its codes are carried (zero error), so gguf-py's
+    # decode of the written Q8_0 blocks is the source's values exactly
+    y = gguf.quants.dequantize(raw[head_gguf].data, gguf.GGMLQuantizationType.Q8_0).astype(np.float32)
+    assert np.array_equal(y, x)
+    assert next(r for r in rep["tensors"] if r["name"] == head_hf)["vs_source"]["exact"] is True
+    assert raw["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    if with_head:  # with its own head, the embedding gets the requested type (as in llama.cpp)
+        assert raw["token_embd.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    row = next(d for d in rep["modules"] if d["tensor"] == head_hf)
+    assert row["decision"] == "quantized" and "Q8_0" in row["reason"] and "not a multiple of 256" in row["reason"]
+    # asked for 8 bits: nothing to override
+    rep8 = requantize_model(src, tmp_path / "q8.gguf", OPTIONS["Q8_0"], to="gguf")
+    assert "llama_tensor_get_type" not in next(d for d in rep8["modules"] if d["tensor"] == head_hf)["reason"]
