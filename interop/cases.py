@@ -91,12 +91,14 @@ QUICK_SAMPLES = ["gptq_w4_g128_sym", "ct_pack_w4a16_group128_asym", "gguf/minilm
 
 TARGETS = {
     # target: (qckpt --to, output name suffix, worker action, requantize options)
-    "gptq": ("gptq", "", "layers_gptq", ["--bits", "4", "--group-size", "32", "--asym"]),
-    "awq": ("awq", "", "layers_awq", ["--bits", "4", "--group-size", "64", "--asym"]),
+    # --scale-dtype f16 where the target stores only float16 scales: without it qckpt keeps a float32
+    # source's scale dtype and refuses (K-quant / bitsandbytes sources)
+    "gptq": ("gptq", "", "layers_gptq", ["--bits", "4", "--group-size", "32", "--asym", "--scale-dtype", "f16"]),
+    "awq": ("awq", "", "layers_awq", ["--bits", "4", "--group-size", "64", "--asym", "--scale-dtype", "f16"]),
     "compressed-tensors": ("compressed-tensors", "", "layers_compressed_tensors",
                            ["--bits", "8", "--per-channel", "--sym"]),
     "mlx": ("mlx", "", "layers_mlx", ["--bits", "4", "--group-size", "64"]),
-    "gguf": ("gguf", ".gguf", "layers_gguf", ["--bits", "8", "--group-size", "32", "--sym"]),
+    "gguf": ("gguf", ".gguf", "layers_gguf", ["--bits", "8", "--group-size", "32", "--sym", "--scale-dtype", "f16"]),
 }
 # Every target also gets this one requantize even where the exact repack is accepted.
 REQUANT_SAMPLE = "gptq_w4_g128_sym"

@@ -36,6 +36,11 @@ refuse = {"expect": "refuse", "refuse_match": ["128", "576"]}
 # exact: tolerance is EXACT_REL_TOL * 20 = 0.02
 check("exact pass", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.019))[0], "PASS")
 check("exact over tol", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.021))[0], "FAIL")
+# float16 dequantization: 4 * 2**-10 * 20 = 0.078
+check("exact f16 dequant", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.07,
+                                                                   dequant_dtype="float16"))[0], "PASS")
+check("exact f16 dequant over", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.08,
+                                                                        dequant_dtype="float16"))[0], "FAIL")
 check("exact greedy differs", V.model_verdict(exact, ok, model_result(greedy_equal=False))[0], "FAIL")
 check("exact llama uses loader source",
       V.model_verdict(exact, ok, model_result(max_abs_logit_diff=5.0, greedy_equal=False,
@@ -70,6 +75,8 @@ check("layer weight over", V.layer_verdict(ex, ok, layer_result(dw=2 ** -8))[0],
 check("layer output over", V.layer_verdict(ex, ok, layer_result(dy=0.1))[0], "FAIL")  # tol 10 * 2**-7 = 0.078
 check("layer refused", V.layer_verdict(ex, {"rc": 3, "error": "not representable; requantize with --asym"},
                                        None)[0], "REFUSED")
+check("layer dense source refused", V.layer_verdict(ex, {"rc": 3, "error": "no quantized tensors: quantize it first"},
+                                                   None)[0], "REFUSED")
 check("layer refused w/o hint is a failure", V.layer_verdict(ex, {"rc": 3, "error": "crash"}, None)[0], "FAIL")
 check("layer requant garbage", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.7))[0], "GARBAGE")
 check("layer requant ok", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.1))[0], "PASS")
