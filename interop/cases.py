@@ -1,0 +1,123 @@
+"""The cases of the interop suite (stdlib only).
+
+Group "smollm2": the real third-party SmolLM2-135M-Instruct GGUF (Q4_1, tied head, GQA 9/3, tokenizer in
+its metadata) converted by qckpt and loaded whole by the target's real loader; compared with
+transformers' own GGUF loader on the source.
+
+Group "minilm": the shipped MiniLM layer subsets (sample_checkpoints/), repacked/requantized into each
+writable target and decoded by that target library's own layer / decoder.
+"""
+
+from __future__ import annotations
+
+SMOLLM2 = "smollm2_135m_instruct_Q4_1.gguf"
+
+PROMPTS = [
+    {"name": "france", "text": "The capital of France is"},
+    {"name": "code", "text": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
+    {"name": "prose", "text": "Quantization stores each weight of a neural network in a few bits, so that"},
+    {"name": "chat", "chat": "What is the boiling point of water at sea level?"},
+]
+FRANCE_IDS = [504, 3575, 282, 4649, 314]  # MANIFEST.json: no BOS
+GREEDY_TOKENS = 20
+MANIFEST_GREEDY_TEXT = " Paris.\n\nThe answer is: 2018-01-22 "
+
+
+def _c(cid, out, cmd, loader, expect, quick=False, **kw):
+    d = {"id": cid, "group": "smollm2", "out": out, "cmd": cmd, "loader": loader, "expect": expect,
+         "quick": quick}
+    d.update(kw)
+    return d
+
+
+def smollm2_cases() -> list[dict]:
+    """cmd: qckpt arguments after SRC DST ("{out}" is DST); loader: worker action; expect: exact/lossy/refuse."""
+    G32S = ["--group-size", "32", "--sym"]
+    cases = [
+        # baselines: the source itself in the loaders that read GGUF (no qckpt command)
+        _c("source/llama.cpp", None, None, "llama_cpp", "baseline", needs="llama_cpp"),
+        _c("dequantize-f32/transformers", "deq_f32", ["dequantize", "--dtype", "f32"], "transformers", "exact",
+           quick=True),
+        _c("dequantize-f32/mlx_lm", "deq_f32", ["dequantize", "--dtype", "f32"], "mlx_lm", "exact"),
+        _c("dequantize-bf16/transformers", "deq_bf16", ["dequantize", "--dtype", "bf16"], "transformers", "lossy",
+           dtype="bfloat16"),
+        _c("dequantize-bf16/mlx_lm", "deq_bf16", ["dequantize", "--dtype", "bf16"], "mlx_lm", "lossy"),
+        _c("mlx/mlx_lm", "mlx", ["convert", "--to", "mlx"], "mlx_lm", "exact", quick=True),
+        _c("gguf/transformers-gguf", "exact.gguf", ["convert", "--to", "gguf"], "transformers", "exact"),
+        _c("gguf/llama.cpp", "exact.gguf", ["convert", "--to", "gguf"], "llama_cpp", "exact", needs="llama_cpp"),
+        _c("gguf-Q4_0/transformers-gguf", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S,
+           "transformers", "lossy"),
+        _c("gguf-Q4_0/llama.cpp", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S, "llama_cpp",
+           "lossy", needs="llama_cpp"),
+        _c("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
+           "transformers", "lossy"),
+        _c("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",
+           "lossy", needs="llama_cpp"),
+        _c("gptq-w4g32-asym/transformers", "gptq", ["convert", "--to", "gptq", "--bits", "4", "--group-size", "32",
+                                                    "--asym"], "transformers", "lossy"),
+        _c("awq-w4g32/transformers", "awq", ["convert", "--to", "awq", "--bits", "4", "--group-size", "32"],
+           "transformers", "lossy"),
+        _c("awq-w4g32-asym/transformers", "awq_asym", ["convert", "--to", "awq", "--bits", "4", "--group-size",
+                                                       "32", "--asym"], "transformers", "lossy"),
+        _c("ct-w8-channel/transformers", "ct8", ["convert", "--to", "compressed-tensors", "--bits", "8",
+                                                 "--per-channel"], "transformers", "lossy"),
+        _c("ct-w8-channel-sym/transformers", "ct8_sym", ["convert", "--to", "compressed-tensors", "--bits", "8",
+                                                         "--per-channel", "--sym"], "transformers", "lossy",
+           quick=True),
+        _c("ct-w4g64/transformers", "ct4", ["convert", "--to", "compressed-tensors", "--bits", "4",
+                                            "--group-size", "64"], "transformers", "lossy"),
+        _c("ct-w4g64-sym/transformers", "ct4_sym", ["convert", "--to", "compressed-tensors", "--bits", "4",
+                                                    "--group-size", "64", "--sym"], "transformers", "lossy"),
+        # 128 does not divide 576 (hidden) : qckpt must refuse at plan time
+        _c("ct-w4g128 (refuse)", "ct128", ["convert", "--to", "compressed-tensors", "--bits", "4",
+                                           "--group-size", "128"], None, "refuse", refuse_match=["128", "576"]),
+        _c("ct-w4g128-sym (refuse)", "ct128_sym", ["convert", "--to", "compressed-tensors", "--bits", "4",
+                                                   "--group-size", "128", "--sym"], None, "refuse",
+           refuse_match=["128", "576"]),
+    ]
+    return cases
+
+
+# MiniLM samples (relative to sample_checkpoints/) and the layer decoder of each target format.
+MINILM_SAMPLES = [
+    "gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp",
+    "ct_pack_w4a16_channel_sym", "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym",
+    "ct_pack_w8a16_channel_sym", "mlx_affine_g32_b8", "mlx_affine_g64_b4",
+    "gguf/minilm_gguf_F16.gguf", "gguf/minilm_gguf_Q4_0.gguf", "gguf/minilm_gguf_Q4_1.gguf",
+    "gguf/minilm_gguf_Q5_0.gguf", "gguf/minilm_gguf_Q8_0.gguf", "gguf/minilm_llamacpp_Q4_K_M.gguf",
+    "gguf/minilm_llamacpp_Q6_K.gguf", "bnb_int8", "bnb_nf4_bs64",
+]
+QUICK_SAMPLES = ["gptq_w4_g128_sym", "ct_pack_w4a16_group128_asym", "gguf/minilm_gguf_Q4_1.gguf"]
+
+TARGETS = {
+    # target: (qckpt --to, output name suffix, worker action, requantize options)
+    # --scale-dtype f16 where the target stores only float16 scales: without it qckpt keeps a float32
+    # source's scale dtype and refuses (K-quant / bitsandbytes sources)
+    "gptq": ("gptq", "", "layers_gptq", ["--bits", "4", "--group-size", "32", "--asym", "--scale-dtype", "f16"]),
+    "awq": ("awq", "", "layers_awq", ["--bits", "4", "--group-size", "64", "--asym", "--scale-dtype", "f16"]),
+    "compressed-tensors": ("compressed-tensors", "", "layers_compressed_tensors",
+                           ["--bits", "8", "--per-channel", "--sym"]),
+    "mlx": ("mlx", "", "layers_mlx", ["--bits", "4", "--group-size", "64"]),
+    "gguf": ("gguf", ".gguf", "layers_gguf", ["--bits", "8", "--group-size", "32", "--sym", "--scale-dtype", "f16"]),
+}
+# Every target also gets this one requantize even where the exact repack is accepted.
+REQUANT_SAMPLE = "gptq_w4_g128_sym"
+
+
+def slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in s)
+
+
+def minilm_cases(quick: bool) -> list[dict]:
+    out = []
+    for sample in (QUICK_SAMPLES if quick else MINILM_SAMPLES):
+        for target, (to, suffix, action, requant) in TARGETS.items():
+            base = f"{slug(sample)}__{slug(target)}"
+            out.append({"id": f"{sample} -> {target}", "group": "minilm", "sample": sample, "target": target,
+                        "kind": "exact", "cmd": ["convert", "--to", to], "out": base + suffix,
+                        "loader": action, "requant_if_refused": requant})
+            if sample == REQUANT_SAMPLE:
+                out.append({"id": f"{sample} -> {target} (requantize)", "group": "minilm", "sample": sample,
+                            "target": target, "kind": "requantize", "cmd": ["convert", "--to", to] + requant,
+                            "out": base + "__rq" + suffix, "loader": action})
+    return out

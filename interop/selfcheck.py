@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Self-check of the harness logic (no pytest, no torch): python interop/selfcheck.py
+
+Checks the pass rules of verdict.py and the logit metrics of worker.compare_logits (needs numpy;
+skipped with a message if numpy is absent) on hand-made inputs whose answers are worked out below.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import verdict as V  # noqa: E402
+
+FAILS = []
+
+
+def check(name, got, want):
+    if got != want:
+        FAILS.append(f"{name}: got {got!r}, want {want!r}")
+
+
+def model_result(**kw):
+    r = {"ok": True, "top1_agree_pct": 100.0, "max_abs_logit_diff": 0.0, "ref_max_abs_logit": 20.0,
+         "greedy_equal": True, "france_last_is_paris": True, "tokenizer_error": None, "tokenizer_ids_equal": True}
+    r.update(kw)
+    return r
+
+
+ok = {"rc": 0}
+exact, lossy = {"expect": "exact"}, {"expect": "lossy"}
+refuse = {"expect": "refuse", "refuse_match": ["128", "576"]}
+
+# exact: tolerance is EXACT_REL_TOL * 20 = 0.02
+check("exact pass", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.019))[0], "PASS")
+check("exact over tol", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.021))[0], "FAIL")
+# float16 dequantization: 4 * 2**-10 * 20 = 0.078
+check("exact f16 dequant", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.07,
+                                                                   dequant_dtype="float16"))[0], "PASS")
+check("exact f16 dequant over", V.model_verdict(exact, ok, model_result(max_abs_logit_diff=0.08,
+                                                                        dequant_dtype="float16"))[0], "FAIL")
+check("exact greedy differs", V.model_verdict(exact, ok, model_result(greedy_equal=False))[0], "FAIL")
+check("exact llama uses loader source",
+      V.model_verdict(exact, ok, model_result(max_abs_logit_diff=5.0, greedy_equal=False,
+                                             vs_loader_source={"max_abs_logit_diff": 0.0, "ref_max_abs_logit": 20.0,
+                                                               "greedy_equal": True}))[0], "PASS")
+check("garbage", V.model_verdict(lossy, ok, model_result(top1_agree_pct=49.9))[0], "GARBAGE")
+check("garbage beats exact", V.model_verdict(exact, ok, model_result(top1_agree_pct=10.0))[0], "GARBAGE")
+check("lossy not paris", V.model_verdict(lossy, ok, model_result(france_last_is_paris=False))[0], "FAIL")
+check("lossy pass despite greedy", V.model_verdict(lossy, ok, model_result(greedy_equal=False,
+                                                                           max_abs_logit_diff=3.0))[0], "PASS")
+check("tokenizer missing", V.model_verdict(lossy, ok, model_result(tokenizer_error="OSError: no file"))[0], "FAIL")
+check("tokenizer other ids", V.model_verdict(lossy, ok, model_result(tokenizer_ids_equal=False))[0], "FAIL")
+check("convert failed", V.model_verdict(lossy, {"rc": 3, "error": "x"}, None)[0], "FAIL")
+check("load failed", V.model_verdict(lossy, ok, {"ok": False, "stage": "load", "error": "E"}),
+      ("FAIL", "load: E"))
+check("refuse ok", V.model_verdict(refuse, {"rc": 3, "error": "group size 128 does not divide 576"}, None)[0], "PASS")
+check("refuse converted", V.model_verdict(refuse, ok, None)[0], "FAIL")
+check("refuse wrong reason", V.model_verdict(refuse, {"rc": 3, "error": "zero point not integer"}, None)[0], "FAIL")
+check("refuse usage error", V.model_verdict(refuse, {"rc": 2, "error": "group 128 576"}, None)[0], "FAIL")
+
+
+def layer_result(dw=0.0, dy=0.0, w=1.0, y=10.0, **kw):
+    r = {"ok": True, "tensors": [{"tensor": "a.weight", "max_abs_weight_diff": dw, "max_abs_weight": w,
+                                  "max_abs_output_diff": dy, "max_abs_output": y}]}
+    r.update(kw)
+    return r
+
+
+ex, rq = {"kind": "exact"}, {"kind": "requantize"}
+check("layer pass", V.layer_verdict(ex, ok, layer_result(dw=2 ** -10, dy=0.05))[0], "PASS")
+check("layer weight over", V.layer_verdict(ex, ok, layer_result(dw=2 ** -8))[0], "FAIL")  # tol 2**-9
+check("layer output over", V.layer_verdict(ex, ok, layer_result(dy=0.1))[0], "FAIL")  # tol 10 * 2**-7 = 0.078
+check("layer refused", V.layer_verdict(ex, {"rc": 3, "error": "not representable; requantize with --asym"},
+                                       None)[0], "REFUSED")
+check("layer dense source refused", V.layer_verdict(ex, {"rc": 3, "error": "no quantized tensors: quantize it first"},
+                                                   None)[0], "REFUSED")
+check("layer refused w/o hint is a failure", V.layer_verdict(ex, {"rc": 3, "error": "crash"}, None)[0], "FAIL")
+check("layer requant garbage", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.7))[0], "GARBAGE")
+check("layer requant ok", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.1))[0], "PASS")
+check("layer missing", V.layer_verdict(ex, ok, {"ok": False, "missing_tensors": ["b.weight"], "tensors": []})[0],
+      "FAIL")
+
+try:
+    import numpy as np
+
+    import worker
+
+    ref = [np.zeros((2, 4), np.float32), np.zeros((3, 4), np.float32)]
+    ref[0][:, 1] = 5.0  # argmax 1 at both positions
+    ref[1][:, 2] = 7.0  # argmax 2 at all three
+    got = [r.copy() for r in ref]
+    got[0][1, 3] = 9.0  # position 1 of prompt 0 now argmax 3: one disagreement, |diff| 9
+    got[1][0, 0] = -0.5
+    m = worker.compare_logits(got, ref, france_index=0, paris_id=3)
+    check("max diff", m["max_abs_logit_diff"], 9.0)
+    check("mean diff", m["mean_abs_logit_diff"], (9.0 + 0.5) / 20)
+    check("top1", (m["top1_agree"], m["positions"]), (4, 5))
+    check("france last top1", (m["france_last_top1"], m["france_last_is_paris"]), (3, True))
+    check("ref max", m["ref_max_abs_logit"], 7.0)
+except ImportError as exc:
+    print(f"(compare_logits not checked: {exc})")
+
+if FAILS:
+    print("\n".join(FAILS))
+    print(f"0 passed, {len(FAILS)} failed")
+    sys.exit(1)
+print("harness self-check: all rules as worked out")
