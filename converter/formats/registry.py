@@ -53,6 +53,7 @@ class FormatHandler:
     keep_dense: Optional[Callable[[Any], Optional[str]]] = None
     partial_groups: bool = True
     float_zero_points: bool = True
+    scale_dtype: Optional[str] = None
     requant_targets: Optional[Callable[[Any, Any], dict]] = None
 
 

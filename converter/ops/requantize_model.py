@@ -176,6 +176,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     ckpt, modules = apply_module_policy(source, handler)
     if not handler.float_zero_points and target.symmetric is None:
         target = dataclasses.replace(target, integer_zero=True)
+    if handler.scale_dtype is not None and target.scale_dtype is None:
+        target = dataclasses.replace(target, scale_dtype=handler.scale_dtype)  # the format stores no other
     overrides: dict[str, Target] = {}
     if handler.requant_targets is not None:  # the target format's per-module targets (GGUF's output head)
         for name, (t, reason) in handler.requant_targets(ckpt, target).items():

@@ -201,3 +201,17 @@ def test_compressed_tensors_keeps_a_quantized_head_quantized(tmp_path):
     assert "lm_head" not in qc["ignore"] and rep["module_summary"]["dequantized"] == 0
     rep = convert_exact(p, tmp_path / "gptq", "gptq")  # optimum converts block Linears only: dense
     assert {d["tensor"]: d["decision"] for d in rep["modules"]}["lm_head.weight"] == "dequantized"
+
+
+@pytest.mark.parametrize("to", ["gptq", "awq"])
+def test_requantize_into_an_fp16_scale_format_uses_fp16_scales(tmp_path, to):
+    # a llama.cpp Q4_K_M sample keeps F32 (super-block x sub-block) scales; GPTQ and AWQ store fp16
+    # scales only: a requantization that leaves --scale-dtype out writes fp16 (before: refused,
+    # "F32 scales round ... requantize with --scale-dtype f16", to a user already requantizing)
+    from tests.conftest import SAMPLES
+    src = SAMPLES / "gguf" / "minilm_llamacpp_Q4_K_M.gguf"
+    doc = requantize_model(src, tmp_path / to, Target(bits=4, granularity="group", group_size=32, symmetric=False),
+                           to=to)
+    back = registry.load(tmp_path / to)
+    assert {back.spec(n).scheme.scale_dtype for n in back.quantized_names()} == {"F16"}
+    assert doc["target"]["scale_dtype"] == "F16" and all(r["readback_bit_exact"] for r in doc["tensors"])
