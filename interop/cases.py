@@ -49,6 +49,12 @@ def smollm2_cases() -> list[dict]:
            "transformers", "lossy"),
         _c("gguf-Q4_0/llama.cpp", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S, "llama_cpp",
            "lossy", needs="llama_cpp"),
+        # requantized GGUF: is it llama.cpp's own requantization of the same source, tensor for tensor?
+        # (ftype LLAMA_FTYPE_MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7)
+        _c("gguf-Q4_0/llama-quantize", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S,
+           "llama_quantize", "same_as_tool", needs="llama_cpp", ftype=2),
+        _c("gguf-Q8_0/llama-quantize", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
+           "llama_quantize", "same_as_tool", needs="llama_cpp", ftype=7),
         _c("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "transformers", "lossy"),
         _c("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",

@@ -208,6 +208,8 @@ class Runner:
                 spec = dict(base, path=str(path))
                 if case.get("dtype"):
                     spec["dtype"] = case["dtype"]
+                if case["loader"] == "llama_quantize":
+                    spec = {"path": str(path), "source": str(self.source), "ftype": case["ftype"]}
                 if case["loader"] == "llama_cpp":
                     if case["expect"] == "baseline":
                         spec["save_npz"] = str(self.work / "llama_source.npz")
@@ -342,6 +344,8 @@ def selected(only: str | None, cid: str) -> bool:
 
 
 def summary(r: dict) -> str:
+    if "identical" in r:  # llama_quantize: tensor-by-tensor comparison with llama.cpp's own output
+        return f"{r['identical']}/{r['tensors']} tensors byte-identical; llama.cpp types {r['llama_cpp_types']}"
     s = (f"max|dlogit| {r['max_abs_logit_diff']:.3g} mean {r['mean_abs_logit_diff']:.3g} "
          f"top1 {r['top1_agree_pct']:.1f}% greedy_eq {r['greedy_equal']}")
     if r.get("vs_loader_source"):
@@ -363,6 +367,7 @@ LOADER_NAMES = {
     "transformers": "transformers AutoModelForCausalLM + AutoTokenizer",
     "mlx_lm": "mlx_lm.load",
     "llama_cpp": "llama_cpp.Llama(logits_all=True)",
+    "llama_quantize": "llama_cpp.llama_model_quantize of the source (same ftype), tensor bytes compared",
     None: "-",
 }
 

@@ -67,6 +67,11 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         return "SKIP", result.get("error", "consumer not installed")
     if not result.get("ok"):
         return "FAIL", f"{result.get('stage', 'load')}: {result.get('error', 'no result')}"
+    if expect == "same_as_tool":  # every tensor byte-identical with the real tool's own output
+        if result["identical"] == result["tensors"]:
+            return "PASS", f"all {result['tensors']} tensors byte-identical with llama.cpp's requantization"
+        return "FAIL", f"{result['tensors'] - result['identical']} of {result['tensors']} tensors differ: " \
+                       f"{result['differing'][:3]}"
     if result["top1_agree_pct"] < GARBAGE_TOP1_PCT:
         return "GARBAGE", f"top-1 agreement {result['top1_agree_pct']:.1f}% < {GARBAGE_TOP1_PCT:.0f}%"
     problems = []

@@ -313,6 +313,41 @@ def act_llama_cpp(spec: dict) -> dict:
     return out
 
 
+def act_llama_quantize(spec: dict) -> dict:
+    """llama.cpp's own requantization of the source (``llama_model_quantize``, ``allow_requantize``,
+    ``spec["ftype"]``, not ``--pure``: its per-tensor type choice applies), compared tensor by
+    tensor with qckpt's output ``spec["path"]``: same ggml type and the same bytes."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+
+    dst = spec["path"] + ".llama-quantize.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = int(spec["ftype"])
+    params.allow_requantize = True
+    params.nthread = 2
+    rc = stage("quantize", llama_cpp.llama_model_quantize, spec["source"].encode(), dst.encode(),
+               ctypes.byref(params))
+    if rc != 0:
+        return {"ok": False, "stage": "quantize", "error": f"llama_model_quantize returned {rc}"}
+    ours = {t.name: t for t in gguf.GGUFReader(spec["path"]).tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(dst).tensors}
+    differing = []
+    for name in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(name), theirs.get(name)
+        if a is None or b is None or a.tensor_type != b.tensor_type or \
+                np.asarray(a.data).tobytes() != np.asarray(b.data).tobytes():
+            differing.append({"tensor": name, "ours": a.tensor_type.name if a is not None else None,
+                              "llama.cpp": b.tensor_type.name if b is not None else None})
+    os.remove(dst)
+    types = {}
+    for t in theirs.values():
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return {"ok": True, "tensors": len(theirs), "identical": len(theirs) - len(differing),
+            "differing": differing[:10], "llama_cpp_types": types}
+
+
 # ----------------------------------------------------------------------------- layer checks (MiniLM)
 
 
@@ -595,6 +630,7 @@ ACTIONS = {
     "transformers": act_transformers,
     "mlx_lm": act_mlx_lm,
     "llama_cpp": act_llama_cpp,
+    "llama_quantize": act_llama_quantize,
     "layers_compressed_tensors": act_layers_compressed_tensors,
     "layers_gptq": act_layers_gptq,
     "layers_awq": act_layers_awq,
