@@ -689,7 +689,7 @@ from .modules import dense_linear_modules, hf_linear_policy  # noqa: E402
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target,
                                  keep_dense=hf_linear_policy("gptq"), partial_groups=False,
-                                 float_zero_points=False, scale_dtype="F16"))
+                                 float_bias="integer", scale_dtype="F16"))
 
 
 # -- validation hooks (converter/validate/hooks.py) ------------------------------------------------

@@ -42,6 +42,26 @@ class FormatHandler:
     check_target : callable(TensorSpec) -> str or None, optional
         Before any data moves: ``None`` if the spec's scheme is representable exactly in this
         format, else a reason (used to refuse a silent requantize).
+    keep_dense : callable(TensorSpec) -> str or None, optional
+        The target's module policy (:mod:`converter.formats.modules`): ``None`` when the format's
+        loaders read the tensor quantized, else the reason it must be written dense (a quantized
+        source tensor is then dequantized exactly). ``None`` (no policy): everything may stay quantized.
+    partial_groups : bool
+        Whether the format's common loaders read a partial final group (``in`` not a multiple of
+        the group size). When False, a conversion that would write one is refused before any data
+        moves, naming the group sizes that divide every layer.
+    float_bias : ``"keep" | "integer" | "symmetric"``
+        What a requantization into the format that leaves ``--sym`` / ``--asym`` out makes of a
+        float-bias source tensor (``Target.float_bias``): ``keep`` (the format stores float biases:
+        MLX affine, GGUF Q4_1), ``integer`` zero points (GPTQ, AWQ), or ``symmetric``
+        (compressed-tensors: transformers 5.24 cannot load its asymmetric pack-quantized layout).
+    scale_dtype : str, optional
+        The one scale dtype the format stores (GPTQ, AWQ: ``"F16"``); a requantization into it that
+        leaves ``--scale-dtype`` out uses it instead of the source's (a K-quant's F32 scales).
+    requant_targets : callable(Checkpoint, Target) -> dict, optional
+        When requantizing into this format: ``{tensor name: (Target, reason)}`` for the modules the
+        format's own quantizer gives another target than the one asked for (GGUF: llama.cpp keeps the
+        output head, or the token embedding tied to it, at Q6_K / Q8_0).
     """
 
     name: str
@@ -52,7 +72,7 @@ class FormatHandler:
     check_target: Optional[Callable[[Any], Optional[str]]] = None
     keep_dense: Optional[Callable[[Any], Optional[str]]] = None
     partial_groups: bool = True
-    float_zero_points: bool = True
+    float_bias: str = "keep"
     scale_dtype: Optional[str] = None
     requant_targets: Optional[Callable[[Any, Any], dict]] = None
 

@@ -174,8 +174,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     handler = registry.check_writable(to)  # (also loads the built-in formats, which register their quantizers)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
     ckpt, modules = apply_module_policy(source, handler)
-    if not handler.float_zero_points and target.symmetric is None:
-        target = dataclasses.replace(target, integer_zero=True)
+    if target.symmetric is None:  # what the format makes of a float-bias source (GGUF Q4_1, MLX)
+        target = dataclasses.replace(target, float_bias=handler.float_bias)
     if handler.scale_dtype is not None and target.scale_dtype is None:
         target = dataclasses.replace(target, scale_dtype=handler.scale_dtype)  # the format stores no other
     overrides: dict[str, Target] = {}

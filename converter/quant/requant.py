@@ -68,10 +68,11 @@ class Target:
     scale_dtype : ``"F16" | "BF16" | "F32"``, optional
     scale_search : ``"none" | "mse"``
         ``mse``: per group, the clipping ratio minimising the squared error (lossy path only).
-    integer_zero : bool
-        The target format stores integer zero points only (GPTQ, AWQ, compressed-tensors): with
-        ``symmetric`` left out, a float-bias source (GGUF Q4_1, MLX affine) stays asymmetric with
-        integer zero points instead of keeping float biases the writer would refuse.
+    float_bias : ``"keep" | "integer" | "symmetric"``
+        With ``symmetric`` left out, what a float-bias source tensor (GGUF Q4_1, MLX affine) becomes:
+        ``keep`` its float biases (targets that store them), ``integer`` zero points (GPTQ, AWQ:
+        asymmetric with integer zero points), or ``symmetric`` (compressed-tensors, whose asymmetric
+        layout transformers 5.24 cannot load). Set from the target format, not by the user.
     """
 
     bits: int | None = None
@@ -80,7 +81,7 @@ class Target:
     symmetric: bool | None = None
     scale_dtype: str | None = None
     scale_search: str = "none"
-    integer_zero: bool = False
+    float_bias: str = "keep"
 
     def __post_init__(self) -> None:
         if self.granularity is None and self.group_size is not None:
@@ -136,9 +137,11 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target, fmt=None) 
         zp, signed = (ZeroPoint.NONE, True) if sym else (ZeroPoint.INTEGER, False)
     else:
         sym = scheme.symmetric if target.symmetric is None else target.symmetric
+        if target.symmetric is None and scheme.zero_point is ZeroPoint.FLOAT and target.float_bias == "symmetric":
+            sym = True
         if sym:
             zp, signed = ZeroPoint.NONE, scheme.signed if scheme.symmetric else True
-        elif target.symmetric is None and not (target.integer_zero and scheme.zero_point is ZeroPoint.FLOAT):
+        elif target.symmetric is None and not (target.float_bias == "integer" and scheme.zero_point is ZeroPoint.FLOAT):
             zp, signed = scheme.zero_point, scheme.signed  # asymmetric source kept as is (integer zero or float bias)
         elif scheme.zero_point is ZeroPoint.INTEGER:
             zp, signed = ZeroPoint.INTEGER, scheme.signed

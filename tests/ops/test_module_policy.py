@@ -126,10 +126,12 @@ def test_requantize_dequantizes_the_embedding_instead_of_requantizing_it(tmp_pat
     assert "model.embed_tokens.weight" in doc["passthrough"]
 
 
-def test_float_bias_source_kept_asymmetric_gets_integer_zero_points_for_integer_only_targets(tmp_path):
+@pytest.mark.parametrize("to", ["gptq", "compressed-tensors"])
+def test_float_bias_source_requantized_without_sym_or_asym_gets_the_targets_kind(tmp_path, to):
     # GGUF Q4_1 / MLX keep a float bias; GPTQ / AWQ / compressed-tensors store integer zero points
-    # only. Without --sym/--asym the requantized tensor stays asymmetric, with integer zero points
-    # (before: a per-value "float bias is not an integer zero point" refusal at write time).
+    # only (before: a per-value "float bias is not an integer zero point" refusal at write time).
+    # GPTQ: asymmetric with integer zero points; compressed-tensors: symmetric, since transformers
+    # 5.24 cannot load its asymmetric pack-quantized layout (interop: ct-w8-channel, ct-w4g64)
     codes = np.tile(np.arange(16, dtype=np.uint8), (4, 4))  # 4 x 64
     scales = np.array([[0.5, 0.25]] * 4, np.float16)
     bias = np.array([[-3.3, 1.7]] * 4, np.float16)  # -bias/scale = 6.6, -6.8: not integers
@@ -137,13 +139,18 @@ def test_float_bias_source_kept_asymmetric_gets_integer_zero_points_for_integer_
                         QuantScheme(4, False, ZeroPoint.FLOAT, "F16"), GroupMap.per_group(32), zero_points=bias)
     src = tmp_path / "src.safetensors"
     write_native(Checkpoint.from_tensors([t]), src)
-    doc = requantize_model(src, tmp_path / "ct", Target(bits=8, granularity="channel"), to="compressed-tensors")
-    back = registry.load(tmp_path / "ct")["model.layers.0.mlp.up_proj.weight"]
-    assert back.scheme.zero_point is ZeroPoint.INTEGER and back.scheme.bits == 8
-    # each row holds c * 0.5 - 3.3 (group 0, c = 0..15: [-3.3, 4.2]) and c * 0.25 + 1.7 (group 1:
-    # [1.7, 5.45]), f16 rounding aside: one min/max 8-bit grid per row has a step of (5.45 + 3.3) / 255
-    step = (float(np.float16(1.7)) + 15 * 0.25 - float(np.float16(-3.3))) / 255
+    doc = requantize_model(src, tmp_path / "out", Target(bits=8, granularity="channel"), to=to)
+    back = registry.load(tmp_path / "out")["model.layers.0.mlp.up_proj.weight"]
     err = np.abs(back.dequantize() - t.dequantize())
+    # each row holds c * 0.5 - 3.3 (group 0, c = 0..15: [-3.3, 4.2]) and c * 0.25 + 1.7 (group 1:
+    # [1.7, 5.45]), f16 rounding aside
+    lo, hi = float(np.float16(-3.3)), float(np.float16(1.7)) + 15 * 0.25
+    if to == "gptq":  # one min/max 8-bit grid per row: step (5.45 + 3.3) / 255
+        assert back.scheme.zero_point is ZeroPoint.INTEGER and back.scheme.bits == 8
+        step = (hi - lo) / 255
+    else:  # symmetric absmax grid per row: step 5.45 / 127
+        assert back.scheme.zero_point is ZeroPoint.NONE and back.scheme.bits == 8
+        step = max(abs(lo), abs(hi)) / 127
     assert err.max() <= step / 2 * 1.01 and doc["tensors"][0]["readback_bit_exact"] is True
 
 

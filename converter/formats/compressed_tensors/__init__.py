@@ -20,4 +20,4 @@ HANDLER = register(FormatHandler("compressed-tensors",
                                  "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",
                                  detect_ct, read_ct, write_ct, check_target=check_target,
                                  keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True), partial_groups=False,
-                                 float_zero_points=False))
+                                 float_bias="symmetric"))
