@@ -44,8 +44,11 @@ SATURATION_RATIO = 0.25
 ZERO_OFFSET_LIMIT = 0.5
 #: ... and above this fraction of the codes' spread (std of q - z).
 ZERO_OFFSET_RATIO = 0.15
-#: Zero scales are an error (scales misread) above this fraction of a tensor's scales, a warning below.
+#: Zero scales are an error (scales misread) above this fraction of a tensor's scales, a warning above
+#: the next (more all-zero groups than real weights have), info below (an all-zero group, a K-quant
+#: sub-block scale llama.cpp quantized to 0: MiniLM output.dense has 1 of 4608).
 SCALE_ZERO_ERROR_FRACTION = 0.5
+SCALE_ZERO_WARNING_FRACTION = 0.01
 #: Fewer groups than this give no statistics worth reporting.
 MIN_GROUPS = 16
 #: Fewer elements than this give no mean offset worth reporting (standard error std / 32).
@@ -229,10 +232,12 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
             # those groups decode to 0 in every loader. Mostly zero scales mean misread scales.
             k = int(zero.sum())
             many = k > SCALE_ZERO_ERROR_FRACTION * n
+            some = k > SCALE_ZERO_WARNING_FRACTION * n
             out.append(finding("scale-zero", t.name, f"{k} of {n} scales are zero: those groups decode to 0"
                                + ("" if many else " (an all-zero group, or a K-quant sub-block scale quantized to 0 "
                                   "and repacked; wrong only if the source groups were not zero)"),
-                               severity=None if many else "info", count=k, first_index=where(zero)))
+                               severity=None if many else "warning" if some else "info", count=k,
+                               first_index=where(zero)))
     neg = s32 < 0
     if neg.any() and not negative_ok:
         # s * (q - z) decodes the same in every loader whatever the sign of s, and exact repacks of

@@ -265,3 +265,18 @@ def test_extra_shard_and_total_size(sharded):
     rep = validate(d)
     assert_finding(rep, "extra-shard", "model-00009-of-00009.safetensors")
     assert assert_finding(rep, "stale-index").severity == "warning"
+
+
+@pytest.mark.parametrize("zeros,severity", [(1, "info"), (40, "warning"), (700, "error")])
+def test_zero_scales_by_fraction(tmp_path, zeros, severity):
+    # the query weight has 384 x 3 = 1152 group scales: 1 zero (an all-zero group, a K-quant sub-block
+    # scale quantized to 0) is info; 40 (3.5 %, above 1 %) a warning; 700 (61 %, above half) an error
+    d = copy_sample(GPTQ, tmp_path)
+
+    def hurt(s):
+        sc = s[f"{P}.scales"].copy()
+        sc.reshape(-1)[:zeros] = 0
+        s[f"{P}.scales"] = sc
+    edit_tensors(d, hurt)
+    f = next(f for f in validate(d).findings if f.code == "scale-zero" and f.tensor == QUERY)
+    assert f.evidence["count"] == zeros and f.severity == severity
