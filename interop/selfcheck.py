@@ -47,6 +47,16 @@ check("exact llama uses loader source",
                                              vs_loader_source={"max_abs_logit_diff": 0.0, "ref_max_abs_logit": 20.0,
                                                                "greedy_equal": True}))[0], "PASS")
 check("garbage", V.model_verdict(lossy, ok, model_result(top1_agree_pct=49.9))[0], "GARBAGE")
+# lossy, judged by the tool-equality row: reported, not failed, unless garbage or a tokenizer fault
+tool = {"expect": "lossy_tool"}
+check("lossy_tool reported", V.model_verdict(tool, ok, model_result(top1_agree_pct=65.0,
+                                                                    france_last_is_paris=False))[0], "LOSSY")
+check("lossy_tool garbage", V.model_verdict(tool, ok, model_result(top1_agree_pct=20.0))[0], "GARBAGE")
+same = {"expect": "same_as_tool"}
+check("same as tool", V.model_verdict(same, ok, {"ok": True, "tensors": 3, "identical": 3, "differing": []})[0],
+      "PASS")
+check("not same as tool", V.model_verdict(same, ok, {"ok": True, "tensors": 3, "identical": 2,
+                                                     "differing": [{"tensor": "x"}]})[0], "FAIL")
 check("garbage beats exact", V.model_verdict(exact, ok, model_result(top1_agree_pct=10.0))[0], "GARBAGE")
 check("lossy not paris", V.model_verdict(lossy, ok, model_result(france_last_is_paris=False))[0], "FAIL")
 check("lossy pass despite greedy", V.model_verdict(lossy, ok, model_result(greedy_equal=False,

@@ -79,6 +79,12 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         problems.append(f"tokenizer: {result['tokenizer_error']}")
     elif result.get("tokenizer_ids_equal") is False:
         problems.append("tokenizer encodes the prompts to other ids")
+    if expect == "lossy_tool":  # a lossy conversion whose fidelity to the real tool is a sibling row's
+        if problems:
+            return "FAIL", "; ".join(problems)
+        kept = "kept" if result["france_last_is_paris"] else "not kept"
+        return "LOSSY", (f"top-1 ' Paris' {kept}, top-1 agreement {result['top1_agree_pct']:.1f}%; "
+                         f"fidelity to llama.cpp's own requantization: the llama-quantize row")
     if expect == "exact":
         ref_key = "vs_loader_source" if result.get("vs_loader_source") else None
         m = result[ref_key] if ref_key else result
