@@ -567,7 +567,6 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
     return summary
 
 
-
 HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM", detect_awq, read_awq, write_awq,
                                  check_target=check_target, keep_dense=hf_linear_policy("awq"), partial_groups=False,
                                  float_bias="integer", scale_dtype="F16"))

@@ -44,7 +44,7 @@ K-quants cannot be written (no K-quant encoder in gguf-py; ``d*sc`` is generally
 scale). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp reference rounding).
 
 Requantizing to GGUF (``qckpt convert --to gguf`` with requantize options) goes through
-:data:`GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in GGUF's form
+:data:`converter.formats.gguf_requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in GGUF's form
 (:func:`requant_adapt`: fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy
 type's exact scheme at groups of 32 along ``in``), and a tensor that is not carried exactly is
 quantized to its legacy type by :func:`quantize_to_gguf`, i.e. byte for byte what
@@ -62,7 +62,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..quant.format_quant import FormatQuantizer, register_format_quantizer
 from ..quant.recode import as_groups, exact_cast
 from ..dtypes import DTYPES
 from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,
@@ -227,98 +226,10 @@ def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor"
         raise exc.with_context(tensor=name)
 
 
-# ---------------------------------------------------------------------------------------------
-# Requantizing to GGUF: the format quantizer (converter.quant.format_quant)
-# ---------------------------------------------------------------------------------------------
-
 #: The requantize options that give each legacy type (named in refusals).
 REQUANT_OPTIONS = ("--group-size 32 and --bits 4/5/8 --sym (Q4_0/Q5_0/Q8_0) or --bits 4/5 --asym (Q4_1/Q5_1)")
 
 
-def legacy_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
-    """The legacy ggml type whose blocks are exactly ``scheme`` over ``group_map``, or None.
-
-    Groups of 32 consecutive elements along ``in`` (no ``g_idx``); symmetric 4/5/8-bit codes
-    (either signedness: the same values) -> Q4_0/Q5_0/Q8_0; unsigned codes with a float bias
-    4/5-bit -> Q4_1/Q5_1. The scale dtype and rounding are not looked at.
-    """
-    gm = group_map
-    if (scheme.codebook is not None or gm.granularity is not Granularity.GROUP or gm.axis != IN
-            or gm.group_size != 32 or gm.g_idx is not None):
-        return None
-    if scheme.zero_point is ZeroPoint.NONE:
-        return {4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}.get(scheme.bits)
-    if scheme.zero_point is ZeroPoint.FLOAT and not scheme.signed:
-        return {4: "Q4_1", 5: "Q5_1"}.get(scheme.bits)
-    return None
-
-
-def requant_adapt(scheme: QuantScheme, group_map: GroupMap, target) -> tuple[QuantScheme, GroupMap]:
-    """A resolved requantize target in GGUF's form (:attr:`FormatQuantizer.adapt`).
-
-    - Block scales are fp16 (``ggml_half``): the scale dtype becomes F16; an explicit
-      ``--scale-dtype bf16|f32`` is refused.
-    - GGUF has no integer zero points: an asymmetric target (``--asym``, or an integer-zero
-      source kept as is) becomes unsigned codes with a float bias, the Q4_1/Q5_1 form
-      (``x = d*q + m``).
-    - A target that is then a legacy type (:func:`legacy_type_for`) becomes exactly that type's
-      scheme (:func:`scheme_for`: llama.cpp's codes, signedness and rounding).
-
-    Anything else is left for :func:`check_target` to accept (as a legacy type whose blocks
-    repeat the group parameters) or refuse.
-
-    Raises
-    ------
-    NotRepresentableError
-        ``--scale-dtype`` other than f16.
-    """
-    sd = getattr(target, "scale_dtype", None)
-    if sd not in (None, "F16"):
-        raise NotRepresentableError("GGUF block scales are fp16 (ggml_half)", field="--scale-dtype",
-                                    expected="f16 (or leave it out)", found=sd.lower(),
-                                    hint=f"requantize to GGUF with {REQUANT_OPTIONS}")
-    if scheme.codebook is not None:
-        return scheme, group_map
-    if scheme.zero_point is ZeroPoint.INTEGER:
-        scheme = scheme.replace(zero_point=ZeroPoint.FLOAT, signed=False)
-    scheme = scheme.replace(scale_dtype="F16")
-    t = legacy_type_for(scheme, group_map)
-    return (scheme_for(t) if t is not None else scheme), group_map
-
-
-def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[int],
-                     axes: Sequence[str]) -> str | None:
-    """The label of llama.cpp's quantizer when :func:`quantize_to_gguf` produces this target."""
-    t = legacy_type_for(scheme, group_map)
-    if (t is None or scheme != scheme_for(t) or tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN))
-            or len(shape) != len(axes) or shape[-1] % 32):
-        return None
-    return f"gguf {t}: llama.cpp quantize_row_{t.lower()}_ref (gguf.quants.quantize)"
-
-
-def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, axes: Sequence[str],
-                      name: str) -> QuantizedTensor:
-    """:func:`quantize_to_gguf` for an accepted target (rows quantized independently)."""
-    t = legacy_type_for(scheme, group_map)
-    out = quantize_to_gguf(values, t, name=name)
-    if tuple(out.axes) != tuple(axes):
-        raise UnsupportedError("GGUF quantizer axes differ from the target's", tensor=name, field="axes",
-                               expected=list(axes), found=list(out.axes))
-    return out
-
-
-def _requant_stored(t: QuantizedTensor) -> QuantizedTensor:
-    """``t`` as the reader returns it: parameters repeated over the 32-element blocks (``t`` itself
-    when it has no such form: the writer then refuses it)."""
-    try:
-        return as_groups(t, 32)
-    except NotRepresentableError:
-        return t
-
-
-GGUF_QUANTIZER = register_format_quantizer(FormatQuantizer("gguf", requant_adapt, _requant_accepts,
-                                                           _requant_quantize, _requant_stored))
-"""GGUF's format quantizer: legacy types requantized with llama.cpp's reference quantizer."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -932,11 +843,12 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     return result
 
 
-from .gguf_policy import requant_targets  # noqa: E402
+from .gguf_requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
-                                 check_target=check_target, requant_targets=requant_targets))
+                                 check_target=check_target, quantizer=GGUF_QUANTIZER,
+                                 requant_targets=requant_targets))
 
 
 from ..validate.hooks import register_hooks  # noqa: E402

@@ -607,9 +607,10 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     bits, group = next(iter(layouts)) if layouts else (4, 128)
     base = {}
     src_q = (ckpt.config or {}).get("quantization_config")
-    if ckpt.format == "gptq" and isinstance(src_q, dict):
+    src_q = src_q if ckpt.format == "gptq" and isinstance(src_q, dict) else None
+    if src_q is not None:
         base = {k: v for k, v in src_q.items() if k != "dynamic"}
-    base.update(_not_converted(ckpt, src_q if ckpt.format == "gptq" and isinstance(src_q, dict) else None))
+    base.update(_not_converted(ckpt, src_q))
     meta = dict(base.get("meta") or {})
     meta["quantizer"] = [QCKPT_QUANTIZER]
     meta.setdefault("static_groups", False)
@@ -652,8 +653,7 @@ def _not_converted(ckpt: Checkpoint, src_q: Mapping[str, Any] | None) -> dict[st
     out: dict[str, Any] = {"dynamic": rules} if rules else {}
     in_block = [m for m in dense if _BLOCK_RE.match(m)]
     if in_block:
-        quantized = sorted({mt.group("rel") for n in ckpt.quantized_names()
-                            if (mt := _BLOCK_RE.match(n[: -len(".weight")] if n.endswith(".weight") else n))})
+        quantized = sorted({mt.group("rel") for n in ckpt.quantized_names() if (mt := _BLOCK_RE.match(module_prefix(n)))})
         clash = next(((m, q) for m in in_block for q in quantized if m.endswith(q)), None)
         if clash:
             raise NotRepresentableError("a module is dense in one decoder block and quantized in another: "

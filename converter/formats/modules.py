@@ -37,6 +37,7 @@ import re
 from typing import Callable, Optional
 
 from ..tensor import TensorSpec
+from .source import module_prefix
 
 EMBEDDING = "embedding"
 HEAD = "head"
@@ -110,10 +111,5 @@ def dense_linear_modules(specs) -> list[str]:
     for spec in specs:
         if spec.kind == "dense" and len(spec.shape) == 2 and spec.name.endswith(".weight") \
                 and module_role(spec.name, 2) in (LINEAR, ROUTER, HEAD):
-            out.append(spec.name[: -len(".weight")])
+            out.append(module_prefix(spec.name))
     return sorted(out)
-
-
-def no_policy(spec: TensorSpec) -> str | None:
-    """Every quantized tensor may stay quantized (GGUF, MLX, qckpt native)."""
-    return None

@@ -58,6 +58,10 @@ class FormatHandler:
     scale_dtype : str, optional
         The one scale dtype the format stores (GPTQ, AWQ: ``"F16"``); a requantization into it that
         leaves ``--scale-dtype`` out uses it instead of the source's (a K-quant's F32 scales).
+    quantizer : FormatQuantizer, optional
+        The format's own quantizer for the types it defines by their reference quantizer
+        (:mod:`converter.quant.format_quant`; GGUF's legacy types: llama.cpp's). None: a
+        requantization into the format uses qckpt's generic round-to-nearest.
     requant_targets : callable(Checkpoint, Target) -> dict, optional
         When requantizing into this format: ``{tensor name: (Target, reason)}`` for the modules the
         format's own quantizer gives another target than the one asked for (GGUF: llama.cpp keeps the
@@ -74,6 +78,7 @@ class FormatHandler:
     partial_groups: bool = True
     float_bias: str = "keep"
     scale_dtype: Optional[str] = None
+    quantizer: Any = None
     requant_targets: Optional[Callable[[Any, Any], dict]] = None
 
 

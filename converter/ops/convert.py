@@ -24,6 +24,8 @@ import numpy as np
 
 from ..errors import NotRepresentableError, UnsupportedError
 from ..formats import registry
+from ..groups import Granularity
+from ..layout import IN
 from ..quant.recode import as_unsigned
 from ..tensor import Checkpoint, QuantizedTensor, opaque_reason
 
@@ -89,8 +91,8 @@ COMMON_GROUP_SIZES = (32, 64, 128, 256)
 def dividing_group_sizes(ckpt: Checkpoint) -> list[int]:
     """The common group sizes (:data:`COMMON_GROUP_SIZES`) that divide the ``in`` width of every
     quantized tensor of ``ckpt`` (so that no group is partial), from specs only."""
-    widths = {int(dict(zip(s.axes, s.shape))["in"]) for s in ckpt.specs()
-              if s.kind == "quantized" and s.axes and "in" in s.axes}
+    widths = {int(dict(zip(s.axes, s.shape))[IN]) for s in ckpt.specs()
+              if s.kind == "quantized" and s.axes and IN in s.axes}
     return [g for g in COMMON_GROUP_SIZES if all(w % g == 0 for w in widths)]
 
 
@@ -106,14 +108,10 @@ def _refuse_partial_groups(ckpt: Checkpoint, handler) -> None:
     """
     if handler.partial_groups:
         return
-    bad = []
-    for s in ckpt.specs():
-        gm = s.group_map
-        if s.kind != "quantized" or gm is None or gm.granularity.value != "group" or not s.axes or gm.axis not in s.axes:
-            continue
-        width = int(dict(zip(s.axes, s.shape))[gm.axis])
-        if width % gm.group_size:
-            bad.append((s.name, width, gm.group_size))
+    bad = [(s.name, int(dict(zip(s.axes, s.shape))[s.group_map.axis]), s.group_map.group_size)
+           for s in ckpt.specs()
+           if s.kind == "quantized" and s.group_map.granularity is Granularity.GROUP
+           and s.group_map.partial_tail(s.shape, s.axes)]
     if not bad:
         return
     name, width, g = bad[0]
@@ -291,7 +289,6 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
             raise
         out = registry.load(dst, format=to)
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced)
-    changed = [r["name"] for r in rows if r["mode"] in ("changed", "missing")]
     proven = {r["name"]: bool(r["bit_exact"]) for r in rows}
     for d in modules:
         if d["decision"] == "dequantized":

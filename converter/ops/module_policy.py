@@ -94,19 +94,15 @@ def apply_module_policy(ckpt: Checkpoint, handler: Any) -> tuple[Checkpoint, lis
 def verify_dequantized(source: Checkpoint, out: Checkpoint, decisions: list[dict[str, Any]]) -> None:
     """Set ``readback_bit_exact`` on each ``dequantized`` decision: the dense tensor read back from
     ``out`` (the committed output, through the target's reader) holds float32 values equal to the
-    source tensor's dequantization, bit for bit (one tensor in memory at a time)."""
-    import numpy as np
+    source tensor's dequantization, bit for bit (:func:`converter.ops.convert.compare_tensors`;
+    one tensor in memory at a time)."""
+    from .convert import compare_tensors
     for d in decisions:
         if d["decision"] != DEQUANTIZED:
             continue
         name = d["tensor"]
         back = out[name] if name in out else None
-        if back is None or not isinstance(back, DenseTensor):
-            d["readback_bit_exact"] = False
-            continue
-        mine = source[name].dequantize()
-        vals = np.asarray(back.data, dtype=np.float32)
-        d["readback_bit_exact"] = bool(vals.shape == mine.shape and np.array_equal(vals, mine))
+        d["readback_bit_exact"] = isinstance(back, DenseTensor) and compare_tensors(source[name], back)["bit_exact"]
 
 
 def summarize_decisions(decisions: list[dict[str, Any]]) -> dict[str, int]:

@@ -22,7 +22,7 @@ from ..errors import ConverterError, NotRepresentableError
 from ..formats import registry
 from ..io.parallel import SharedDict
 from ..quant.error_report import summarize, tensor_report
-from ..quant.format_quant import FormatQuantizer, format_quantizer
+from ..quant.format_quant import FormatQuantizer
 from ..quant.requant import Target, classify, requantize, target_probe
 from ..tensor import Checkpoint, QuantizedTensor, spec_of
 
@@ -115,7 +115,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
                           ) -> tuple[Checkpoint, dict[str, dict], dict[str, tuple[str, str]]]:
     """A lazily requantized view of ``src``, the dict its report rows go into, and the plan.
 
-    ``fmt``: the target format's own quantizer (:func:`converter.quant.format_quant.format_quantizer`),
+    ``fmt``: the target format's own quantizer (``FormatHandler.quantizer``, :mod:`converter.quant.format_quant`),
     which adapts every target and produces the types it defines (:func:`converter.quant.requant.requantize`).
     ``overrides``: per tensor name, the target used instead of ``target`` (see :func:`plan`).
     """
@@ -171,22 +171,21 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     from .module_policy import apply_module_policy, summarize_decisions, verify_dequantized
     source = registry.load(src)
     to = to or source.format
-    handler = registry.check_writable(to)  # (also loads the built-in formats, which register their quantizers)
+    handler = registry.check_writable(to)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
     ckpt, modules = apply_module_policy(source, handler)
     if target.symmetric is None:  # what the format makes of a float-bias source (GGUF Q4_1, MLX)
         target = dataclasses.replace(target, float_bias=handler.float_bias)
     if handler.scale_dtype is not None and target.scale_dtype is None:
         target = dataclasses.replace(target, scale_dtype=handler.scale_dtype)  # the format stores no other
-    overrides: dict[str, Target] = {}
-    if handler.requant_targets is not None:  # the target format's per-module targets (GGUF's output head)
-        for name, (t, reason) in handler.requant_targets(ckpt, target).items():
-            overrides[name] = t
-            for d in modules:
-                if d["tensor"] == name:
-                    d["reason"] = reason
+    # the target format's per-module targets (GGUF's output head), with their reasons in the report
+    chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}
+    overrides = {name: t for name, (t, _) in chosen.items()}
+    for d in modules:
+        if d["tensor"] in chosen:
+            d["reason"] = chosen[d["tensor"]][1]
     ref_ckpt = registry.load(reference) if reference is not None else None
-    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=format_quantizer(to),
+    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                           overrides=overrides)
     try:
         plan_exact(view, to)

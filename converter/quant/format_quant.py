@@ -2,9 +2,9 @@
 
 Some formats define a quantized type by its reference quantizer, not only by its layout: a GGUF
 ``Q4_0`` tensor is what llama.cpp's ``quantize_row_q4_0_ref`` makes of the float values (gguf-py
-``gguf.quants.quantize``), with its own scale rule and rounding. Such a format registers a
-:class:`FormatQuantizer` under its registry name (from its module in ``converter/formats/``); the
-requantize operation looks it up for the ``--to`` format and passes it to
+``gguf.quants.quantize``), with its own scale rule and rounding. Such a format's handler carries a :class:`FormatQuantizer`
+(``FormatHandler.quantizer``, made in its module in ``converter/formats/``); the requantize
+operation takes it from the ``--to`` format's handler and passes it to
 :func:`converter.quant.requant.requantize`, which then
 
 1. lets it ``adapt`` every resolved target scheme / group map to the format's own conventions
@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FormatQuantizer", "register_format_quantizer", "format_quantizer", "quantize_with"]
+__all__ = ["FormatQuantizer", "quantize_with"]
 
 
 @dataclass(frozen=True)
@@ -57,26 +57,6 @@ class FormatQuantizer:
     accepts: Callable[..., Optional[str]]
     quantize: Callable[..., Any]
     stored: Optional[Callable[[Any], Any]] = None
-
-
-_REGISTRY: dict[str, FormatQuantizer] = {}
-
-
-def register_format_quantizer(q: FormatQuantizer) -> FormatQuantizer:
-    """Register ``q`` for its format (called once, at the format module's import)."""
-    if q.format in _REGISTRY:
-        raise ValueError(f"format quantizer for {q.format!r} registered twice")
-    _REGISTRY[q.format] = q
-    return q
-
-
-def format_quantizer(fmt: str | None) -> FormatQuantizer | None:
-    """The quantizer registered for format ``fmt``, or None (the generic quantizer applies).
-
-    The format's module must have been imported (``converter.formats.registry`` loads the built-in
-    formats on first use).
-    """
-    return _REGISTRY.get(fmt) if fmt else None
 
 
 def _concat_rows(parts: Sequence[Any]):

@@ -20,7 +20,7 @@ from ..errors import ConverterError, InputNotFoundError
 from ..formats import registry
 from ..formats.source import Source
 from ..tensor import QuantizedTensor
-from . import data_checks, structural
+from . import data_checks, nibble_order, structural
 from .findings import finding
 from .hooks import hooks_for
 from .report import ValidationReport
@@ -100,10 +100,10 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         if not isinstance(t, QuantizedTensor):
             continue
         report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
-        prof = data_checks.column_profile(t)
+        prof = nibble_order.column_profile(t)
         if prof is not None:
             profiles[spec.name] = prof
-    report.add(*data_checks.check_nibble_order(profiles))
+    report.add(*nibble_order.check_nibble_order(profiles))
     return report
 
 
@@ -118,7 +118,7 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     report.add(*sat_findings)
     zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t)
     report.add(*zo_findings)
-    zp_findings, pairing = data_checks.check_zero_pairing(t)
+    zp_findings, pairing = nibble_order.check_zero_pairing(t)
     report.add(*zp_findings)
     if pairing is not None:
         stats["zero_pairing"] = pairing

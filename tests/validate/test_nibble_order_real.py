@@ -20,7 +20,7 @@ import pytest
 
 import converter
 from converter.validate import validate
-from converter.validate.data_checks import check_nibble_order, column_profile, word_detail
+from converter.validate.nibble_order import check_nibble_order, column_profile, word_detail
 
 DATA = Path(__file__).resolve().parent / "data"
 PATTERN = DATA / "smollm2_l5_mlp_pattern"
@@ -126,7 +126,7 @@ def test_correct_checkpoint_with_the_real_pattern_validates_clean():
 
 # -- zero pairing (the AWQ variant) is skipped only where it cannot tell orders apart ---------------
 def test_zero_pairing_is_skipped_exactly_where_every_order_gives_the_same_group_means():
-    from converter.validate.data_checks import _words_within_groups, check_zero_pairing, zero_pairing_spread
+    from converter.validate.nibble_order import _words_within_groups, check_zero_pairing, zero_pairing_spread
     from converter.validate.interpretations import nibble_alternatives
     from tests.conftest import SAMPLES
     from tests.validate.helpers import OUTPUT

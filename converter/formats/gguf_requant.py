@@ -1,0 +1,152 @@
+"""Requantizing to GGUF: llama.cpp's quantizer for the legacy types, and its type choice per tensor.
+
+- :data:`GGUF_QUANTIZER` (a :class:`~converter.quant.format_quant.FormatQuantizer`, the GGUF
+  handler's ``quantizer``): every requantize target is put in GGUF's form (:func:`requant_adapt`:
+  fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy type's exact scheme at
+  groups of 32 along ``in``), and a tensor that is not carried exactly is quantized to its legacy
+  type by :func:`converter.formats.gguf.quantize_to_gguf`, byte for byte what
+  ``gguf.quants.quantize`` makes of the source's float32 dequantized values.
+- :func:`requant_targets` (the handler's ``requant_targets``): the output head's own type.
+
+The output head. ``llama-quantize`` does not quantize every tensor to the requested type. In
+``llama_tensor_get_type`` (llama.cpp ``src/llama-quant.cpp``), the output head ``output.weight`` —
+or ``token_embd.weight`` when the model has no output tensor (a tied head, as in SmolLM2) — gets
+``Q6_K``, or ``Q8_0`` when its row length is not a multiple of 256 (``QK_K``), unless ``--pure``.
+A requantize to a legacy GGUF type follows that rule, so that ``qckpt convert --to gguf --bits 4
+--group-size 32 --sym`` gives what ``llama-quantize ... Q4_0`` gives: the head at ``Q8_0``
+(qckpt writes no K-quants yet, so a 256-divisible head gets ``Q8_0`` where llama.cpp writes
+``Q6_K``: more bytes, never less precision). Measured on SmolLM2-135M-Instruct (Q4_1 source):
+with its tied embedding requantized to Q4_0 the model no longer answers ' Paris'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import NotRepresentableError, UnsupportedError
+from ..groups import Granularity, GroupMap
+from ..layout import EXPERT, IN, OUT
+from ..quant.format_quant import FormatQuantizer
+from ..quant.recode import as_groups
+from ..scheme import QuantScheme, ZeroPoint
+from ..tensor import QuantizedTensor
+from .gguf import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
+from .ties import HEAD, embedding_name
+
+__all__ = ["GGUF_QUANTIZER", "legacy_type_for", "requant_adapt", "requant_targets", "output_head"]
+
+
+def legacy_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
+    """The legacy ggml type whose blocks are exactly ``scheme`` over ``group_map``, or None.
+
+    Groups of 32 consecutive elements along ``in`` (no ``g_idx``); symmetric 4/5/8-bit codes
+    (either signedness: the same values) -> Q4_0/Q5_0/Q8_0; unsigned codes with a float bias
+    4/5-bit -> Q4_1/Q5_1. The scale dtype and rounding are not looked at.
+    """
+    gm = group_map
+    if (scheme.codebook is not None or gm.granularity is not Granularity.GROUP or gm.axis != IN
+            or gm.group_size != 32 or gm.g_idx is not None):
+        return None
+    if scheme.zero_point is ZeroPoint.NONE:
+        return {4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}.get(scheme.bits)
+    if scheme.zero_point is ZeroPoint.FLOAT and not scheme.signed:
+        return {4: "Q4_1", 5: "Q5_1"}.get(scheme.bits)
+    return None
+
+
+def requant_adapt(scheme: QuantScheme, group_map: GroupMap, target) -> tuple[QuantScheme, GroupMap]:
+    """A resolved requantize target in GGUF's form (:attr:`FormatQuantizer.adapt`).
+
+    - Block scales are fp16 (``ggml_half``): the scale dtype becomes F16; an explicit
+      ``--scale-dtype bf16|f32`` is refused.
+    - GGUF has no integer zero points: an asymmetric target (``--asym``, or an integer-zero
+      source kept as is) becomes unsigned codes with a float bias, the Q4_1/Q5_1 form
+      (``x = d*q + m``).
+    - A target that is then a legacy type (:func:`legacy_type_for`) becomes exactly that type's
+      scheme (:func:`scheme_for`: llama.cpp's codes, signedness and rounding).
+
+    Anything else is left for :func:`check_target` to accept (as a legacy type whose blocks
+    repeat the group parameters) or refuse.
+
+    Raises
+    ------
+    NotRepresentableError
+        ``--scale-dtype`` other than f16.
+    """
+    sd = getattr(target, "scale_dtype", None)
+    if sd not in (None, "F16"):
+        raise NotRepresentableError("GGUF block scales are fp16 (ggml_half)", field="--scale-dtype",
+                                    expected="f16 (or leave it out)", found=sd.lower(),
+                                    hint=f"requantize to GGUF with {REQUANT_OPTIONS}")
+    if scheme.codebook is not None:
+        return scheme, group_map
+    if scheme.zero_point is ZeroPoint.INTEGER:
+        scheme = scheme.replace(zero_point=ZeroPoint.FLOAT, signed=False)
+    scheme = scheme.replace(scale_dtype="F16")
+    t = legacy_type_for(scheme, group_map)
+    return (scheme_for(t) if t is not None else scheme), group_map
+
+
+def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[int],
+                     axes: Sequence[str]) -> str | None:
+    """The label of llama.cpp's quantizer when :func:`quantize_to_gguf` produces this target."""
+    t = legacy_type_for(scheme, group_map)
+    if (t is None or scheme != scheme_for(t) or tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN))
+            or len(shape) != len(axes) or shape[-1] % 32):
+        return None
+    return f"gguf {t}: llama.cpp quantize_row_{t.lower()}_ref (gguf.quants.quantize)"
+
+
+def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, axes: Sequence[str],
+                      name: str) -> QuantizedTensor:
+    """:func:`quantize_to_gguf` for an accepted target (rows quantized independently)."""
+    t = legacy_type_for(scheme, group_map)
+    out = quantize_to_gguf(values, t, name=name)
+    if tuple(out.axes) != tuple(axes):
+        raise UnsupportedError("GGUF quantizer axes differ from the target's", tensor=name, field="axes",
+                               expected=list(axes), found=list(out.axes))
+    return out
+
+
+def _requant_stored(t: QuantizedTensor) -> QuantizedTensor:
+    """``t`` as the reader returns it: parameters repeated over the 32-element blocks (``t`` itself
+    when it has no such form: the writer then refuses it)."""
+    try:
+        return as_groups(t, 32)
+    except NotRepresentableError:
+        return t
+
+
+GGUF_QUANTIZER = FormatQuantizer("gguf", requant_adapt, _requant_accepts, _requant_quantize, _requant_stored)
+"""GGUF's format quantizer: legacy types requantized with llama.cpp's reference quantizer."""
+
+#: the output head's target when requantizing to a legacy type below 8 bits: Q8_0
+HEAD_TARGET = {"bits": 8, "granularity": "group", "group_size": 32, "symmetric": True}
+
+
+def output_head(ckpt) -> str | None:
+    """The tensor llama.cpp treats as the output head: ``lm_head.weight``, else (tied) the embedding."""
+    if HEAD in ckpt:
+        return HEAD
+    return embedding_name(ckpt)
+
+
+def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
+    """``{name: (Target, reason)}``: the output head (or tied embedding) at Q8_0 when ``target``
+    asks for fewer than 8 bits; empty when there is no quantized head or it gets 8 bits anyway."""
+    from ..quant.requant import Target  # the quant layer builds targets; formats only name them
+    name = output_head(ckpt)
+    if name is None or ckpt.spec(name).kind != "quantized":
+        return {}
+    bits = target.bits if target.bits is not None else ckpt.spec(name).scheme.bits
+    if bits >= 8:
+        return {}
+    width = int(ckpt.spec(name).shape[-1])
+    kind = "output head" if name == HEAD else "token embedding tied to the output head"
+    why = ("its row length %d is not a multiple of 256" % width if width % 256 else
+           "llama.cpp writes Q6_K, which qckpt does not write yet: Q8_0, more precise")
+    reason = (f"{kind}: llama.cpp's quantizer (llama_tensor_get_type) keeps it above the requested type, "
+              f"requantized to Q8_0 ({why})")
+    return {name: (Target(**HEAD_TARGET, scale_dtype=None), reason)}
