@@ -1,4 +1,4 @@
-"""Throughput of converter.formats.gguf_blocks vs gguf-py's numpy quants (not a test).
+"""Throughput of converter.formats.gguf.blocks vs gguf-py's numpy quants (not a test).
 
 Run: ``python benchmarks/bench_gguf_blocks.py [--size 4096] [--repeat 3]``.
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
-from converter.formats.gguf_blocks import codec_for  # noqa: E402
+from converter.formats.gguf.blocks import codec_for  # noqa: E402
 from timing import best_time  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Throughput of converter.quant.packing on a 4096 x 11008 code matrix (one Llama-7B MLP weight).
+"""Throughput of converter.kernels.packing on a 4096 x 11008 code matrix (one Llama-7B MLP weight).
 
 Run: ``python benchmarks/bench_packing.py [--repeat N]``. Prints G codes/s for pack and unpack,
 4-bit and 3-bit, packing along the last axis (compressed-tensors / MLX orientation) and axis 0
@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from converter.quant.packing import AWQ_ORDER, pack_codes, unpack_codes
+from converter.kernels.packing import AWQ_ORDER, pack_codes, unpack_codes
 from timing import best_time  # noqa: E402
 
 SHAPE = (4096, 11008)

@@ -29,7 +29,7 @@ GGUF Q4_0 / Q8_0 decode and (bit-exact) encode against the gguf package's numpy
 to int8 codes; and, when compressed-tensors (with torch) is installed, its own unpack /
 dequantize / quantize on the same codes, scales and matrix (results checked equal; see
 ``_ct_rates``), with torch's default threads and with one. Our dequantize / quantize run a
-matrix's row ranges on the cores (``converter/quant/threads.py``; in-process, as torch does);
+matrix's row ranges on the cores (``converter/kernels/threads.py``; in-process, as torch does);
 unpack and the GGUF codecs are single-threaded.
 
 Figures are medians: the repack and requantize commands run ``--repeat`` times (default 3),
@@ -252,7 +252,7 @@ def kernel_table(src: Path, repeat: int) -> dict:
     """Kernel rates on ``model.layers.0.mlp.up_proj.weight`` (11008 x 4096 for 7B shapes)."""
     import gguf
     from converter import load
-    from converter.formats.gguf_blocks import codec_for
+    from converter.formats.gguf.blocks import codec_for
     from converter.groups import GroupMap
     from converter.quant.quantize import quantize
     from converter.scheme import QuantScheme

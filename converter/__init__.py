@@ -15,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import ConverterError
-from .groups import Granularity, GroupMap
-from .layout import EXPERT, IN, OUT, AxisMap
-from .quant.quantize import dequantize, quantize, quantize_codes
-from .scheme import QuantScheme, ZeroPoint
-from .tensor import Checkpoint, DenseTensor, QuantizedTensor
+from converter.errors import ConverterError
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT, IN, OUT, AxisMap
+from converter.quant.quantize import dequantize, quantize, quantize_codes
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
 __all__ = ["load", "save", "quantize_codes", "quantize", "dequantize", "Checkpoint", "QuantizedTensor",
            "DenseTensor", "QuantScheme", "ZeroPoint", "GroupMap", "Granularity", "AxisMap", "ConverterError",
@@ -35,7 +35,7 @@ def load(path: str | Path, *, format: str | None = None) -> Checkpoint:
     ConverterError
         Missing, corrupt, unknown/ambiguous or inconsistent input (a typed subclass).
     """
-    from .formats.registry import load as _load
+    from converter.formats.registry import load as _load
     return _load(path, format=format)
 
 
@@ -48,8 +48,8 @@ def save(ckpt: Checkpoint, path: str | Path, *, format: str = "native", overwrit
     ConverterError
         Unknown format, a tensor the format cannot hold, or an existing ``path`` without ``overwrite``.
     """
-    from .formats.registry import get
-    from .ops.convert import plan_exact
+    from converter.formats.registry import get
+    from converter.ops.convert import plan_exact
     handler = get(format)
     plan_exact(ckpt, format)
     return handler.write(ckpt, Path(path), overwrite=overwrite, **options)

@@ -1,5 +1,5 @@
 """``python -m converter`` is the ``qckpt`` command."""
 
-from .cli import main
+from converter.cli import main
 
 main(prog_name="qckpt")

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import click
 
-from . import exit_codes, render
-from .errors import ConverterError
-from .validate.findings import codes_help
+from converter import exit_codes
+from converter.report import render
+from converter.errors import ConverterError
+from converter.validate.findings import codes_help
 
 
 def _handle_errors(fn):
@@ -43,7 +44,7 @@ def _handle_errors(fn):
 
 def run_options_flags(fn):
     """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
-    writes tensor data (see :mod:`converter.io.parallel`)."""
+    writes tensor data (see :mod:`converter.write.parallel`)."""
     @click.option("--workers", type=click.IntRange(1), default=None,
                   help="Worker processes (default: the number of cores); output is identical for any N.")
     @click.option("--max-memory", default=None, metavar="SIZE",
@@ -51,7 +52,7 @@ def run_options_flags(fn):
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
     @functools.wraps(fn)
     def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
-        from .io.parallel import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
+        from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
         limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
         fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
         try:
@@ -77,7 +78,7 @@ def _usage_errors():
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
     if as_json:
         if schema:
-            from .schemas import validate_document
+            from converter.schemas import validate_document
             validate_document(doc, schema)
         click.echo(render.dumps(doc))
     else:
@@ -98,8 +99,8 @@ def main(debug: bool) -> None:
 @_handle_errors
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
-    from .formats.registry import load
-    from .ops.inspect import inspect as do_inspect
+    from converter.formats.registry import load
+    from converter.ops.inspect import inspect as do_inspect
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -135,10 +136,10 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
 def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dtype, include, exclude, overwrite,
              as_json):
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
-    from .formats.native import write_native
-    from .formats.registry import load
-    from .io.atomic import check_not_inside, refuse_existing
-    from .ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
+    from converter.formats.native import write_native
+    from converter.formats.registry import load
+    from converter.write.atomic import check_not_inside, refuse_existing
+    from converter.ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
     granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
@@ -158,8 +159,8 @@ def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dty
 @_handle_errors
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
-    from .audit import audit as do_audit
-    from .formats.registry import load
+    from converter.ops.audit import audit as do_audit
+    from converter.formats.registry import load
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 
@@ -174,9 +175,9 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @_handle_errors
 def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
-    from .formats.plain import write_plain
-    from .formats.registry import load
-    from .io.atomic import check_not_inside, refuse_existing
+    from converter.formats.plain import write_plain
+    from converter.formats.registry import load
+    from converter.write.atomic import check_not_inside, refuse_existing
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     ckpt = load(src)
@@ -216,12 +217,12 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_dtype, scale_search, reference,
             overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
-    from .formats.registry import load
-    from .io.atomic import atomic_output, check_not_inside, refuse_existing
+    from converter.formats.registry import load
+    from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
     granularity = _granularity(per_tensor, per_channel, group_size, required=False)
     if to is not None:
         with _usage_errors():
-            from .formats.registry import check_writable
+            from converter.formats.registry import check_writable
             check_writable(to)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
@@ -232,8 +233,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference))
     if requant:
-        from .ops.requantize_model import requantize_model
-        from .quant.requant import Target
+        from converter.ops.requantize_model import requantize_model
+        from converter.quant.requant import Target
         with _usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
@@ -241,11 +242,11 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
                                  "error-report", render.render_error_report)
     else:
-        from .ops.convert import convert_exact
+        from converter.ops.convert import convert_exact
         to = to or load(src).format
         doc, schema, renderer = convert_exact(src, dst, to, overwrite=overwrite), "convert-report", render.render_convert
     if report:
-        from .schemas import validate_document
+        from converter.schemas import validate_document
         validate_document(doc, schema)
         with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
@@ -262,8 +263,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
 @_handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
-    from .validate import probes, report
-    from .validate import validate as do_validate
+    from converter.validate import probes, report
+    from converter.validate import validate as do_validate
     if self_test:
         doc = probes.self_test()
         _emit(doc, as_json, probes.render_self_test, "probe-report")

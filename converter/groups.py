@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import LayoutError
-from .layout import EXPERT, check_axes
+from converter.errors import LayoutError
+from converter.layout import EXPERT, check_axes
 
 
 #: Largest group size accepted (int32 index arithmetic; far beyond any real checkpoint's axis).

@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import LayoutError
-from .quant.packing import pack_codes, packed_length, unpack_codes
+from converter.errors import LayoutError
+from converter.kernels.packing import pack_codes, packed_length, unpack_codes
 
 OUT = "out"
 IN = "in"

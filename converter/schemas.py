@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 
-from .errors import FormatError
+from converter.errors import FormatError
 
 _CANDIDATES = (Path(__file__).resolve().parent.parent / "schemas", Path(__file__).resolve().parent / "_schemas")
 

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .dtypes import float_dtype
-from .errors import LayoutError
+from converter.dtypes import float_dtype
+from converter.errors import LayoutError
 
 SCALE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3", "F8_E8M0")
 ROUNDING_MODES = ("half_even", "half_away")

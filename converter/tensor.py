@@ -12,11 +12,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from .dtypes import dtype_name
-from .errors import LayoutError, MissingTensorError, UnsupportedError
-from .groups import GroupMap
-from .layout import AxisMap, PackedCodes, check_axes
-from .scheme import QuantScheme, ZeroPoint
+from converter.dtypes import dtype_name
+from converter.errors import LayoutError, MissingTensorError, UnsupportedError
+from converter.groups import GroupMap
+from converter.layout import AxisMap, PackedCodes, check_axes
+from converter.scheme import QuantScheme, ZeroPoint
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,7 +196,7 @@ class QuantizedTensor:
 
     def dequantize(self) -> np.ndarray:
         """Reconstructed values, float32, logical shape (see :func:`converter.quant.dequantize`)."""
-        from .quant.quantize import dequantize
+        from converter.quant.quantize import dequantize
         return dequantize(self)
 
     def replace(self, **changes: Any) -> "QuantizedTensor":
@@ -243,7 +243,7 @@ def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
 
 
 def source_arrays(t: Tensor) -> list:
-    """The (possibly memory-mapped) arrays a tensor reads lazily, for :func:`converter.io.parallel.drop_pages`."""
+    """The (possibly memory-mapped) arrays a tensor reads lazily, for :func:`converter.write.parallel.drop_pages`."""
     if isinstance(t, DenseTensor):
         return [t.data]
     raw = t.__dict__["_codes"]

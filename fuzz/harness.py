@@ -373,12 +373,12 @@ def exercise(path: Path) -> dict[str, str]:
     outcome; any other exception propagates to the caller (a bug). For GGUF files the bounded
     pre-check runs too, and when it passes ``gguf.GGUFReader`` must not fail either.
     """
-    from converter.audit import audit
+    from converter.ops.audit import audit
     from converter.formats.registry import formats, load
     from converter.ops.inspect import inspect
     outcomes: dict[str, str] = {}
     if path.suffix == ".gguf":
-        from converter.formats.gguf_bounds import check_gguf_bounds
+        from converter.formats.gguf.bounds import check_gguf_bounds
         try:
             check_gguf_bounds(path)
         except ConverterError as exc:

@@ -24,13 +24,13 @@ from converter.formats import registry
 from converter.groups import GroupMap
 from converter.layout import IN, OUT
 from converter.ops.convert import convert_exact
-from converter.quant.packing import unpack_codes
+from converter.kernels.packing import unpack_codes
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 from converter.validate import validate
 
 
-# -- independent helpers (no converter.quant.packing) ---------------------------------------------
+# -- independent helpers (no converter.kernels.packing) ---------------------------------------------
 def lsb_words(fields, bits: int) -> list[int]:
     """One LSB-first bit stream of ``fields`` cut into 32-bit words (pure Python)."""
     acc = 0

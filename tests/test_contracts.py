@@ -5,9 +5,9 @@ import pytest
 
 import converter
 from converter import GroupMap, QuantScheme, ZeroPoint, quantize_codes
-from converter.audit import theoretical_bytes
+from converter.ops.audit import theoretical_bytes
 from converter.errors import LayoutError
-from converter.quant.metrics import error_stats
+from converter.kernels.metrics import error_stats
 from converter.quant.quantize import quantize
 
 

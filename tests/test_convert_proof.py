@@ -10,7 +10,7 @@ import pytest
 
 from converter.formats import registry
 from converter.formats.safetensors_io import read_header
-from converter.io.parallel import run_options
+from converter.runtime import run_options
 from converter.ops.convert import convert_exact
 
 

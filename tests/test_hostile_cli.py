@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from converter.cli import main
-from converter.io.atomic import sha256_file
+from converter.write.atomic import sha256_file
 from tests.conftest import REPO, SAMPLES
 
 GPTQ = SAMPLES / "gptq_w4_g128_sym"

@@ -38,19 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (ConverterError, FormatError, LayoutError, MissingTensorError,
-                      NotRepresentableError, UnsupportedError)
-from ..groups import Granularity, GroupMap
-from ..layout import IN, OUT, AxisMap
-from ..quant.packing import AWQ_ORDER
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from .modules import dense_linear_modules, hf_linear_policy
-from .plan import TensorPlan, dense_plan, write_model_dir
-from .registry import Detection, FormatHandler, register
-from .source import Source
+from converter.errors import ConverterError, FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import IN, OUT, AxisMap
+from converter.kernels.packing import AWQ_ORDER
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.modules import dense_linear_modules, hf_linear_policy
+from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source
 
-from ..quant.recode import as_integer_zero, as_unsigned
+from converter.quant.recode import as_integer_zero, as_unsigned
 
 FORMAT = "awq"
 BITS = 4
@@ -458,7 +457,7 @@ def encode_gemm(t: QuantizedTensor, group_size: int) -> dict[str, np.ndarray]:
         When :func:`check_target` refuses the tensor's spec, or a float bias is not an exact
         integer zero.
     """
-    from ..tensor import spec_of
+    from converter.tensor import spec_of
     gm = t.group_map
     if gm.g_idx is not None and gm.is_trivial_g_idx(t.shape[1]):  # sequential g_idx: plain groups
         t = t.replace(group_map=GroupMap(gm.granularity, gm.axis, gm.group_size))

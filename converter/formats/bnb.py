@@ -24,17 +24,16 @@ NF4 / FP4
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptFileError, FormatError, LayoutError, MissingTensorError, UnsupportedError
-from ..groups import Granularity, GroupMap
-from ..layout import IN, OUT, AxisMap
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, TensorSpec
-from .registry import Detection, FormatHandler, register
-from .source import Source, module_prefix
+from converter.errors import CorruptFileError, FormatError, LayoutError, MissingTensorError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import IN, OUT, AxisMap
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source, module_prefix
 
 FORMAT = "bitsandbytes"
 QS_PREFIX = ".weight.quant_state.bitsandbytes__"

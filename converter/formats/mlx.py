@@ -33,16 +33,15 @@ from typing import Any, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from ..dtypes import dtype_name
-from ..errors import FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
-from ..groups import Granularity, GroupMap
-from ..layout import EXPERT, IN, OUT, AxisMap
-from ..quant.recode import as_float_bias, as_groups, as_unsigned
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir
-from .registry import Detection, FormatHandler, register
-from .source import Source, module_prefix
+from converter.errors import FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT, IN, OUT, AxisMap
+from converter.quant.recode import as_float_bias, as_groups, as_unsigned
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source, module_prefix
 
 FORMAT = "mlx"
 
@@ -521,7 +520,7 @@ HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine; mxfp4,
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target))
 
 
-from ..validate.hooks import register_hooks  # noqa: E402
+from converter.validate.hooks import register_hooks  # noqa: E402
 
 #: MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
 register_hooks(FORMAT, negative_scales=True)

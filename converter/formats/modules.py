@@ -36,8 +36,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from ..tensor import TensorSpec
-from .source import module_prefix
+from converter.tensor import TensorSpec
+from converter.formats.source import module_prefix
 
 EMBEDDING = "embedding"
 HEAD = "head"

@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import dtype_name
-from ..errors import FormatError, LayoutError
-from ..groups import GroupMap
-from ..layout import IN, OUT, AxisMap
-from ..scheme import QuantScheme
-from ..tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
-from .plan import TensorPlan, dense_plan, rows_plan, write_single_file
-from .registry import Detection, FormatHandler, register
-from .source import Source
+from converter.dtypes import dtype_name
+from converter.errors import FormatError, LayoutError
+from converter.groups import GroupMap
+from converter.layout import IN, OUT, AxisMap
+from converter.scheme import QuantScheme
+from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
+from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_single_file
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source
 
 FORMAT_KEY = "qckpt.format"
 VERSION = "1"
@@ -122,7 +122,7 @@ def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str], dic
 
     The tied-embedding rule of every writer applies (:func:`converter.formats.ties.resolve_tied_head`).
     """
-    from .ties import resolve_tied_head
+    from converter.formats.ties import resolve_tied_head
     drop, config, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans, meta = [], {"format": "pt", FORMAT_KEY: "native", "qckpt.version": VERSION,
                        "qckpt.source_format": ckpt.format}
@@ -155,7 +155,7 @@ def _parse_descriptor(src: Source, name: str, text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise FormatError(f"layout descriptor is not JSON: {exc}", file=src.path, tensor=name,
                           field=LAYOUT_PREFIX + name) from None
-    from ..schemas import validate_document
+    from converter.schemas import validate_document
     validate_document(d, "layout", file=src.path, tensor=name)
     return d
 

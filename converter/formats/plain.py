@@ -9,14 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-from ..dtypes import float_dtype
-from ..errors import FormatError
-from ..tensor import Checkpoint, opaque_reason
-from .plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
-from .registry import Detection, FormatHandler, register
-from .source import Source
+from converter.dtypes import float_dtype
+from converter.errors import FormatError
+from converter.tensor import Checkpoint, opaque_reason
+from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 DTYPE_CHOICES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}

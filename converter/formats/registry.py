@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 import functools
 import struct
 
-from ..errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
-from .source import Source
+from converter.errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
+from converter.formats.source import Source
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def register(handler: FormatHandler) -> FormatHandler:
 
 
 def _ensure_loaded() -> None:
-    from . import _builtin  # noqa: F401  (registers the built-in formats)
+    from converter.formats import _builtin  # noqa: F401  (registers the built-in formats)
 
 
 def formats() -> dict[str, FormatHandler]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
-from converter.io.background import BackgroundWriter, pwrite_all
+from converter.write.background import BackgroundWriter, pwrite_all
 from converter.errors import (
     ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
 )
@@ -547,7 +547,7 @@ class SafetensorsWriter:
     Parameters
     ----------
     path : str or PathLike
-        Output file (created or truncated). Pair with :func:`converter.io.atomic.atomic_output`.
+        Output file (created or truncated). Pair with :func:`converter.write.atomic.atomic_output`.
     entries : list of (name, dtype string, shape)
         Every tensor that will be written.
     metadata : dict of str to str, optional
@@ -562,7 +562,7 @@ class SafetensorsWriter:
     Notes
     -----
     Output bytes depend only on ``entries`` (as a set), ``metadata`` and the array values.
-    Writes go through a background thread (:mod:`converter.io.background`): an array handed to
+    Writes go through a background thread (:mod:`converter.write.background`): an array handed to
     :meth:`write` / :meth:`write_rows` must not be modified afterwards; :meth:`flush` waits for
     them, :meth:`close` flushes, checks every planned tensor was written and fsyncs.
     """
@@ -585,7 +585,7 @@ class SafetensorsWriter:
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
         """Queue ``view`` for writing at ``offset`` (a background thread writes it, see
-        :mod:`converter.io.background`; the array behind ``view`` must not change afterwards)."""
+        :mod:`converter.write.background`; the array behind ``view`` must not change afterwards)."""
         assert self._fd is not None
         self._bg.submit(view, offset)
 

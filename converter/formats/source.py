@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
-from ..tensor import DenseTensor, StoredArray, TensorSpec
-from .safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
+from converter.errors import CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
+from converter.tensor import DenseTensor, StoredArray, TensorSpec
+from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 INDEX_NAME = "model.safetensors.index.json"

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..tensor import Checkpoint, QuantizedTensor
+from converter.tensor import Checkpoint, QuantizedTensor
 
 HEAD = "lm_head.weight"
 #: input-embedding names by model family (HF naming), tried in order.

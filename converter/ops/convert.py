@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotRepresentableError, UnsupportedError
-from ..formats import registry
-from ..groups import Granularity
-from ..layout import IN
-from ..quant.recode import as_unsigned
-from ..tensor import Checkpoint, QuantizedTensor, opaque_reason
+from converter.errors import NotRepresentableError, UnsupportedError
+from converter.formats import registry
+from converter.groups import Granularity
+from converter.layout import IN
+from converter.quant.recode import as_unsigned
+from converter.tensor import Checkpoint, QuantizedTensor, opaque_reason
 
 #: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
 FLOAT_CAPABLE = ("plain", "native")
@@ -167,7 +167,7 @@ def bytes_equal(a: np.ndarray, b: np.ndarray, block: int = 1 << 24) -> bool:
     goes (after every block when the arrays span more than four, else at the end), so comparing
     two large mapped tensors leaves neither resident. False when the byte lengths differ.
     """
-    from ..io.parallel import drop_pages
+    from converter.write.parallel import drop_pages
     va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if va.size != vb.size:
@@ -244,17 +244,18 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
     """Prove ``out`` (the written checkpoint, opened with the target's reader) against ``ckpt``.
 
     One :func:`proof_row` per source tensor, in ``ckpt.names()`` order. Tensors are compared
-    in the worker processes of the options in force (:func:`converter.io.parallel.auto_workers`
+    in the worker processes of the options in force (:func:`converter.runtime.auto_workers`
     on the source's stored bytes; forked, each task reads one source tensor and its output
     counterpart from their files); ``meanwhile`` (no arguments) runs in this process while they
-    work (:func:`converter.io.parallel.run_tasks`).
+    work (:func:`converter.write.parallel.run_tasks`).
 
     Raises
     ------
     ConverterError
         Whatever reading a tensor raises (the first failure, with its fields).
     """
-    from ..io.parallel import auto_workers, run_tasks
+    from converter.runtime import auto_workers
+    from converter.write.parallel import run_tasks
     names = ckpt.names()
     total = sum(int(a.nbytes) for spec in ckpt.specs() for a in spec.stored)
     rows: list[dict[str, Any]] = [{} for _ in names]
@@ -269,9 +270,9 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
 def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool = False,
                   options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Repack ``src`` into format ``to`` at ``dst`` and prove it (report ``schemas/convert-report.schema.json``)."""
-    from ..io.atomic import check_not_inside, deferred_removal
+    from converter.write.atomic import check_not_inside, deferred_removal
     check_not_inside(src, dst)
-    from .module_policy import apply_module_policy, summarize_decisions
+    from converter.ops.module_policy import apply_module_policy, summarize_decisions
     ckpt = registry.load(src)
     handler = registry.check_writable(to)
     # the target's module policy: what its loaders keep dense is written dense (exact dequantization)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..layout import AxisMap
-from ..tensor import Checkpoint, TensorSpec
+from converter.tensor import Checkpoint, TensorSpec
 
 
 def describe_spec(spec: TensorSpec) -> dict[str, Any]:

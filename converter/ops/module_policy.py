@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..formats.modules import OTHER, module_role
-from ..formats.source import module_prefix
-from ..tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
+from converter.formats.modules import OTHER, module_role
+from converter.formats.source import module_prefix
+from converter.tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
 
 QUANTIZED = "quantized"
 DEQUANTIZED = "dequantized"
@@ -96,7 +96,7 @@ def verify_dequantized(source: Checkpoint, out: Checkpoint, decisions: list[dict
     ``out`` (the committed output, through the target's reader) holds float32 values equal to the
     source tensor's dequantization, bit for bit (:func:`converter.ops.convert.compare_tensors`;
     one tensor in memory at a time)."""
-    from .convert import compare_tensors
+    from converter.ops.convert import compare_tensors
     for d in decisions:
         if d["decision"] != DEQUANTIZED:
             continue

@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from ..audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from ..errors import FormatError
-from ..groups import GroupMap
-from ..io.parallel import SharedDict
-from ..layout import IN, OUT
-from ..quant.metrics import error_stats
-from ..quant.quantize import quantize
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
+from converter.ops.audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
+from converter.errors import FormatError
+from converter.groups import GroupMap
+from converter.write.parallel import SharedDict
+from converter.layout import IN, OUT
+from converter.kernels.metrics import error_stats
+from converter.quant.quantize import quantize
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, spec_of
 
 DEFAULT_EXCLUDE = r"(embed|norm|lm_head|wte|wpe)"
 

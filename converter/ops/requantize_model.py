@@ -18,13 +18,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ConverterError, NotRepresentableError
-from ..formats import registry
-from ..io.parallel import SharedDict
-from ..quant.error_report import summarize, tensor_report
-from ..quant.format_quant import FormatQuantizer
-from ..quant.requant import Target, classify, requantize, target_probe
-from ..tensor import Checkpoint, QuantizedTensor, spec_of
+from converter.errors import ConverterError, NotRepresentableError
+from converter.formats import registry
+from converter.write.parallel import SharedDict
+from converter.quant.error_report import summarize, tensor_report
+from converter.quant.format_quant import FormatQuantizer
+from converter.quant.requant import Target, classify, requantize, target_probe
+from converter.tensor import Checkpoint, QuantizedTensor, spec_of
 
 OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G, --bits B, --sym | --asym, "
                "--scale-dtype, or pick another --to format")
@@ -43,7 +43,7 @@ def _digest(t: QuantizedTensor) -> str:
     is digested by its values instead.
     """
     import zlib
-    from ..quant.recode import as_integer_zero, as_unsigned
+    from converter.quant.recode import as_integer_zero, as_unsigned
 
     def crc(parts) -> str:
         c = 0
@@ -71,9 +71,10 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     committed output, through the target's reader) has the digest of the one computed.
 
     The tensors are read and digested in the worker processes of the options in force
-    (:func:`converter.io.parallel.auto_workers` on the output's stored bytes), one per task.
+    (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
     """
-    from ..io.parallel import auto_workers, run_tasks
+    from converter.runtime import auto_workers
+    from converter.write.parallel import run_tasks
     names = list(rows)
     total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
 
@@ -125,7 +126,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     for spec in src.specs():
         specs[spec.name] = (spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
                             if spec.kind == "quantized" else spec)
-    # filled by the loader, which may run in worker processes (converter.io.parallel)
+    # filled by the loader, which may run in worker processes (converter.write.parallel)
     rows: dict[str, dict] = SharedDict()
     written: dict[str, Any] = SharedDict()
 
@@ -165,10 +166,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     QuantizationError
         A scale that overflows the target scale dtype (names tensor and group).
     """
-    from ..io.atomic import check_not_inside
-    from ..ops.convert import plan_exact
+    from converter.write.atomic import check_not_inside
+    from converter.ops.convert import plan_exact
     check_not_inside(src, dst)
-    from .module_policy import apply_module_policy, summarize_decisions, verify_dequantized
+    from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
     source = registry.load(src)
     to = to or source.format
     handler = registry.check_writable(to)

@@ -2,10 +2,10 @@
 
 Per tensor, against the source's dequantized weights and (optionally) against the float original:
 MSE, RMSE, max abs error, relative Frobenius error, SQNR (dB), fraction of elements changed
-(:func:`converter.quant.metrics.error_stats`), the worst output channel and the worst target group
+(:func:`converter.kernels.metrics.error_stats`), the worst output channel and the worst target group
 (index and MSE), and the output-space error ``||W'x - Wx|| / ||Wx||`` on a fixed-seed random batch.
 The metadata cost before and after (theoretical bytes and bits per weight,
-:func:`converter.audit.theoretical_bytes`) is stated per tensor and overall. Tensors are listed
+:func:`converter.ops.audit.theoretical_bytes`) is stated per tensor and overall. Tensors are listed
 worst first (largest relative Frobenius error against the source).
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from ..tensor import spec_of
-from .metrics import error_stats, output_error, worst_channel, worst_group
+from converter.ops.audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
+from converter.tensor import spec_of
+from converter.kernels.metrics import error_stats, output_error, worst_channel, worst_group
 
 N_INPUTS = 8
 SEED = 0
@@ -35,7 +35,7 @@ class ErrorSums:
 
     Feed consecutive row blocks with :meth:`add` (reference values ``A`` and approximation ``B``,
     float32 ``(rows, in)``; the error is ``E = B - A`` in float32, as
-    :func:`converter.quant.metrics.error_stats` forms it), then read :meth:`figures`.
+    :func:`converter.kernels.metrics.error_stats` forms it), then read :meth:`figures`.
 
     Squares are summed in float32 over chunks of at most a group (128 elements per chunk when the
     groups are whole rows) and the chunk sums in float64: relative precision ~1e-6 on squared
@@ -234,7 +234,7 @@ def comparison(ref: np.ndarray, approx: np.ndarray, group_map, axes) -> dict[str
     fast = _comparison_blocked(ref, approx, group_map, axes)
     if fast is not None:
         return fast
-    from .kernels import Rows
+    from converter.kernels.blocked import Rows
     ref = ref.array() if isinstance(ref, Rows) else ref
     approx = approx.array() if isinstance(approx, Rows) else approx
     st = error_stats(ref, approx).to_json()
@@ -269,7 +269,7 @@ def tensor_report(src, out, plan: tuple[str, str], info: dict | None = None,
     reference : float32 original weights (logical shape), optional.
     src_spec : the source's TensorSpec (for the stored ``g_idx`` cost); defaults to ``spec_of(src)``.
     """
-    from .kernels import Rows
+    from converter.kernels.blocked import Rows
     info = info or {}
     a = info.pop("_values", None)  # the source values requantize() already computed
     identical = info.pop("_identical", False)  # an exact carry, checked value for value

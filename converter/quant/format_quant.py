@@ -61,7 +61,7 @@ class FormatQuantizer:
 
 def _concat_rows(parts: Sequence[Any]):
     """One QuantizedTensor from blocks of consecutive ``out`` rows of a 2-D ``(out, in)`` tensor."""
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
     p0 = parts[0]
     if len(parts) == 1:
         return p0
@@ -84,7 +84,7 @@ def quantize_with(fq: FormatQuantizer, t, scheme, group_map) -> tuple[Any, dict]
     The quantizer sees the source's float32 dequantized values in logical orientation. A 2-D
     ``(out, in)`` tensor whose groups the blocked error sums cover
     (:func:`converter.quant.error_report.blocked_applicable`) is produced in row blocks (source
-    rows dequantized on demand, :class:`converter.quant.kernels.Rows`; ranges of rows on the
+    rows dequantized on demand, :class:`converter.kernels.blocked.Rows`; ranges of rows on the
     kernel threads) and each block's error against the source is summed while both are in
     cache (:class:`~converter.quant.error_report.ErrorSums`, figures independent of the
     blocking); any other tensor is quantized whole and compared afterwards.
@@ -96,9 +96,9 @@ def quantize_with(fq: FormatQuantizer, t, scheme, group_map) -> tuple[Any, dict]
         ``"requantized"``, ``degenerate_groups``, and ``_vs_source`` (the summed figures) or
         ``_values`` (the source values, for :func:`~converter.quant.error_report.tensor_report`).
     """
-    from .error_report import ErrorSums, blocked_applicable
-    from .kernels import QUANT_BLOCK_ELEMENTS, Rows, block_rows
-    from .threads import kernel_threads, run_rows
+    from converter.quant.error_report import ErrorSums, blocked_applicable
+    from converter.kernels.blocked import QUANT_BLOCK_ELEMENTS, Rows, block_rows
+    from converter.kernels.threads import kernel_threads, run_rows
     shape, axes = tuple(int(s) for s in t.shape), tuple(t.axes)
     info: dict[str, Any] = {"route": "requantized"}
     if not (len(shape) == 2 and blocked_applicable(group_map, axes, shape)):

@@ -21,10 +21,10 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from ..errors import LayoutError, QuantizationError
-from ..groups import GroupMap
-from ..scheme import QuantScheme, ZeroPoint
-from .rounding import round_values
+from converter.errors import LayoutError, QuantizationError
+from converter.groups import GroupMap
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.kernels.rounding import round_values
 
 
 def dequantize(t) -> np.ndarray:
@@ -38,7 +38,7 @@ def dequantize(t) -> np.ndarray:
     -------
     ndarray of float32, shape ``t.shape``.
     """
-    from .kernels import dequantize_blocked
+    from converter.kernels.blocked import dequantize_blocked
     fast = dequantize_blocked(t)
     if fast is not None:  # same arithmetic, in cache-sized row blocks (straight from packed words)
         return fast
@@ -220,9 +220,9 @@ def quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, *, na
     ------
     QuantizationError, LayoutError
     """
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
 
-    from .kernels import quantize_blocked
+    from converter.kernels.blocked import quantize_blocked
     x = np.asarray(values)
     if x.dtype not in (np.float32, np.float16) and not (x.dtype.kind == "V" or "bfloat16" in str(x.dtype)):
         x = x.astype(np.float32)

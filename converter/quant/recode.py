@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NotRepresentableError
-from ..scheme import ZeroPoint
+from converter.errors import NotRepresentableError
+from converter.scheme import ZeroPoint
 
 
 def _dtype_label(dtype) -> str:
@@ -196,8 +196,8 @@ def as_groups(t, group_size: int):
         ``in % group_size != 0``, act-order ``g_idx``, a group size that ``group_size`` does not
         divide, another granularity, or no ``in`` axis.
     """
-    from ..groups import Granularity, GroupMap
-    from ..layout import IN, OUT
+    from converter.groups import Granularity, GroupMap
+    from converter.layout import IN, OUT
     gm = t.group_map
     if gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size == group_size and gm.g_idx is None:
         return t

@@ -27,12 +27,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import NotRepresentableError, QuantizationError, UnsupportedError
-from ..groups import Granularity, GroupMap
-from ..layout import IN, OUT
-from ..scheme import QuantScheme, ZeroPoint
-from .quantize import _safe_cast_scales, choose_params, codes_for
-from .recode import as_positive_scales, as_float_bias, exact_cast, as_integer_zero, as_signed, as_unsigned
+from converter.errors import NotRepresentableError, QuantizationError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import IN, OUT
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.quant.quantize import _safe_cast_scales, choose_params, codes_for
+from converter.quant.recode import as_positive_scales, as_float_bias, exact_cast, as_integer_zero, as_signed, as_unsigned
 
 SCALE_DTYPE_ALIASES = {"f16": "F16", "bf16": "BF16", "f32": "F32", "F16": "F16", "BF16": "BF16", "F32": "F32"}
 
@@ -317,7 +317,7 @@ def carry(t, scheme: QuantScheme, group_map: GroupMap):
     with a zero point other than the centre). The
     result dequantizes to exactly the same float32 values (checked; None otherwise).
     """
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
     s = t.scheme
     if s.codebook is not None or scheme.codebook is not None:
         return None
@@ -393,7 +393,7 @@ def _same_values(a, b) -> bool:
     """``a.dequantize() == b.dequantize()`` everywhere, compared in row blocks for 2-D tensors."""
     if len(a.shape) != 2 or a.shape != b.shape:
         return bool(np.array_equal(a.dequantize(), b.dequantize()))
-    from .kernels import Rows
+    from converter.kernels.blocked import Rows
     ra, rb = Rows(a), Rows(b)
     step = ra.step
     return all(np.array_equal(ra[r0:r0 + step], rb[r0:r0 + step]) for r0 in range(0, a.shape[0], step))
@@ -424,8 +424,8 @@ def exact_regroup(t, target: Target):
 def _group_sse(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, zps, scheme: QuantScheme, gm: GroupMap,
                axes) -> np.ndarray:
     """Squared reconstruction error per group (float64, parameter shape)."""
-    from .quantize import dequantize
-    from ..tensor import QuantizedTensor
+    from converter.quant.quantize import dequantize
+    from converter.tensor import QuantizedTensor
     zp = zps.astype(scheme.code_dtype) if zps is not None and scheme.zero_point is ZeroPoint.INTEGER else zps
     t = QuantizedTensor("search", tuple(axes), codes, scales, scheme, gm, zero_points=zp, stored={})
     e = dequantize(t) - x
@@ -526,7 +526,7 @@ def requantize(t, target: Target, *, allow_carry: bool = True, fmt=None):
         Non-finite source values, or a scale that overflows the target scale dtype (names the
         group; hint: a wider ``--scale-dtype``).
     """
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
     scheme, gm = resolve(t.scheme, t.group_map, target, fmt)
     if allow_carry and target.scale_search == "none":
         out = carry(t, scheme, gm)
@@ -535,7 +535,7 @@ def requantize(t, target: Target, *, allow_carry: bool = True, fmt=None):
     label = fmt.accepts(scheme, gm, tuple(t.shape), tuple(t.axes)) \
         if fmt is not None and target.scale_search == "none" else None
     if label is not None:  # the format's own quantizer defines this target
-        from .format_quant import quantize_with
+        from converter.quant.format_quant import quantize_with
         gm.check_shape(t.shape, t.axes)
         out, info = quantize_with(fmt, t, scheme, gm)
         info["quantizer"] = label
@@ -547,10 +547,10 @@ def requantize(t, target: Target, *, allow_carry: bool = True, fmt=None):
         alt = _carry_rounded_zero(t, scheme, gm)
     gm.check_shape(t.shape, t.axes)
     info: dict = {"route": "requantized"}
-    from .kernels import Rows, quantize_blocked
+    from converter.kernels.blocked import Rows, quantize_blocked
     # choose_params + codes_for in cache-sized row blocks (bit-identical), the source dequantized
     # block by block as it goes: the float32 matrix is never held whole
-    from .error_report import ErrorSums, blocked_applicable
+    from converter.quant.error_report import ErrorSums, blocked_applicable
     fast = sums = None
     if target.scale_search != "mse" and len(t.shape) == 2:
         # the error figures are summed inside the same blocks (no second pass over the tensor)
@@ -596,7 +596,7 @@ def _carry_rounded_zero(t, scheme: QuantScheme, gm: GroupMap):
     (FORMATS.md section 4.2), so rounding it back keeps the grid up to the bias's fp16 rounding,
     far closer than a fresh min/max requantization.
     """
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
     s = t.scheme
     sc = t.scales.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -610,7 +610,7 @@ def _carry_rounded_zero(t, scheme: QuantScheme, gm: GroupMap):
 def target_probe(spec, target: Target, fmt=None):
     """A zero-filled QuantizedTensor with the target's scheme / groups for ``spec`` (shape only;
     ``fmt``: the target format's quantizer, see :func:`resolve`)."""
-    from ..tensor import QuantizedTensor
+    from converter.tensor import QuantizedTensor
     gm_src = spec.group_map
     scheme, gm = resolve(spec.scheme, gm_src, target, fmt)
     if spec.act_order and target.granularity is None:

@@ -10,25 +10,25 @@ Imports here stay light (no format modules), so a format module can import
 
 from __future__ import annotations
 
-from .findings import CODES, Finding
+from converter.validate.findings import CODES, Finding
 
 __all__ = ["validate", "self_test", "ValidationReport", "Finding", "CODES"]
 
 
 def validate(path, reference=None, strict: bool = False):
     """Validate a checkpoint; see :func:`converter.validate.run.validate`."""
-    from .run import validate as _validate
+    from converter.validate.run import validate as _validate
     return _validate(path, reference=reference, strict=strict)
 
 
 def self_test(**kwargs):
     """Run the axis probes on every registered format with a writer; see :func:`converter.validate.probes.self_test`."""
-    from .probes import self_test as _self_test
+    from converter.validate.probes import self_test as _self_test
     return _self_test(**kwargs)
 
 
 def __getattr__(name: str):
     if name == "ValidationReport":
-        from .report import ValidationReport
+        from converter.validate.report import ValidationReport
         return ValidationReport
     raise AttributeError(name)

@@ -31,11 +31,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..groups import Granularity, GroupMap
-from ..layout import EXPERT
-from ..scheme import ZeroPoint
-from ..tensor import QuantizedTensor
-from .findings import Finding, finding
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT
+from converter.scheme import ZeroPoint
+from converter.tensor import QuantizedTensor
+from converter.validate.findings import Finding, finding
 
 #: The declared grouping is suspicious when at least this fraction of its groups lacks a saturated code ...
 SATURATION_MIN_UNSATURATED = 0.03

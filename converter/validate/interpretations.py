@@ -25,12 +25,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import LayoutError, QuantizationError
-from ..groups import Granularity, GroupMap
-from ..layout import EXPERT, AxisMap
-from ..quant.packing import AWQ_ORDER
-from ..quant.quantize import dequantize_parts
-from ..tensor import QuantizedTensor
+from converter.errors import LayoutError, QuantizationError
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT, AxisMap
+from converter.kernels.packing import AWQ_ORDER
+from converter.quant.quantize import dequantize_parts
+from converter.tensor import QuantizedTensor
 
 
 def decode(t: QuantizedTensor, *, codes: np.ndarray | None = None, scales: np.ndarray | None = None,

@@ -27,15 +27,15 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .. import exit_codes
-from ..errors import ConverterError
-from ..formats import registry
-from ..formats.source import Source
-from ..groups import GroupMap
-from ..layout import IN, OUT
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, spec_of
-from .interpretations import alternatives
+from converter import exit_codes
+from converter.errors import ConverterError
+from converter.formats import registry
+from converter.formats.source import Source
+from converter.groups import GroupMap
+from converter.layout import IN, OUT
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, spec_of
+from converter.validate.interpretations import alternatives
 
 #: A Hugging Face name every writer can map (GGUF maps names per architecture), with its config.
 PROBE_NAME = "encoder.layer.0.attention.self.query.weight"
@@ -186,7 +186,7 @@ def render_self_test(doc: dict[str, Any]) -> None:
     """Table: one row per probe, alternatives rejected n/n, and the verdict per format."""
     from rich.table import Table
 
-    from ..render import console
+    from converter.report.render import console
     c = console()
     t = Table("format", "scheme", "shape", "groups", "declared exact", "alternatives rejected", "result",
               title="qckpt validate --self-test: axis probes")

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..tensor import QuantizedTensor
-from .findings import Finding, finding
-from .interpretations import alternatives
+from converter.tensor import QuantizedTensor
+from converter.validate.findings import Finding, finding
+from converter.validate.interpretations import alternatives
 
 STEP_LIMIT = 0.5
 ALT_RATIO = 0.5

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import exit_codes
-from .findings import CODES, SEVERITIES, Finding, jsonable
+from converter import exit_codes
+from converter.validate.findings import CODES, SEVERITIES, Finding, jsonable
 
 SCHEMA = "qckpt.validation-report/1"
 
@@ -68,7 +68,7 @@ def render_report(doc: dict[str, Any]) -> None:
     """Human rendering of a validation report (rich table of findings)."""
     from rich.table import Table
 
-    from ..render import console
+    from converter.report.render import console
     c = console()
     s = doc["summary"]
     verdict = "clean" if doc["exit_code"] == 0 else "FINDINGS"

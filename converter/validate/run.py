@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConverterError, InputNotFoundError
-from ..formats import registry
-from ..formats.source import Source
-from ..tensor import QuantizedTensor
-from . import data_checks, nibble_order, structural
-from .findings import finding
-from .hooks import hooks_for
-from .report import ValidationReport
+from converter.errors import ConverterError, InputNotFoundError
+from converter.formats import registry
+from converter.formats.source import Source
+from converter.tensor import QuantizedTensor
+from converter.validate import data_checks, nibble_order, structural
+from converter.validate.findings import finding
+from converter.validate.hooks import hooks_for
+from converter.validate.report import ValidationReport
 
 
 def _zero_convention(hook, source: Source, spec, report: ValidationReport) -> None:
@@ -130,7 +130,7 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
             report.add(finding("reference-missing", t.name, "no tensor of the same name and shape in the reference",
                                expected=list(t.shape), found=found))
         else:
-            from .reference import compare
+            from converter.validate.reference import compare
             ref = np.asarray(ref_ckpt[spec.name].dequantize(), dtype=np.float32)
             ref_findings, stats["reference"] = compare(t, ref)
             report.add(*ref_findings)

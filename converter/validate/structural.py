@@ -21,15 +21,14 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import (ConverterError, CorruptFileError, InputNotFoundError, LayoutError, MissingTensorError,
-                      UnsupportedError)
-from ..formats.safetensors_io import read_header
-from ..formats.source import INDEX_NAME, Source, read_json
-from ..groups import Granularity
-from ..layout import EXPERT
-from ..scheme import ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, TensorSpec
-from .findings import Finding, finding
+from converter.errors import ConverterError, CorruptFileError, InputNotFoundError, LayoutError, MissingTensorError, UnsupportedError
+from converter.formats.safetensors_io import read_header
+from converter.formats.source import INDEX_NAME, Source, read_json
+from converter.groups import Granularity
+from converter.layout import EXPERT
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
+from converter.validate.findings import Finding, finding
 
 LFS_MAGIC = b"version https://git-lfs"
 #: File names that look like weight shards (others, e.g. ``reference_dequant.safetensors``, are ignored).

@@ -24,7 +24,7 @@ ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ packing_utils.AWQ_ORDER, written out
 U4 = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
 
 
-# -- helpers (independent of converter.quant.packing) ----------------------------------------
+# -- helpers (independent of converter.kernels.packing) ----------------------------------------
 def awq_pack_rows(vals: np.ndarray) -> np.ndarray:
     """[r, 8c] nibble values -> [r, c] int32 words, nibble k = column 8c + ORDER[k]."""
     v = vals.astype(np.uint32).reshape(vals.shape[0], -1, 8)[:, :, list(ORDER)]

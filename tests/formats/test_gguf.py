@@ -1,4 +1,4 @@
-"""Tests for the GGUF reader/writer (converter.formats.gguf) against real gguf-py / llama.cpp files."""
+"""Tests for the GGUF reader/writer (converter.formats.gguf.format) against real gguf-py / llama.cpp files."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from converter.errors import (ConverterError, CorruptFileError, FormatError, MalformedInputError,  # noqa: E402
                               NotRepresentableError, OutputExistsError, UnsupportedError)
-from converter.formats.gguf import check_target, quantize_to_gguf, write_gguf  # noqa: E402
-from converter.formats.gguf_names import gguf_to_hf, hf_to_gguf, llama_row_permutation  # noqa: E402
+from converter.formats.gguf.format import check_target, quantize_to_gguf, write_gguf  # noqa: E402
+from converter.formats.gguf.names import gguf_to_hf, hf_to_gguf, llama_row_permutation  # noqa: E402
 from converter.formats.registry import detect, get, load  # noqa: E402
 from converter.formats.source import Source  # noqa: E402
 from converter.groups import GroupMap  # noqa: E402

@@ -1,4 +1,4 @@
-"""Tests for converter.formats.gguf_blocks against gguf-py 0.19.0 and real llama.cpp / gguf-py files."""
+"""Tests for converter.formats.gguf.blocks against gguf-py 0.19.0 and real llama.cpp / gguf-py files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gguf  # noqa: E402  (a declared runtime dependency)
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
 from converter.errors import CorruptFileError, QuantizationError, UnsupportedError  # noqa: E402
-from converter.formats.gguf_blocks import (  # noqa: E402
+from converter.formats.gguf.blocks import (  # noqa: E402
     CODECS, SUPPORTED_READ, SUPPORTED_WRITE, BlockFields, codec_for,
 )
 

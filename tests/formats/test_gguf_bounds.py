@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from converter.errors import CorruptFileError, InputNotFoundError
-from converter.formats.gguf_bounds import check_gguf_bounds
+from converter.formats.gguf.bounds import check_gguf_bounds
 from tests.conftest import SAMPLES
 
 U32, STR, ARR, U8 = 4, 8, 9, 0

@@ -1,4 +1,4 @@
-"""config.json from GGUF key/values (converter.formats.gguf_hf_config) against transformers' own GGUF loader.
+"""config.json from GGUF key/values (converter.formats.gguf.hf_config) against transformers' own GGUF loader.
 
 Expected values: transformers 5.24.0, ``AutoConfig.from_pretrained(dir, gguf_file=name).to_dict()``
 (tests/data/gguf/record_expected.py for the SmolLM2 fixture; the Qwen2 / Mistral-name files were written
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from converter.errors import ConverterError, FormatError, UnsupportedError
-from converter.formats.gguf_hf_config import f32_decimal, hf_config_from_gguf
+from converter.formats.gguf.hf_config import f32_decimal, hf_config_from_gguf
 from converter.formats.registry import load
 
 from ._gguf_hf_data import REAL, fixture_checkpoint, real_checkpoint

@@ -1,4 +1,4 @@
-"""Tokenizer files from GGUF key/values (converter.formats.gguf_hf_tokenizer).
+"""Tokenizer files from GGUF key/values (converter.formats.gguf.hf_tokenizer).
 
 Expected ids: transformers 5.24.0 / tokenizers 0.23.3,
 ``AutoTokenizer.from_pretrained("tests/data/gguf", gguf_file="smollm2_vocab_tiny.gguf")`` then
@@ -19,8 +19,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from converter.errors import FormatError, UnsupportedError
-from converter.formats import gguf_hf_tokenizer as ght
-from converter.formats.gguf_hf_tokenizer import (TOKENIZER_FILES, check_tokenizer, generation_config,
+from converter.formats.gguf import hf_tokenizer as ght
+from converter.formats.gguf.hf_tokenizer import (TOKENIZER_FILES, check_tokenizer, generation_config,
                                                  hf_tokenizer_files_from_gguf, tokenizer_config, tokenizer_json)
 
 from ._gguf_hf_data import REAL, fixture_checkpoint, real_checkpoint

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer
 
 from converter.cli import main
-from converter.formats import gguf_hf_tokenizer as ght
+from converter.formats.gguf import hf_tokenizer as ght
 from converter.formats.registry import load
 
 from converter.formats.plain import write_plain

@@ -1,4 +1,4 @@
-"""Tests for converter.formats.gptq: real GPTQModel files, CASES.md reproducers, round trips, errors."""
+"""Tests for converter.formats.gptq.format: real GPTQModel files, CASES.md reproducers, round trips, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from converter.errors import FormatError, MissingTensorError, NotRepresentableError, UnsupportedError
-from converter.formats import gptq
+from converter.formats.gptq import format as gptq
 from converter.formats.registry import detect, get, load
 from converter.formats.source import Source
 from converter.groups import GroupMap

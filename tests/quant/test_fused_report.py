@@ -70,7 +70,7 @@ def test_figures_survive_float32_overflow_and_underflow_of_squares(magnitude):
     """Values whose squares leave float32's range are summed again in float64: finite figures
     equal to the whole-array (float64) formulas, never inf / NaN / a false 'no error'."""
     from converter.quant.error_report import comparison
-    from converter.quant.metrics import error_stats
+    from converter.kernels.metrics import error_stats
     rng = np.random.default_rng(2)
     a = (rng.standard_normal((64, 256)) * magnitude).astype(np.float32)
     b = (a * np.float32(1 + 1e-3)).astype(np.float32)

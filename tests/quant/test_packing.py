@@ -1,4 +1,4 @@
-"""Tests for converter.quant.packing: hand-computed words, case tables and round-trip properties."""
+"""Tests for converter.kernels.packing: hand-computed words, case tables and round-trip properties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from converter.errors import LayoutError, QuantizationError
-from converter.quant.packing import (AWQ_ORDER, BNB_NIBBLE_ORDER, pack_codes, packed_length,
+from converter.kernels.packing import (AWQ_ORDER, BNB_NIBBLE_ORDER, pack_codes, packed_length,
                                      padding_bits, unpack_codes)
 
 CONTAINERS = (np.uint8, np.uint16, np.uint32)
@@ -237,7 +237,7 @@ def test_flip_xors_the_top_bit_before_sign_extension(case, signed):
 @pytest.mark.parametrize("signed,flip", [(False, False), (True, False), (False, True), (True, True)])
 def test_4bit_last_axis_fast_path_matches_slot_loop(container, shape, signed, flip, monkeypatch):
     """The bytewise 4-bit path (last axis, even length) gives what the slot loop gives, blocked or not."""
-    from converter.quant import packing
+    from converter.kernels import packing
 
     codes = np.random.default_rng(sum(shape)).integers(0, 16, size=shape, dtype=np.uint8)
     words = pack_codes(codes, 4, axis=-1, container=container)
@@ -288,7 +288,7 @@ def test_wrong_packed_length_raises_property(case, delta):
 @given(packing_cases(), st.integers(1, 40))
 def test_blocked_matches_unblocked(case, block):
     """Cache blocking (``_BLOCK_CODES``) must not change the words or the round trip."""
-    from converter.quant import packing
+    from converter.kernels import packing
 
     codes, bits, axis, container, layout, order = case
     kwargs = dict(container=container, layout=layout, order=order)

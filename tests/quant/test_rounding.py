@@ -1,4 +1,4 @@
-"""converter.quant.rounding: exact half-away-from-zero (C ``roundf``) near ties, vs decimal ROUND_HALF_UP."""
+"""converter.kernels.rounding: exact half-away-from-zero (C ``roundf``) near ties, vs decimal ROUND_HALF_UP."""
 
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from converter.errors import LayoutError
-from converter.formats import gguf_blocks
-from converter.quant.rounding import round_half_away, round_values
+from converter.formats.gguf import blocks as gguf_blocks
+from converter.kernels.rounding import round_half_away, round_values
 
 NEAR_TIES = [0.49999997, 0.49999999999999994, 2.0 ** 52 + 1, 0.5, 0.50000006, 1.5, 2.5, -2.5, -0.5, -0.49999997, 3.4999998, 8388607.5,
              8388609.0, -8388609.0, 2.0 ** 24 + 2, 2.0 ** 24 + 1, 1e30, -3.4e38, 0.0, -0.0, 1e-45, 7.0]

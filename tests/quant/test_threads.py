@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from converter.groups import GroupMap
-from converter.io.parallel import run_options
-from converter.quant import threads
+from converter.runtime import run_options
+from converter import runtime
+from converter.kernels import threads
 from converter.quant.error_report import tensor_report
 from converter.quant.quantize import quantize
 from converter.quant.requant import Target, classify, requantize
@@ -33,7 +34,7 @@ def test_errors_in_any_range_are_raised():
     (QuantScheme(4, True), Target(bits=3, group_size=64, symmetric=False)),
 ])
 def test_same_results_on_one_or_three_threads(monkeypatch, scheme, target):
-    from converter.quant import kernels
+    from converter.kernels import blocked as kernels
     monkeypatch.setattr(threads, "_POOL", None)  # a fresh pool: no help from an earlier test's threads
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1000)
     monkeypatch.setattr(kernels, "BLOCK_ELEMENTS", 2000)  # blocks of 10 rows: ranges of several blocks
@@ -66,7 +67,7 @@ def test_same_results_on_one_or_three_threads(monkeypatch, scheme, target):
 
 
 def test_pool_workers_keep_kernels_single_threaded(monkeypatch):
-    monkeypatch.setattr(threads, "_IN_WORKER", True)
+    monkeypatch.setattr(runtime, "_IN_WORKER", True)
     with run_options(workers=4):
         assert threads.kernel_threads(1 << 30) == 1
 

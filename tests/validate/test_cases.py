@@ -7,7 +7,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import converter
-from converter.formats import gptq
+from converter.formats.gptq import format as gptq
 from converter.groups import GroupMap
 from converter.layout import IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import converter
-from converter.formats import gptq
+from converter.formats.gptq import format as gptq
 from converter.layout import IN, OUT
 from converter.ops.convert import convert_exact
 from converter.validate import validate

@@ -10,11 +10,11 @@ FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.
 
 from __future__ import annotations
 
-from ..modules import hf_linear_policy
-from ..registry import FormatHandler, register
-from .config import parse_config  # noqa: F401
-from .reader import detect_ct, read_ct
-from .writer import check_target, write_ct
+from converter.formats.modules import hf_linear_policy
+from converter.formats.registry import FormatHandler, register
+from converter.formats.compressed_tensors.config import parse_config  # noqa: F401
+from converter.formats.compressed_tensors.reader import detect_ct, read_ct
+from converter.formats.compressed_tensors.writer import check_target, write_ct
 
 HANDLER = register(FormatHandler("compressed-tensors",
                                  "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",

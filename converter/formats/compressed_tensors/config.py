@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ...errors import FormatError, UnsupportedError
+from converter.errors import FormatError, UnsupportedError
 
 QUANT_METHOD = "compressed-tensors"
 #: Formats this module reads and writes.

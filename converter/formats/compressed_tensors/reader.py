@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import FormatError, LayoutError, MissingTensorError
-from ...groups import GroupMap
-from ...layout import IN, OUT, AxisMap, PackedCodes
-from ...quant.packing import packed_length
-from ...scheme import QuantScheme, ZeroPoint
-from ...tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
-from ..registry import Detection
-from ..source import Source
-from .config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
+from converter.errors import FormatError, LayoutError, MissingTensorError
+from converter.groups import GroupMap
+from converter.layout import IN, OUT, AxisMap, PackedCodes
+from converter.kernels.packing import packed_length
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
+from converter.formats.registry import Detection
+from converter.formats.source import Source
+from converter.formats.compressed_tensors.config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
 
 AXES = (OUT, IN)
 SCALE_DTYPES = ("F16", "BF16", "F32")
@@ -140,7 +140,7 @@ def _read_shape(src: Source, prefix: str) -> tuple[int, int]:
     info = src.info(name)
     if info.dtype not in ("I64", "I32") or tuple(info.shape) != (2,):
         if info.dtype in ("I64", "I32") and len(info.shape) == 1 and info.shape[0] == 3:
-            from ...errors import UnsupportedError
+            from converter.errors import UnsupportedError
             raise UnsupportedError("3-D (stacked expert) compressed-tensors weights are not supported yet",
                                    file=src.file_of(name), tensor=name, field="shape", expected=[2], found=list(info.shape))
         raise FormatError("weight_shape must be int64 [2] = [O, I]", file=src.file_of(name), tensor=name,

@@ -28,21 +28,21 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import FormatError, NotRepresentableError
-from ...groups import Granularity
-from ...layout import IN, OUT
-from ...quant.packing import packed_length
-from ...scheme import ZeroPoint
-from ...tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from ..source import module_prefix
-from ..plan import TensorPlan, dense_plan, rows_plan, write_model_dir
-from .config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
-from .reader import AXES, codes_map, zero_map
+from converter.errors import FormatError, NotRepresentableError
+from converter.groups import Granularity
+from converter.layout import IN, OUT
+from converter.kernels.packing import packed_length
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.source import module_prefix
+from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
+from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 
 
 def _recode():
     """``as_signed`` / ``as_integer_zero`` (converter.quant.recode)."""
-    from ...quant import recode
+    from converter.quant import recode
     return recode.as_signed, recode.as_integer_zero
 
 

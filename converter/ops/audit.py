@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .dtypes import DTYPES
-from .groups import GroupMap
-from .scheme import ZeroPoint
-from .tensor import Checkpoint, TensorSpec
+from converter.dtypes import DTYPES
+from converter.groups import GroupMap
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, TensorSpec
 
 SCALE_BYTES = {n: DTYPES[n].bits // 8 for n in ("F32", "F16", "BF16", "F8_E4M3", "F8_E8M0")}
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
@@ -72,7 +72,7 @@ def tensor_roles(spec: TensorSpec) -> dict[str, int]:
 
 
 def _file_overheads(ckpt: Checkpoint, claimed: dict[str, int]) -> list[dict[str, Any]]:
-    from .formats.safetensors_io import read_header
+    from converter.formats.safetensors_io import read_header
     files = []
     for f in ckpt.files:
         p = Path(f)

@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CorruptFileError, InputNotFoundError
+from converter.errors import CorruptFileError, InputNotFoundError
 
 __all__ = ["GGUFTensorBounds", "GGUFBounds", "check_gguf_bounds", "MAX_DIMS", "MAX_ARRAY_DEPTH"]
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import LayoutError
+from converter.errors import LayoutError
 
 
 @dataclass(frozen=True)

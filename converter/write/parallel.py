@@ -1,6 +1,6 @@
 """Run options shared by every writing command: worker processes, a memory budget, progress.
 
-The write path (:func:`converter.formats.plan.write_plans`) reads the options in force from here,
+The write path (:func:`converter.write.plan.write_plans`) reads the options in force from here,
 so formats never see them. ``qckpt`` sets them once per command (``--workers``, ``--max-memory``,
 ``--quiet``; :func:`converter.cli.run_options_flags`); library callers use :func:`run_options`::
 
@@ -14,7 +14,7 @@ and small results), and the bytes written do not depend on which worker wrote wh
 is byte-identical for any number of workers.
 
 Memory: a tensor is worked on whole when its estimated working set fits the per-worker share of
-``max_memory``; otherwise, when its plan allows it (:class:`converter.formats.plan.RowSplit`), in
+``max_memory``; otherwise, when its plan allows it (:class:`converter.write.plan.RowSplit`), in
 blocks of rows, dropping the source pages it has read after each block (:func:`drop_pages`), so
 peak resident memory is bounded by the budget and not by the number or size of tensors.
 """
@@ -24,120 +24,18 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import re
 import sys
 import time
 import weakref
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConverterError, FormatError
-from .background import BackgroundWriter
+from converter.errors import ConverterError
+from converter.runtime import auto_workers, current, limit_blas_threads, mark_worker_process
+from converter.write.background import BackgroundWriter
 
-__all__ = ["RunOptions", "run_options", "current", "parse_size", "drop_pages", "Progress", "run_tasks",
-           "auto_workers", "SharedDict", "DEFAULT_MAX_MEMORY", "AUTO_PARALLEL_BYTES"]
-
-#: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
-#: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
-DEFAULT_MAX_MEMORY = 320 * 2**20
-
-#: Work size (bytes) from which the default worker count (all cores) is used; smaller jobs run
-#: inline, where forking the workers would cost more than it saves.
-AUTO_PARALLEL_BYTES = 32 * 2**20
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Options of one command.
-
-    Attributes
-    ----------
-    workers : int or None
-        Worker processes; ``None`` = the number of cores available to this process.
-    max_memory : int or None
-        Working-memory budget in bytes for all workers together (``None``: :data:`DEFAULT_MAX_MEMORY`).
-    quiet : bool
-        No progress bar. The library default is quiet; ``qckpt`` shows one unless ``--quiet``.
-    """
-
-    workers: int | None = None
-    max_memory: int | None = None
-    quiet: bool = True
-
-    @property
-    def n_workers(self) -> int:
-        if self.workers:
-            return max(1, int(self.workers))
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except (AttributeError, OSError):  # pragma: no cover - non-Linux
-            return max(1, os.cpu_count() or 1)
-
-    @property
-    def memory(self) -> int:
-        return int(self.max_memory) if self.max_memory else DEFAULT_MAX_MEMORY
-
-
-_OPTIONS = RunOptions()
-
-
-def auto_workers(total_bytes: int, n_tasks: int) -> int:
-    """Worker processes for ``n_tasks`` tasks moving ``total_bytes`` bytes in all.
-
-    The options' count (``--workers``, else every core) when ``--workers`` was given or the work
-    is at least :data:`AUTO_PARALLEL_BYTES`; otherwise 1 (inline). Never more than ``n_tasks``,
-    never less than 1.
-    """
-    opts = current()
-    workers = opts.n_workers if opts.workers or total_bytes >= AUTO_PARALLEL_BYTES else 1
-    return max(1, min(workers, int(n_tasks)))
-
-
-def current() -> RunOptions:
-    """The options in force."""
-    return _OPTIONS
-
-
-@contextlib.contextmanager
-def run_options(**changes: Any) -> Iterator[RunOptions]:
-    """Set options for the enclosed block (``workers=``, ``max_memory=`` int or "512M", ``quiet=``)."""
-    global _OPTIONS
-    if isinstance(changes.get("max_memory"), str):
-        changes["max_memory"] = parse_size(changes["max_memory"])
-    saved = _OPTIONS
-    _OPTIONS = replace(saved, **{k: v for k, v in changes.items() if v is not None})
-    try:
-        yield _OPTIONS
-    finally:
-        _OPTIONS = saved
-
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
-
-
-def parse_size(text: str | int) -> int:
-    """``"512M"``, ``"2GiB"``, ``"1.5g"``, ``"1000000"`` -> bytes (K/M/G alone are binary).
-
-    Raises
-    ------
-    FormatError
-        Not a size, or not positive.
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise FormatError("not a memory size", field="--max-memory", expected="e.g. 512M, 2G, 1GiB",
-                              found=text)
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise FormatError("memory size must be positive", field="--max-memory", expected="> 0", found=text)
-    return value
-
+__all__ = ["drop_pages", "Progress", "run_tasks", "SharedDict"]
 
 def drop_pages(*arrays: Any) -> None:
     """Release the resident pages of memory-mapped arrays (``madvise(MADV_DONTNEED)``).
@@ -160,58 +58,6 @@ def drop_pages(*arrays: Any) -> None:
                 break
             a = getattr(a, "base", None)
             seen += 1
-
-
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                 "openblas_set_num_threads64_", "openblas_set_num_threads", "MKL_Set_Num_Threads")
-
-
-def limit_blas_threads(n: int = 1) -> bool:
-    """Set the thread count of the BLAS numpy loaded (OpenBLAS / MKL), best effort.
-
-    Worker processes are the parallelism here; a multi-threaded BLAS inside each of them (the
-    error report's small GEMMs) oversubscribes the cores and its spinning threads slow every
-    process down (measured: requantize 1.4x slower with 1 worker, no gain from 2 workers).
-    Returns True when a setter was found.
-    """
-    import ctypes
-    try:
-        with open("/proc/self/maps") as fh:
-            libs = {line.split()[-1] for line in fh if "blas" in line.lower() or "mkl" in line.lower()}
-    except OSError:
-        return False
-    done = False
-    for path in sorted(libs):
-        if not path.startswith("/"):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(ctypes.c_int(n))
-                done = True
-                break
-    return done
-
-
-def fixed_mmap_threshold(nbytes: int = 4 * 2**20) -> bool:
-    """Make glibc ``malloc`` serve every block of ``nbytes`` or more with its own ``mmap`` (best effort).
-
-    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which
-    tensor-sized buffers come from the heap, which fragments and grows over hundreds of tensors.
-    A fixed threshold returns every large buffer to the system when it is freed, so resident
-    memory stays flat however many tensors a command processes. Inherited by forked workers.
-    """
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(ctypes.c_int(-3), ctypes.c_int(int(nbytes))))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
 
 
 # --------------------------------------------------------------------------------------------- progress
@@ -337,7 +183,7 @@ _TASK_FN: Callable[[int], Any] | None = None
 
 
 def _run_one(i: int) -> tuple[int, bool, Any, list]:
-    from .background import drain_process
+    from converter.write.background import drain_process
     _PENDING.clear()
     try:
         res = _TASK_FN(i)  # type: ignore[misc]
@@ -349,9 +195,10 @@ def _run_one(i: int) -> tuple[int, bool, Any, list]:
 
 def _worker_init() -> None:
     """In each pool worker: one BLAS thread, single-threaded kernels (the processes share the cores)."""
-    from ..quant.threads import mark_worker_process
+    from converter.kernels.threads import forget_pool
     limit_blas_threads()
     mark_worker_process()
+    forget_pool()
 
 
 def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
@@ -403,10 +250,10 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
     """Fill a file of ``size`` bytes whose layout is fixed: item ``i`` is ``produce(i) -> (offset,
     array)``, written with ``pwrite`` at ``offset`` by whichever worker process runs it.
 
-    For formats written outside :func:`converter.formats.plan.write_plans` (GGUF): the header and
+    For formats written outside :func:`converter.write.plan.write_plans` (GGUF): the header and
     every offset are computed first, so tensors can be encoded in parallel (workers and progress
     from the options in force) and the bytes are the same for any number of workers. Gaps are
-    zero (``ftruncate``). Arrays are written by a background thread (:mod:`converter.io.background`):
+    zero (``ftruncate``). Arrays are written by a background thread (:mod:`converter.write.background`):
     ``produce`` must return an array nobody modifies afterwards; arrays over 32 MiB go in chunks,
     their (mapped) pages released after each. The file is fsynced.
     """

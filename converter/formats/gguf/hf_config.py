@@ -4,7 +4,7 @@ A GGUF carries no ``config.json``: its hyperparameters are ``{arch}.*`` keys (gg
 ``gguf/constants.py`` ``Keys.LLM`` / ``Keys.Attention`` / ``Keys.Rope``). The mapping below is the
 one transformers' own GGUF loader applies (``transformers/integrations/ggml.py``
 ``GGUF_CONFIG_MAPPING`` and ``modeling_gguf_pytorch_utils.load_gguf_checkpoint``, transformers
-5.24), written for the architectures whose tensors :mod:`converter.formats.gguf_names` maps:
+5.24), written for the architectures whose tensors :mod:`converter.formats.gguf.names` maps:
 
 ==============================================  ==========================================
 GGUF key (``{arch}.`` prefix)                    config.json
@@ -50,7 +50,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
+from converter.errors import FormatError, UnsupportedError
 
 __all__ = ["hf_config_from_gguf", "ARCHITECTURES", "f32_decimal"]
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from converter.io.background import BackgroundWriter, drain_process
+from converter.write.background import BackgroundWriter, drain_process
 
 
 def test_every_item_lands_at_its_offset_with_a_tiny_limit(tmp_path):

@@ -4,7 +4,7 @@
   handler's ``quantizer``): every requantize target is put in GGUF's form (:func:`requant_adapt`:
   fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy type's exact scheme at
   groups of 32 along ``in``), and a tensor that is not carried exactly is quantized to its legacy
-  type by :func:`converter.formats.gguf.quantize_to_gguf`, byte for byte what
+  type by :func:`converter.formats.gguf.format.quantize_to_gguf`, byte for byte what
   ``gguf.quants.quantize`` makes of the source's float32 dequantized values.
 - :func:`requant_targets` (the handler's ``requant_targets``): the output head's own type.
 
@@ -25,15 +25,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import NotRepresentableError, UnsupportedError
-from ..groups import Granularity, GroupMap
-from ..layout import EXPERT, IN, OUT
-from ..quant.format_quant import FormatQuantizer
-from ..quant.recode import as_groups
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import QuantizedTensor
-from .gguf import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
-from .ties import HEAD, embedding_name
+from converter.errors import NotRepresentableError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT, IN, OUT
+from converter.quant.format_quant import FormatQuantizer
+from converter.quant.recode import as_groups
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import QuantizedTensor
+from converter.formats.gguf.format import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
+from converter.formats.ties import HEAD, embedding_name
 
 __all__ = ["GGUF_QUANTIZER", "legacy_type_for", "requant_adapt", "requant_targets", "output_head"]
 
@@ -136,7 +136,7 @@ def output_head(ckpt) -> str | None:
 def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
     """``{name: (Target, reason)}``: the output head (or tied embedding) at Q8_0 when ``target``
     asks for fewer than 8 bits; empty when there is no quantized head or it gets 8 bits anyway."""
-    from ..quant.requant import Target  # the quant layer builds targets; formats only name them
+    from converter.quant.requant import Target  # the quant layer builds targets; formats only name them
     name = output_head(ckpt)
     if name is None or ckpt.spec(name).kind != "quantized":
         return {}

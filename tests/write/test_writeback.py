@@ -1,4 +1,4 @@
-"""converter.io.writeback: an early-writeback hint that never changes what is written."""
+"""converter.write.writeback: an early-writeback hint that never changes what is written."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from converter.formats.safetensors_io import SafetensorsWriter, read_header, read_tensor
-from converter.io import writeback
-from converter.io.writeback import MIN_BYTES, PAGE, start_writeback
+from converter.write import writeback
+from converter.write.writeback import MIN_BYTES, PAGE, start_writeback
 
 
 def test_small_or_sub_page_ranges_are_skipped(tmp_path):

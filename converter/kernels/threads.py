@@ -1,6 +1,6 @@
 """Row-parallel kernels: one matrix split into contiguous row ranges, one thread per range.
 
-numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.quant.kernels`)
+numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.kernels.blocked`)
 run on several cores when each thread works on its own rows with its own buffers. The thread
 count follows the parallelism the user allowed: ``--workers N`` (the cores by default) in a
 process that is not itself one of the workers of a pool; inside a pool worker, or with
@@ -16,25 +16,24 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
 
+from converter.runtime import current, in_worker_process
+
 #: Fewest rows x columns per thread worth a hand-off.
 MIN_ELEMENTS_PER_THREAD = 1 << 20
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
-_IN_WORKER = False
 
 
-def mark_worker_process() -> None:
-    """Called in each worker process of a pool: its kernels stay single-threaded."""
-    global _IN_WORKER, _POOL
-    _IN_WORKER = True
-    _POOL = None  # a pool's threads do not survive fork
+def forget_pool() -> None:
+    """In a forked worker process: drop the parent's thread pool (its threads do not survive fork)."""
+    global _POOL
+    _POOL = None
 
 
 def kernel_threads(elements: int) -> int:
     """Threads a kernel on ``elements`` values may use (1 in a pool worker or for small work)."""
-    if _IN_WORKER:
+    if in_worker_process():
         return 1
-    from ..io.parallel import current
     n = current().n_workers
     return max(1, min(n, elements // MIN_ELEMENTS_PER_THREAD))
 

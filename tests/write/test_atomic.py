@@ -1,4 +1,4 @@
-"""Tests for converter.io.atomic."""
+"""Tests for converter.write.atomic."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from converter.errors import OutputExistsError
-from converter.io.atomic import atomic_output, check_not_inside, deferred_removal, sha256_file
+from converter.write.atomic import atomic_output, check_not_inside, deferred_removal, sha256_file
 
 
 def siblings(path):

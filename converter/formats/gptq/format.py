@@ -43,22 +43,21 @@ The writer refuses to write a zero point 0 as v1 (:class:`NotRepresentableError`
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import FormatError, MissingTensorError, NotRepresentableError, QuantizationError, UnsupportedError
-from ..groups import Granularity, GroupMap
-from ..layout import IN, OUT, AxisMap, PackedCodes
-from ..quant.recode import as_integer_zero, as_unsigned, exact_cast
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
-from .plan import TensorPlan, dense_plan, write_model_dir
-from .registry import Detection, FormatHandler, register
-from .source import Source, module_prefix
+from converter.errors import FormatError, MissingTensorError, NotRepresentableError, QuantizationError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.layout import IN, OUT, AxisMap, PackedCodes
+from converter.quant.recode import as_integer_zero, as_unsigned, exact_cast
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
+from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source, module_prefix
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 V1, V2 = "gptq", "gptq_v2"
@@ -684,7 +683,7 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
     return replace(spec, scheme=spec.scheme.replace(scale_dtype=dtype))
 
 
-from .modules import dense_linear_modules, hf_linear_policy  # noqa: E402
+from converter.formats.modules import dense_linear_modules, hf_linear_policy  # noqa: E402
 
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target,
@@ -722,6 +721,6 @@ def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
             "raw_field_counts": {int(v): int(c) for v, c in sorted(zip(vals, counts), key=lambda kv: -kv[1])[:4]}}
 
 
-from ..validate.hooks import register_hooks  # noqa: E402  (hooks module imports nothing from formats)
+from converter.validate.hooks import register_hooks  # noqa: E402  (hooks module imports nothing from formats)
 
 register_hooks("gptq", zero_convention=zero_convention_evidence, always_stored=("g_idx",))

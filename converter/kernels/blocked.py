@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from .threads import kernel_threads, run_rows
+from converter.kernels.threads import kernel_threads, run_rows
 
 #: Target elements per block (rows x in); 1.5-2x faster than whole-matrix passes.
 BLOCK_ELEMENTS = 1 << 16
@@ -48,7 +48,7 @@ class Rows:
         self.dtype = np.dtype(np.float32)
         self._lazy = not isinstance(source, np.ndarray)
         if self._lazy:
-            from ..tensor import row_splittable
+            from converter.tensor import row_splittable
             self._lazy = row_splittable(source)
             if not self._lazy:
                 self.source = source.dequantize()
@@ -67,7 +67,7 @@ class Rows:
             return np.asarray(self.source[r0:r1], dtype=np.float32)
         c = self._cache
         if c is None or not (c[0] <= r0 and r1 <= c[1]):
-            from ..tensor import take_rows
+            from converter.tensor import take_rows
             b0 = r0
             b1 = max(r1, min(self.shape[0], b0 + self.step))
             c = (b0, b1, take_rows(self.source, b0, b1).dequantize())
@@ -107,7 +107,7 @@ def _raw_bytes(t):
     pc = t.packed
     if pc is None or sys.byteorder != "little" or pc.bits not in (1, 2, 4, 8):
         return None
-    from ..layout import PackedCodes
+    from converter.layout import PackedCodes
     # raw stored fields in logical order (no copy when already so); the caller applies the flip
     words = PackedCodes(pc.words, pc.amap, pc.axes, pc.sizes, signed=pc.signed).logical_words()
     if words is None:
@@ -244,8 +244,8 @@ def params_from_extrema(s, *, amax: np.ndarray | None = None, mx: np.ndarray | N
     QuantizationError
         A scale that overflows the scale dtype.
     """
-    from .quantize import _safe_cast_scales  # noqa: PLC0415 - shared safeguard
-    from .rounding import round_values
+    from converter.quant.quantize import _safe_cast_scales  # noqa: PLC0415 - shared safeguard
+    from converter.kernels.rounding import round_values
     # NaN propagates through abs / max / min and inf survives them: checking the (small)
     # reductions is checking every element
     if s.symmetric:
@@ -286,8 +286,8 @@ def quantize_blocked(values: np.ndarray, scheme, group_map, axes, *, tensor: str
     target's dequantize formula, bit-identical) while both are in cache: the error report
     without a second pass over the tensor.
     """
-    from .rounding import round_values
-    from ..errors import QuantizationError
+    from converter.kernels.rounding import round_values
+    from converter.errors import QuantizationError
     gm, s = group_map, scheme
     g = gm.granularity.value
     if (tuple(axes) != ("out", "in") or len(values.shape) != 2 or s.codebook is not None

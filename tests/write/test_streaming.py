@@ -19,10 +19,11 @@ from converter.cli import main
 from converter.errors import FormatError, QuantizationError
 from converter.formats import registry
 from converter.groups import GroupMap
-from converter.io.parallel import Progress, SharedDict, parse_size, run_options, run_tasks
+from converter.runtime import parse_size, run_options
+from converter.write.parallel import Progress, SharedDict, run_tasks
 from converter.layout import IN, OUT, AxisMap, PackedCodes, equal_transposed, transpose_2d
 from converter.quant import quantize as Q
-from converter.quant.kernels import dequantize_blocked, quantize_blocked
+from converter.kernels.blocked import dequantize_blocked, quantize_blocked
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
@@ -344,7 +345,7 @@ def test_blocked_dequantize_is_bit_exact(granularity, zp):
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
 def test_gguf_fast_paths_bit_exact_with_gguf_py(type_name):
     gguf = pytest.importorskip("gguf")
-    from converter.formats.gguf_blocks import codec_for
+    from converter.formats.gguf.blocks import codec_for
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((40, 512)) * 0.05).astype(np.float32)
     x[0, :32] = 0.0                        # all-zero block
@@ -365,7 +366,7 @@ def test_gguf_fast_paths_bit_exact_with_gguf_py(type_name):
 
 def test_blocked_comparison_matches_whole_array_formulas():
     from converter.quant import error_report as er
-    from converter.quant.metrics import error_stats, output_error, worst_channel, worst_group
+    from converter.kernels.metrics import error_stats, output_error, worst_channel, worst_group
     rng = np.random.default_rng(5)
     a = rng.standard_normal((301, 200)).astype(np.float32)
     b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
@@ -405,7 +406,7 @@ def test_gguf_write_identical_for_any_workers(gptq_dir, tmp_path):
 def test_gguf_write_in_chunks_gives_the_same_bytes(gptq_dir, tmp_path, monkeypatch):
     """Large arrays go to write_at_offsets' background writer in chunks, their mapped pages
     released after each: the file is the same as when every array goes whole."""
-    from converter.io import parallel
+    from converter.write import parallel
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     outs = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LayoutError
+from converter.errors import LayoutError
 
 
 def round_values(x: np.ndarray, mode: str = "half_even", *, out: np.ndarray | None = None) -> np.ndarray:

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from ..errors import FormatError
+from converter.errors import FormatError
 
 __all__ = ["ARCH_TABLES", "PERMUTED_ARCHS", "HF_MODEL_TYPE_TO_ARCH", "gguf_to_hf", "hf_to_gguf",
            "permute_heads_key", "llama_row_permutation"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from ..errors import FormatError, UnsupportedError
+from converter.errors import FormatError, UnsupportedError
 
 __all__ = ["hf_tokenizer_files_from_gguf", "tokenizer_json", "check_tokenizer", "PRE_TOKENIZERS",
            "TOKENIZER_FILES"]

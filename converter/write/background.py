@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections import deque
 
-from .writeback import start_writeback
+from converter.write.writeback import start_writeback
 
 __all__ = ["BackgroundWriter", "drain_process", "pwrite_all", "DEFAULT_LIMIT"]
 
@@ -112,7 +112,7 @@ class BackgroundWriter:
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
                 err = exc
                 if isinstance(exc, OSError):  # one of qckpt's errors, naming the file (CLI: no traceback)
-                    from ..errors import OutputWriteError
+                    from converter.errors import OutputWriteError
                     err = OutputWriteError("cannot write the output", file=self.path,
                                            field=f"{view.nbytes} bytes at offset {offset}",
                                            expected="all bytes written", found=exc.strerror or str(exc),

@@ -18,10 +18,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConverterError, FormatError
-from ..io.atomic import atomic_output
-from .safetensors_io import SafetensorsWriter
-from .source import INDEX_NAME
+from converter.errors import ConverterError, FormatError
+from converter.write.atomic import atomic_output
+from converter.formats.safetensors_io import SafetensorsWriter
+from converter.formats.source import INDEX_NAME
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class TensorPlan:
 
     @property
     def nbytes(self) -> int:
-        from ..dtypes import lookup
+        from converter.dtypes import lookup
         total = 0
         for _, dt, shape in self.outputs:
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
@@ -117,8 +117,8 @@ def _block_rows(plan: TensorPlan, spec, budget: int) -> int | None:
 
 def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> int:
     """Load, encode and write one plan (whole, or in row blocks); returns bytes written."""
-    from ..io.parallel import drop_pages
-    from ..tensor import row_splittable, source_arrays, take_rows
+    from converter.write.parallel import drop_pages
+    from converter.tensor import row_splittable, source_arrays, take_rows
     try:
         spec = ckpt.spec(plan.source) if hasattr(ckpt, "spec") else None
         t = ckpt[plan.source]
@@ -157,11 +157,12 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
     """Stream the planned arrays of ``plans`` into one safetensors file at ``path`` (not atomic itself).
 
     Tensors go to the worker processes and memory budget in force
-    (:mod:`converter.io.parallel`): each task loads one source tensor, encodes it (whole, or in
+    (:mod:`converter.write.parallel`): each task loads one source tensor, encodes it (whole, or in
     row blocks when it is larger than the per-worker budget and its plan allows) and writes its
     arrays at their planned offsets. The file's bytes do not depend on the number of workers.
     """
-    from ..io.parallel import Progress, auto_workers, current, run_tasks
+    from converter.runtime import auto_workers, current
+    from converter.write.parallel import Progress, run_tasks
     entries = [o for p in plans for o in p.outputs]
     names = [e[0] for e in entries]
     if len(set(names)) != len(names):
@@ -241,8 +242,8 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     ``tied_head`` (head, embedding, identical, max_abs_diff, note); ``side_files_skipped`` (file name
     -> reason) for the side files the source could not make (``metadata["side_files_skipped"]``).
     """
-    from ..io.parallel import Progress
-    from .ties import resolve_tied_head
+    from converter.write.parallel import Progress
+    from converter.formats.ties import resolve_tied_head
     drop, config, tie = resolve_tied_head(ckpt, config, {p.source for p in plans})
     plans = [p for p in plans if p.source not in drop]
     shards = shard_plans(plans, max_shard_bytes)
@@ -315,7 +316,7 @@ def dense_plan(spec, name: str | None = None) -> TensorPlan:
     out = name or spec.name
     plan = TensorPlan(spec.name, [(out, spec.dtype, tuple(spec.shape))],
                       lambda t, out=out: {out: np.ascontiguousarray(t.data)}, ["passed through"])
-    from ..dtypes import DTYPES
+    from converter.dtypes import DTYPES
     if spec.shape and DTYPES.get(spec.dtype) is not None and DTYPES[spec.dtype].numpy is not None:
         rows_plan(plan)
     return plan

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from converter.errors import CorruptFileError, QuantizationError, UnsupportedError
-from converter.quant.rounding import round_half_away
+from converter.kernels.rounding import round_half_away
 
 __all__ = [
     "BlockFields", "LegacyCodec", "KQuantCodec", "CODECS", "SUPPORTED_READ", "SUPPORTED_WRITE",

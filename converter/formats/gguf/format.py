@@ -1,12 +1,12 @@
 """GGUF (llama.cpp / ggml) reader and writer, format ``"gguf"``.
 
-The header is first walked with bounds by :func:`~converter.formats.gguf_bounds.check_gguf_bounds`
+The header is first walked with bounds by :func:`~converter.formats.gguf.bounds.check_gguf_bounds`
 (``n_dims <= 4``, element count without overflow, ``ne[0]`` a whole number of blocks, each
 tensor's data aligned, inside the file and not overlapping another, zero padding between the
 tensor infos and the data); container parsing is then gguf-py's ``GGUFReader``, every exception it
 raises on a malformed file becomes a :class:`CorruptFileError` naming the file, and what it reports
 is cross-checked against the bounded parse. Block bytes are decoded by
-:mod:`converter.formats.gguf_blocks`.
+:mod:`converter.formats.gguf.blocks`.
 
 Orientation (FORMATS.md section 5.2, pitfall 5): gguf-py's ``ReaderTensor.shape`` is the raw
 ``ne`` list (``ne[0]`` innermost = ``in``) while ``.data`` is numpy-ordered; the logical shape is
@@ -29,11 +29,11 @@ BF16       is listed but raises UnsupportedError when loaded
 =========  ==============================================================================
 
 Names: llama.cpp names map to Hugging Face names per ``general.architecture``
-(:mod:`converter.formats.gguf_names`); LLaMA q/k rows are un-permuted on read and permuted on
+(:mod:`converter.formats.gguf.names`); LLaMA q/k rows are un-permuted on read and permuted on
 write (``LlamaModel.permute``). All key/values are kept in ``ckpt.metadata["gguf_kv"]`` (plain
 JSON values) with their GGUF types in ``ckpt.metadata["gguf_kv_types"]``. ``ckpt.config`` is the
-Hugging Face ``config.json`` the key/values describe (:mod:`converter.formats.gguf_hf_config`) and
-``ckpt.side_files`` the tokenizer files (:mod:`converter.formats.gguf_hf_tokenizer`, built when a
+Hugging Face ``config.json`` the key/values describe (:mod:`converter.formats.gguf.hf_config`) and
+``ckpt.side_files`` the tokenizer files (:mod:`converter.formats.gguf.hf_tokenizer`, built when a
 directory writer asks for them); what could not be made is in ``metadata["side_files_skipped"]``
 (file name -> reason). Writing GGUF from a GGUF source takes every key/value from the source,
 never from that derived config.
@@ -44,7 +44,7 @@ K-quants cannot be written (no K-quant encoder in gguf-py; ``d*sc`` is generally
 scale). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp reference rounding).
 
 Requantizing to GGUF (``qckpt convert --to gguf`` with requantize options) goes through
-:data:`converter.formats.gguf_requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in GGUF's form
+:data:`converter.formats.gguf.requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in GGUF's form
 (:func:`requant_adapt`: fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy
 type's exact scheme at groups of 32 along ``in``), and a tensor that is not carried exactly is
 quantized to its legacy type by :func:`quantize_to_gguf`, i.e. byte for byte what
@@ -62,22 +62,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..quant.recode import as_groups, exact_cast
-from ..dtypes import DTYPES
-from ..errors import (ConverterError, CorruptFileError, FormatError, NotRepresentableError,
-                      UnsupportedError)
-from ..groups import Granularity, GroupMap
-from ..io.atomic import atomic_output
-from ..io.parallel import drop_pages, write_at_offsets
-from ..layout import EXPERT, IN, OUT
-from ..scheme import QuantScheme, ZeroPoint
-from ..tensor import (Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec,
-                      opaque_reason)
-from .gguf_blocks import QK_K, SUPPORTED_WRITE, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
-from .gguf_names import (HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation,
-                         permute_heads_key)
-from .registry import Detection, FormatHandler, register
-from .source import Source
+from converter.quant.recode import as_groups, exact_cast
+from converter.dtypes import DTYPES
+from converter.errors import ConverterError, CorruptFileError, FormatError, NotRepresentableError, UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.write.atomic import atomic_output
+from converter.write.parallel import drop_pages, write_at_offsets
+from converter.layout import EXPERT, IN, OUT
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
+from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
+from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation, permute_heads_key
+from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.source import Source
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
@@ -263,11 +260,11 @@ def _corrupt(path: Path, exc: BaseException) -> CorruptFileError:
 def _open_reader(path: Path):
     """``(GGUFReader(path), bounds)``; any failure on the untrusted bytes is a CorruptFileError.
 
-    The bounded header parse :func:`~converter.formats.gguf_bounds.check_gguf_bounds` runs first
+    The bounded header parse :func:`~converter.formats.gguf.bounds.check_gguf_bounds` runs first
     (every structural check: counts, alignment, dims, block multiples, offsets, overlap, padding),
     so GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
     """
-    from .gguf_bounds import check_gguf_bounds
+    from converter.formats.gguf.bounds import check_gguf_bounds
     bounds = check_gguf_bounds(path)
     gguf = _gguf()
     try:
@@ -311,7 +308,7 @@ def _disagree(path: Path, what: str, tensor: str | None, expected: Any, found: A
 def _validate(reader, bounds, path: Path) -> list[tuple[str, str, tuple[int, ...], int, int]]:
     """Cross-check GGUFReader against ``bounds``; return ``(name, type, ne, data_offset, nbytes)``.
 
-    ``bounds`` (:func:`~converter.formats.gguf_bounds.check_gguf_bounds`) holds every structural
+    ``bounds`` (:func:`~converter.formats.gguf.bounds.check_gguf_bounds`) holds every structural
     check; here only the reader's own policy (little-endian, at least one dimension, a data section
     inside the file even without tensors) and whether GGUFReader read the same alignment, data
     start and tensor table (name, type, ne, offset, data size).
@@ -508,8 +505,8 @@ def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_name
     """``(config, side_files, skipped)``: the Hugging Face ``config.json`` dict (:mod:`.gguf_hf_config`;
     ``{}`` when the architecture is not mapped), the tokenizer files made on demand
     (:mod:`.gguf_hf_tokenizer`) and, per file not made, the reason."""
-    from .gguf_hf_config import hf_config_from_gguf
-    from .gguf_hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
+    from converter.formats.gguf.hf_config import hf_config_from_gguf
+    from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
     skipped: dict[str, str] = {}
     try:
         config = hf_config_from_gguf(kv, gguf_names, kv_types=kv_types)
@@ -754,7 +751,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
-    from .ties import resolve_tied_head
+    from converter.formats.ties import resolve_tied_head
     drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
     seen: dict[str, str] = {}
@@ -843,7 +840,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     return result
 
 
-from .gguf_requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
+from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
@@ -851,7 +848,7 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  requant_targets=requant_targets))
 
 
-from ..validate.hooks import register_hooks  # noqa: E402
+from converter.validate.hooks import register_hooks  # noqa: E402
 
 #: ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the signed value of largest
 #: magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``), so about half the scales are negative.

@@ -1,1 +1,0 @@
-"""Output helpers: atomic writes, path checks, hashing."""
