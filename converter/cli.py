@@ -13,10 +13,12 @@ from pathlib import Path
 
 import click
 
-from converter import exit_codes
+import converter.exit_codes as exit_codes
 from converter.report import render
 from converter.errors import ConverterError
 from converter.validate.findings import codes_help
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, GRANULARITY_OPTIONS, SCALE_DTYPE_CHOICES, float_dtype_name,
+                                  granularity_of, granularity_options)
 
 
 def _handle_errors(fn):
@@ -38,7 +40,7 @@ def _handle_errors(fn):
             sys.exit(exit_codes.UNREADABLE)
         except KeyboardInterrupt:
             click.echo("qckpt: interrupted; no partial output left", err=True)
-            sys.exit(130)
+            sys.exit(exit_codes.INTERRUPTED)
     return wrapper
 
 
@@ -106,16 +108,15 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
 
 def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *, required: bool) -> str | None:
     """The one granularity option given (``tensor`` / ``channel`` / ``group``); a usage error on conflicts."""
-    given = [name for name, on in (("--per-tensor", per_tensor), ("--per-channel", per_channel),
-                                   ("--group-size", group_size is not None)) if on]
+    given = granularity_options(per_tensor, per_channel, group_size)
+    listed = ", ".join(option for option, _ in GRANULARITY_OPTIONS)
     if len(given) > 1:
-        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of --per-tensor, "
-                               "--per-channel, --group-size")
+        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
     if not given:
         if required:
-            raise click.UsageError("missing option: give one of --per-tensor, --per-channel, --group-size")
+            raise click.UsageError(f"missing option: give one of {listed}")
         return None
-    return {"--per-tensor": "tensor", "--per-channel": "channel", "--group-size": "group"}[given[0]]
+    return granularity_of(given[0])
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -126,7 +127,7 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
-@click.option("--scale-dtype", type=click.Choice(["f16", "bf16", "f32"]), default="f16", show_default=True)
+@click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default="f16", show_default=True)
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None, help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
@@ -144,7 +145,7 @@ def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dty
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
-                           scale_dtype={"f16": "F16", "bf16": "BF16", "f32": "F32"}[scale_dtype],
+                           scale_dtype=float_dtype_name(scale_dtype),
                            include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
     ckpt, stats = quantize_checkpoint(load(src), opts)
     write_native(ckpt, dst, overwrite=overwrite)
@@ -167,7 +168,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(["f32", "f16", "bf16"]), default="f32", show_default=True)
+@click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
@@ -203,7 +204,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Requantize: groups of G along the input axis.")
 @click.option("--bits", type=click.IntRange(2, 8), default=None, help="Requantize: bits per code.")
 @click.option("--sym/--asym", "sym", default=None, help="Requantize: symmetric, or asymmetric with zero points.")
-@click.option("--scale-dtype", type=click.Choice(["f16", "bf16", "f32"]), default=None, help="Requantize: scale dtype.")
+@click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None, help="Requantize: scale dtype.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"]), default=None,
               help="Requantize: per-group clipping search minimising squared error.")
 @click.option("--reference", type=click.Path(path_type=Path), default=None,

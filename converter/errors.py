@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import converter.exit_codes as exit_codes
+
 
 class ConverterError(Exception):
     """Root of every error qckpt raises on purpose.
@@ -30,7 +32,7 @@ class ConverterError(Exception):
         What the user can do about it.
     """
 
-    exit_code = 3
+    exit_code = exit_codes.UNREADABLE
 
     def __init__(self, message: str, *, file: str | Path | None = None, tensor: str | None = None,
                  field: str | None = None, expected: object = None, found: object = None,
@@ -132,4 +134,4 @@ class OutputWriteError(ConverterError, OSError):
 class OutputExistsError(ConverterError, FileExistsError):
     """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
 
-    exit_code = 2
+    exit_code = exit_codes.USAGE

@@ -74,6 +74,16 @@ def test_human_output_and_help(quantized):
     assert "Exit status" in h.output and "3  input cannot be read" in h.output
 
 
+def test_help_lists_every_exit_status_and_errors_use_them():
+    from converter import errors, exit_codes
+    h = run("--help").output
+    for code, text in exit_codes.TABLE:
+        assert f"  {code}  {text}" in h
+    assert [c for c, _ in exit_codes.TABLE] == [0, 1, 2, 3, 130]
+    assert errors.ConverterError.exit_code == exit_codes.UNREADABLE == 3
+    assert errors.OutputExistsError.exit_code == exit_codes.USAGE == 2
+
+
 def test_dequantize_round_trip(quantized, tmp_path):
     dst, _ = quantized
     out = tmp_path / "deq.safetensors"

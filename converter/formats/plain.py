@@ -16,9 +16,9 @@ from converter.tensor import Checkpoint, opaque_reason
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source
+from converter.vocabulary import FLOAT_DTYPE_ALIASES
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
-DTYPE_CHOICES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 
 
 def read_plain(src: Source) -> Checkpoint:
@@ -97,7 +97,7 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     side files (a GGUF's tokenizer) written.
     """
     ckpt.refuse_opaque("plain")
-    dtype = DTYPE_CHOICES.get(dtype, dtype)
+    dtype = FLOAT_DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
     plans = plain_plans(ckpt, dtype)

@@ -22,6 +22,7 @@ from converter.kernels.metrics import error_stats
 from converter.quant.quantize import quantize
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, spec_of
+from converter.vocabulary import group_map_for
 
 DEFAULT_EXCLUDE = r"(embed|norm|lm_head|wte|wpe)"
 
@@ -44,13 +45,9 @@ class QuantizeOptions:
         return QuantScheme(self.bits, signed=False, zero_point=ZeroPoint.INTEGER, scale_dtype=self.scale_dtype)
 
     def group_map(self) -> GroupMap:
-        if self.granularity == "tensor":
-            return GroupMap.per_tensor()
-        if self.granularity == "channel":
-            return GroupMap.per_channel(OUT)
-        if not self.group_size:
+        if self.granularity == "group" and not self.group_size:
             raise FormatError("group granularity needs a group size", field="group_size")
-        return GroupMap.per_group(self.group_size, IN)
+        return group_map_for(self.granularity, self.group_size)
 
 
 def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:

@@ -33,8 +33,7 @@ from converter.layout import IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.quant.quantize import _safe_cast_scales, choose_params, codes_for
 from converter.quant.recode import as_positive_scales, as_float_bias, exact_cast, as_integer_zero, as_signed, as_unsigned
-
-SCALE_DTYPE_ALIASES = {"f16": "F16", "bf16": "BF16", "f32": "F32", "F16": "F16", "BF16": "BF16", "F32": "F32"}
+from converter.vocabulary import GRANULARITIES, SCALE_DTYPE_CHOICES, float_dtype_name, group_map_for
 
 # Scale dtype widenings that are exact for every finite value of the source dtype.
 _WIDER = {
@@ -86,9 +85,9 @@ class Target:
     def __post_init__(self) -> None:
         if self.granularity is None and self.group_size is not None:
             object.__setattr__(self, "granularity", "group")
-        if self.granularity not in (None, "tensor", "channel", "group"):
+        if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise UnsupportedError("unknown granularity", field="granularity",
-                                   expected=["tensor", "channel", "group"], found=self.granularity)
+                                   expected=list(GRANULARITIES), found=self.granularity)
         if self.granularity == "group" and not self.group_size:
             raise UnsupportedError("group granularity needs a group size", field="--group-size", expected=">= 1",
                                    found=self.group_size)
@@ -98,9 +97,9 @@ class Target:
         if self.bits is not None and not 2 <= int(self.bits) <= 8:
             raise UnsupportedError("bits out of range", field="--bits", expected="2..8", found=self.bits)
         if self.scale_dtype is not None:
-            sd = SCALE_DTYPE_ALIASES.get(self.scale_dtype)
+            sd = float_dtype_name(self.scale_dtype)
             if sd is None:
-                raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=["f16", "bf16", "f32"],
+                raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=list(SCALE_DTYPE_CHOICES),
                                        found=self.scale_dtype)
             object.__setattr__(self, "scale_dtype", sd)
         if self.scale_search not in ("none", "mse"):
@@ -150,14 +149,7 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target, fmt=None) 
     if sd not in ("F16", "BF16", "F32") and (sd != scheme.scale_dtype or bits != scheme.bits):
         sd = "F32"  # an F8 source scale dtype is kept only by an exact carry; requantized scales go to F32
     new = QuantScheme(bits, signed=signed, zero_point=zp, scale_dtype=sd, rounding=scheme.rounding)
-    if target.granularity is None:
-        gm = group_map
-    elif target.granularity == "tensor":
-        gm = GroupMap.per_tensor()
-    elif target.granularity == "channel":
-        gm = GroupMap.per_channel(OUT)
-    else:
-        gm = GroupMap.per_group(int(target.group_size), IN)
+    gm = group_map if target.granularity is None else group_map_for(target.granularity, target.group_size)
     if fmt is not None:
         new, gm = fmt.adapt(new, gm, target)
     return new, gm

@@ -1,0 +1,33 @@
+"""converter.vocabulary: the command line's dtype aliases and granularities, defined once."""
+
+import pytest
+
+from converter.groups import Granularity
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of,
+                                  granularity_options, group_map_for)
+
+
+@pytest.mark.parametrize("name, expected", [("f16", "F16"), ("bf16", "BF16"), ("f32", "F32"), ("F16", "F16"),
+                                            ("BF16", "BF16"), ("F32", "F32"), ("f64", None), ("F8_E4M3", None),
+                                            ("fp16", None)])
+def test_float_dtype_name(name, expected):
+    assert float_dtype_name(name) == expected
+
+
+def test_choices_cover_the_same_dtypes():
+    assert sorted(SCALE_DTYPE_CHOICES) == sorted(DENSE_DTYPE_CHOICES) == ["bf16", "f16", "f32"]
+
+
+def test_granularity_options_in_table_order():
+    assert granularity_options(False, False, None) == []
+    assert granularity_options(True, False, None) == ["--per-tensor"]
+    assert granularity_options(False, True, 0) == ["--per-channel", "--group-size"]
+    assert [granularity_of(o) for o in ("--per-tensor", "--per-channel", "--group-size")] == \
+        ["tensor", "channel", "group"]
+
+
+def test_group_map_for():
+    t, c, g = group_map_for("tensor"), group_map_for("channel"), group_map_for("group", 32)
+    assert t.granularity is Granularity.TENSOR
+    assert (c.granularity, c.axis) == (Granularity.CHANNEL, "out")
+    assert (g.granularity, g.axis, g.group_size, g.g_idx) == (Granularity.GROUP, "in", 32, None)
