@@ -184,15 +184,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     ckpt = load(src)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
-    def human(d):
-        click.echo(f"dequantized {d['tensors']} tensors from {d['source_format']} to {d['dtype']}: "
-                   f"{d['destination']} ({', '.join(d['files'])})")
-        by_reason: dict[str, list[str]] = {}
-        for name, reason in d.get("side_files_skipped", {}).items():
-            by_reason.setdefault(reason, []).append(name)
-        for reason, names in by_reason.items():
-            click.echo(f"  not written: {', '.join(names)}: {reason}")
-    _emit(doc, as_json, human, "dequantize-report")
+    _emit(doc, as_json, render.render_dequantize, "dequantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -264,16 +256,17 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
 @_handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
-    from converter.validate import probes, report
+    from converter.report.validation import render_self_test, render_validation
+    from converter.validate import probes
     from converter.validate import validate as do_validate
     if self_test:
         doc = probes.self_test()
-        _emit(doc, as_json, probes.render_self_test, "probe-report")
+        _emit(doc, as_json, render_self_test, "probe-report")
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
     rep = do_validate(path, reference=reference, strict=strict)
-    _emit(rep.to_json(), as_json, report.render_report, "validation-report")
+    _emit(rep.to_json(), as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 
 

@@ -1,4 +1,8 @@
-"""Human renderings of reports (rich tables) and JSON output."""
+"""Human renderings of reports (rich tables) and JSON output.
+
+Every renderer takes the command's JSON document (the one ``--json`` prints), so the text and the
+JSON never disagree. Validation and probe reports: :mod:`converter.report.validation`.
+"""
 
 from __future__ import annotations
 
@@ -91,6 +95,18 @@ def render_audit(doc: dict) -> None:
         for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
             t2.add_row(k, fmt(v, 8), fmt(8 * v / numel))
         c.print(t2)
+
+
+def render_dequantize(doc: dict) -> None:
+    """One line naming the output files, then the side files not written, grouped by reason."""
+    import click
+    click.echo(f"dequantized {doc['tensors']} tensors from {doc['source_format']} to {doc['dtype']}: "
+               f"{doc['destination']} ({', '.join(doc['files'])})")
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in doc.get("side_files_skipped", {}).items():
+        by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        click.echo(f"  not written: {', '.join(names)}: {reason}")
 
 
 def render_convert(doc: dict) -> None:

@@ -16,6 +16,8 @@ reader. The declared decode must equal the probe's own decode bit for bit, and e
 interpretation of :mod:`converter.validate.interpretations` (transposed storage, reversed dims,
 scales in the other orientation / on the other axis / on the wrong groups, other nibble orders,
 zero offset +-1, sequential groups instead of ``g_idx``) must *fail* to reproduce it.
+
+The probe report's human rendering is :func:`converter.report.validation.render_self_test`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from converter import exit_codes
+from converter.exit_codes import FINDINGS, OK
 from converter.errors import ConverterError
 from converter.formats import registry
 from converter.formats.source import Source
@@ -179,23 +181,5 @@ def self_test(formats: list[str] | None = None) -> dict[str, Any]:
             verdicts[name] = "pass" if ok else ("no probe accepted" if not results else "FAIL")
     failed = [n for n, v in verdicts.items() if v not in ("pass",) and not v.startswith("skipped")]
     return {"schema": "qckpt.probe-report/1", "formats": verdicts, "probes": rows,
-            "exit_code": exit_codes.FINDINGS if failed else exit_codes.OK}
+            "exit_code": FINDINGS if failed else OK}
 
-
-def render_self_test(doc: dict[str, Any]) -> None:
-    """Table: one row per probe, alternatives rejected n/n, and the verdict per format."""
-    from rich.table import Table
-
-    from converter.report.render import console
-    c = console()
-    t = Table("format", "scheme", "shape", "groups", "declared exact", "alternatives rejected", "result",
-              title="qckpt validate --self-test: axis probes")
-    for r in doc["probes"]:
-        alts = r["alternatives"]
-        missed = [k for k, v in alts.items() if not v]
-        t.add_row(r["format"], r["scheme"], "x".join(map(str, r["shape"])), r["groups"],
-                  "yes" if r["declared_exact"] else "NO", f"{sum(alts.values())}/{len(alts)}"
-                  + (f" (matched: {', '.join(missed)})" if missed else ""),
-                  "pass" if r["passed"] else ("error: " + r["error"][:60] if r["error"] else "FAIL"))
-    c.print(t)
-    c.print("formats: " + ", ".join(f"{k}: {v}" for k, v in doc["formats"].items()))

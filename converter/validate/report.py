@@ -1,11 +1,14 @@
-"""The validation report: findings, per-tensor statistics, JSON (``schemas/validation-report.schema.json``), exit status."""
+"""The validation report: findings, per-tensor statistics, JSON (``schemas/validation-report.schema.json``), exit status.
+
+Its human rendering is :func:`converter.report.validation.render_validation`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from converter import exit_codes
+from converter.exit_codes import FINDINGS, OK
 from converter.validate.findings import CODES, SEVERITIES, Finding, jsonable
 
 SCHEMA = "qckpt.validation-report/1"
@@ -49,8 +52,8 @@ class ValidationReport:
         """0 clean; 1 with an error finding (or a warning under ``strict``). Info never fails."""
         c = self.counts()
         if c["error"] or (self.strict and c["warning"]):
-            return exit_codes.FINDINGS
-        return exit_codes.OK
+            return FINDINGS
+        return OK
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
@@ -63,22 +66,3 @@ class ValidationReport:
                          "summary": {**self.counts(), "tensors_checked": len(self.tensors)},
                          "tensors": self.tensors, "exit_code": self.exit_code})
 
-
-def render_report(doc: dict[str, Any]) -> None:
-    """Human rendering of a validation report (rich table of findings)."""
-    from rich.table import Table
-
-    from converter.report.render import console
-    c = console()
-    s = doc["summary"]
-    verdict = "clean" if doc["exit_code"] == 0 else "FINDINGS"
-    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{doc['format']}[/bold]  checks: {', '.join(doc['checks'])}  "
-            f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "
-            f"{s['info']} info)")
-    if not doc["findings"]:
-        return
-    t = Table("severity", "code", "tensor", "message", "evidence")
-    for f in doc["findings"]:
-        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None and k != "reader_error")
-        t.add_row(f["severity"], f["code"], f["tensor"] or "-", f["message"], ev[:240])
-    c.print(t)
