@@ -5,7 +5,7 @@ Run from a fresh clone (after ``pip install -e .``, or with the checkout on ``PY
     python benchmarks/bench_streaming.py              # 4 Llama-7B-shaped layers (~1 GB), a few minutes
     python benchmarks/bench_streaming.py --size 7b    # Llama-2-7B shapes, GPTQ 4-bit g128 (~3.9 GB)
 
-It builds a synthetic GPTQ checkpoint (``benchmarks/synthetic.py``: 32 layers, hidden 4096, MLP
+It builds a synthetic GPTQ checkpoint (``tests/synthetic.py``: 32 layers, hidden 4096, MLP
 11008, vocabulary 32000 for ``7b``) in ``--workdir`` and measures, each in a fresh subprocess:
 
 - ``inspect``, ``audit`` (and ``validate`` when the command exists): headers only;
@@ -56,9 +56,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling timing.py
 
-from synthetic import SIZES, Shape, build_gptq  # noqa: E402
+from tests.synthetic import SIZES, Shape, build_gptq  # noqa: E402
 from timing import median_time  # noqa: E402
 
 MIB = 2**20

@@ -1,17 +1,14 @@
-import sys
 from pathlib import Path
 
 import pytest
 
 from converter.errors import MalformedInputError
+from tests.synthetic import Shape, build_gptq
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_checkpoints"
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from synthetic import Shape, build_gptq  # noqa: E402
-
-#: A two-layer Llama-shaped GPTQ checkpoint (benchmarks/synthetic.py) for streaming / proof tests.
+#: A two-layer Llama-shaped GPTQ checkpoint (tests/synthetic.py) for streaming / proof tests.
 TINY = Shape(layers=2, hidden=256, mlp=384, vocab=300, group=64)
 
 

@@ -8,7 +8,9 @@ import struct
 import pytest
 from click.testing import CliRunner
 
+import converter
 from converter.cli import main
+from converter.errors import ConverterError
 from converter.schemas import validate_document
 from tests.conftest import SAMPLES
 
@@ -196,3 +198,17 @@ def test_directory_of_gguf_files_says_pass_one_file():
     # found by a new-user trial: `qckpt inspect sample_checkpoints/gguf` said "expected None"
     r = run("inspect", SAMPLES / "gguf")
     assert r.exit_code == 3 and "pass one .gguf file" in r.output and "expected None" not in r.output
+
+
+# -- B36: the LFS stub's "header length" is named, not allocated ------------------------------------
+def test_b36_lfs_stub_header_length_reported(tmp_path):
+    stub = "version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 9876543210\n"
+    p = tmp_path / "model.safetensors"
+    p.write_text(stub)
+    assert int.from_bytes(b"version ", "little") == 2_336_927_755_350_992_246 and len(stub) == 135
+    with pytest.raises(ConverterError) as ei:
+        converter.load(p)
+    msg = str(ei.value)
+    assert "git-LFS pointer" in msg and "2336927755350992246" in msg and ei.value.field == "header_length"
+    r = CliRunner().invoke(main, ["inspect", str(p)], catch_exceptions=False)
+    assert r.exit_code == 3 and "Traceback" not in r.output

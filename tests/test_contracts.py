@@ -1,10 +1,15 @@
 """The design contracts (DEVELOPERS.md), each with its exact values computed by hand."""
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
+from safetensors.numpy import save_file
 
 import converter
 from converter import GroupMap, QuantScheme, ZeroPoint, quantize_codes
+from converter.cli import main
 from converter.ops.audit import theoretical_bytes
 from converter.errors import LayoutError
 from converter.kernels.metrics import error_stats
@@ -59,19 +64,35 @@ def test_symmetric_formula():
     np.testing.assert_array_equal(t.dequantize(), np.array([[7, -4, 2, 5]], np.float32) * scale)
 
 
-def test_all_zero_tensor_scale_one_exact():
+def test_all_zero_tensor_scale_one_exact(tmp_path):
     x = np.zeros((1, 4), np.float32)
     t = quantize(x, QuantScheme(4, signed=True, scale_dtype="F32"), GroupMap.per_tensor())
     assert t.scales.item() == 1.0
     e = error_stats(x, t.dequantize())
     assert e.mse == 0.0 and e.max_abs == 0.0 and e.exact
-    assert 32 / t.scheme.bits == 8
     assert not np.isnan(t.dequantize()).any()
+    # what `qckpt quantize` reports for `0,0,0,0` at 4 bits: MSE 0, max error 0, scale 1, and an
+    # ideal compression vs FP32 of 8 (32-bit floats -> 4-bit codes); with metadata 16 bytes of FP32
+    # over 2 bytes of codes + one 4-byte F32 scale = 16 / 6.
+    src, dst = tmp_path / "zeros.safetensors", tmp_path / "q.safetensors"
+    save_file({"layer.weight": x}, str(src))
+    r = CliRunner().invoke(main, ["quantize", str(src), str(dst), "--bits", "4", "--per-tensor", "--scale-dtype", "f32",
+                                  "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    (row,) = doc["tensors"]
+    assert row["name"] == "layer.weight" and row["exact"] is True
+    assert row["mse"] == 0.0 and row["max_abs_error"] == 0.0
+    assert row["scale_min"] == row["scale_max"] == 1.0
+    assert row["ideal_compression_vs_fp32"] == 8.0 and doc["overall"]["ideal_compression_vs_fp32"] == 8.0
+    assert row["compression_vs_fp32_with_metadata"] == pytest.approx(16 / 6)
+    assert doc["overall"]["mse"] == 0.0 and doc["overall"]["max_abs_error"] == 0.0
 
 
 def test_all_zero_group_among_others_never_nan():
     x = np.array([[0, 0, 0, 0, 1, -2, 3, 4]], np.float32)
-    for scheme in (QuantScheme(4, True), QuantScheme(4, False, ZeroPoint.INTEGER), QuantScheme(4, False, ZeroPoint.FLOAT)):
+    schemes = (QuantScheme(4, True), QuantScheme(4, False, ZeroPoint.INTEGER), QuantScheme(4, False, ZeroPoint.FLOAT))
+    for scheme in schemes:
         t = quantize(x, scheme, GroupMap.per_group(4))
         assert float(t.scales[0, 0].astype(np.float32)) == 1.0
         d = t.dequantize()
@@ -117,3 +138,14 @@ def test_error_stats_shape_mismatch_is_a_converter_error():
     with pytest.raises(LayoutError, match="shapes differ") as e:
         error_stats(np.zeros((2, 3)), np.zeros((3, 2)))
     assert isinstance(e.value, ConverterError) and (e.value.expected, e.value.found) == ([2, 3], [3, 2])
+
+
+# -- B18: an all-zero group quantizes to zeros, never NaN -------------------------------------------
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("zp", [ZeroPoint.NONE, ZeroPoint.INTEGER])
+def test_b18_all_zero_group_quantizes_to_zero(bits, zp):
+    scheme = QuantScheme(bits, zp is ZeroPoint.NONE, zp, "F16")
+    t = converter.quantize(np.zeros((1, 4), np.float32), scheme, GroupMap.per_tensor(), name="w")
+    s = t.scales.astype(np.float32)
+    assert np.isfinite(s).all() and (s != 0).all()
+    assert t.dequantize().tolist() == [[0.0, 0.0, 0.0, 0.0]]

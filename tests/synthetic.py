@@ -1,4 +1,5 @@
-"""Synthetic Llama-style GPTQ checkpoints for the streaming benchmark (``bench_streaming.py``).
+"""Synthetic Llama-style GPTQ checkpoints for the tests (``conftest.gptq_dir``) and the streaming
+benchmark (``benchmarks/bench_streaming.py``).
 
 The tensors have the names, dtypes and shapes AutoGPTQ / GPTQModel write for a Llama model
 (``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj`` as ``qweight`` /
@@ -11,15 +12,13 @@ The data is generated block by block, so building a 7B-shaped checkpoint needs l
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from converter.formats.safetensors_io import SafetensorsWriter  # noqa: E402
+from converter.formats.safetensors_io import SafetensorsWriter
 
 
 @dataclass(frozen=True)
@@ -110,6 +109,28 @@ def build_gptq(dst: Path, s: Shape, *, seed: int = 0) -> int:
     (dst / "quantize_config.json").write_text(json.dumps(qc, indent=2) + "\n")
     return (dst / "model.safetensors").stat().st_size
 
+
+
+# -- independent packing helpers for hand-built checkpoints (no converter.kernels.packing) ---------
+def lsb_words(fields, bits: int) -> list[int]:
+    """One LSB-first bit stream of ``fields`` cut into 32-bit words (pure Python)."""
+    acc = 0
+    for k, v in enumerate(int(x) for x in fields):
+        acc |= (v & ((1 << bits) - 1)) << (k * bits)
+    return [(acc >> (32 * w)) & 0xFFFFFFFF for w in range(-(-len(fields) * bits // 32))]
+
+
+def rows_u32(codes: np.ndarray, bits: int) -> np.ndarray:
+    """[r, n] codes -> [r, n*bits/32] uint32 words packed along the row (MLX layout)."""
+    return np.array([lsb_words(row, bits) for row in codes], dtype=np.uint64).astype(np.uint32)
+
+
+def mlx_dir(path: Path, tensors: dict, quant: dict, **cfg) -> Path:
+    path.mkdir(parents=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "quantization": quant,
+                                                  "quantization_config": quant, **cfg}))
+    return path
 
 if __name__ == "__main__":
     import argparse

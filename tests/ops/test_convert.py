@@ -1,30 +1,32 @@
-"""CASES.md reproducers exercised through the converter (readers, writers, ``convert_exact``).
-
-Per-format decode cases live in tests/formats/; here the same kinds are checked across a
-conversion, where the bugs in CASES.md happened: B06 (GPTQ -> AWQ), B11 (act-order g_idx into
-formats without g_idx), B13/B14/B15 (partial groups), B17 (per-channel), B27/B29 (shape
-inference after writing), B32/B33 (tied embeddings) and B34 (sharded copies of real samples).
+"""convert_exact across formats, where the CASES.md bugs happened: B06 (GPTQ -> AWQ), B11 (act-order
+g_idx into formats without g_idx), B12 (no actorder for a channel scheme), B13/B14/B15 (partial
+groups), B17 (per-channel), B24 (bf16 scales never narrowed to fp16), B27/B29 (shape inference
+after writing). Per-format decode cases live in tests/formats/; tied heads in
+tests/formats/test_ties.py, sharded sources in tests/formats/test_source.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
-from converter.errors import FormatError, InputNotFoundError, MissingTensorError, NotRepresentableError
+import converter
+from converter.errors import NotRepresentableError, QuantizationError
 from converter.formats import registry
 from converter.formats.native import write_native
-from converter.formats.source import Source
 from converter.groups import GroupMap
 from converter.layout import IN, OUT
 from converter.ops.convert import convert_exact
 from converter.scheme import QuantScheme, ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
+from converter.tensor import Checkpoint, QuantizedTensor
+from converter.validate import validate
 from tests.conftest import SAMPLES
+from tests.synthetic import lsb_words
 
 U4 = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
 
@@ -162,7 +164,8 @@ def test_b13_partial_group_written_only_when_allowed(tmp_path, target):
 
 
 def test_b13_refusal_names_the_group_sizes_that_divide(tmp_path):
-    # widths 96 and 160 with groups of 64: partial in both; of the kernel sizes only 32 divides both (96 = 3*32, 160 = 5*32)
+    # widths 96 and 160 with groups of 64: partial in both; of the kernel sizes only 32 divides both
+    # (96 = 3*32, 160 = 5*32)
     a, b = _b13_tensor(I=96, G=64), _b13_tensor(I=160, G=64)
     b = QuantizedTensor("m.k.weight", b.axes, b.codes, b.scales, b.scheme, b.group_map)
     with pytest.raises(NotRepresentableError) as err:
@@ -230,113 +233,61 @@ def test_b29_3bit_gptq_to_ct_dense_words_and_weight_shape(tmp_path):
     assert np.array_equal(registry.load(tmp_path / "ct")["m.l.weight"].codes.astype(np.int16) + 4, t.codes)
 
 
-# -- B32 / B33: tied embeddings -----------------------------------------------------------------
-E = np.array([[1, 0], [0, 1], [1, 1]], np.float16)
-H = np.array([2, 1], np.float32)
+# -- B12: the writer never serializes actorder for a channel scheme ---------------------------------
+@pytest.mark.parametrize("ct_version", [None, "0.12.2"])
+def test_b12_channel_scheme_written_without_actorder(tmp_path, ct_version):
+    # GPTQModel may save per-channel with desc_act true (g_idx all zero): act-order means nothing here
+    q = np.tile(np.array([[8, 12], [5, 8], [15, 0], [8, 9]]), (2, 4))  # stored [I=8, O=8]
+    qweight = np.array([lsb_words(q[:, o], 4) for o in range(8)], np.uint64).T.astype(np.uint32).view(np.int32)
+    d = tmp_path / "g"
+    d.mkdir()
+    save_file({"m.l.qweight": np.ascontiguousarray(qweight),
+               "m.l.qzeros": np.array([[0x88888888]], np.uint32).view(np.int32),
+               "m.l.scales": np.full((1, 8), 0.5, np.float16), "m.l.g_idx": np.zeros(8, np.int32)},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": -1, "sym": True, "desc_act": True,
+        "checkpoint_format": "gptq_v2"}}))
+    rep = convert_exact(d, tmp_path / "ct", "compressed-tensors",
+                        options={"ct_version": ct_version} if ct_version else None)
+    assert rep["summary"]["all_exact"]
+    weights = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["config_groups"]
+    for g in weights.values():
+        assert g["weights"]["strategy"] == "channel" and g["weights"].get("actorder") is None
+    assert not [f for f in validate(tmp_path / "ct").findings if f.code == "config-mismatch"]
+    back = converter.load(tmp_path / "ct")["m.l.weight"]
+    assert back.dequantize()[:2, :4].tolist() == [[0, -1.5, 3.5, 0], [2.0, 0, -4.0, 0.5]]
 
 
-def _tied_source(tmp_path, head, tie=True):
-    q = QuantizedTensor("model.layers.0.mlp.down_proj.weight", (OUT, IN), np.full((8, 32), 9, np.uint8),
-                        np.full((8, 1), 0.5, np.float16), QuantScheme(4, False, ZeroPoint.NONE, "F16"),
-                        GroupMap.per_group(32))
-    cfg = {"model_type": "llama", "tie_word_embeddings": tie}
-    from tests.conftest import write_native_as_is  # a source carrying the head as it is (tie rule not applied)
-    return write_native_as_is(tmp_path / "src.safetensors",
-                              [q, DenseTensor("model.embed_tokens.weight", E), DenseTensor("lm_head.weight", head)], cfg)
+# -- B24: exact repacks never narrow bf16 scales [1e-8, 70144, 3e-5] to fp16 [0, inf, 3e-5] -----------
+def _b24_source(tmp_path) -> tuple[Path, QuantizedTensor]:
+    s = np.array([[1.0e-8], [70144], [3.0e-5]] + [[1.0]] * 5, np.float32).astype(ml_dtypes.bfloat16)
+    t = QuantizedTensor("model.layers.0.mlp.up_proj.weight", (OUT, IN), np.full((8, 32), 9, np.uint8), s,
+                        QuantScheme(4, False, ZeroPoint.NONE, "BF16"), GroupMap.per_channel(OUT))
+    p = tmp_path / "src.safetensors"
+    converter.save(Checkpoint.from_tensors([t], config={"model_type": "llama"}), p)
+    return p, t
 
 
-@pytest.mark.parametrize("target", ["gptq", "awq", "compressed-tensors", "mlx", "plain"])
-def test_b33_identical_head_stored_once(tmp_path, target):
-    src = _tied_source(tmp_path, E.copy())
-    rep = convert_exact(src, tmp_path / "out", target)
-    assert rep["summary"]["all_exact"] and rep["summary"]["changed"] == 0
-    row = next(r for r in rep["tensors"] if r["name"] == "lm_head.weight")
-    assert row["mode"] == "tied" and row["tied_to"] == "model.embed_tokens.weight"
-    assert "B33" in rep["written"]["tied_head"]["note"]
-    out = registry.load(tmp_path / "out")
-    assert "lm_head.weight" not in out and json.loads((tmp_path / "out" / "config.json").read_text())[
-        "tie_word_embeddings"] is True
-    logits = H @ out["model.embed_tokens.weight"].data.astype(np.float32).T
-    assert logits.tolist() == [2, 1, 3]
+@pytest.mark.parametrize("target", ["gptq", "awq", "gguf"])
+def test_b24_fp16_targets_refuse_out_of_range_bf16_scales(tmp_path, target):
+    src, _ = _b24_source(tmp_path)
+    with np.errstate(over="ignore"):
+        bf16 = np.array([1.0e-8, 70144, 3.0e-5], np.float32).astype(ml_dtypes.bfloat16)
+        naive = bf16.astype(np.float32).astype(np.float16)
+    assert naive[0] == 0 and np.isinf(naive[1])  # what an unchecked cast would write
+    dst = tmp_path / ("out.gguf" if target == "gguf" else "out")
+    with pytest.raises((QuantizationError, NotRepresentableError)) as ei:
+        convert_exact(src, dst, target)
+    assert "model.layers.0.mlp.up_proj.weight" in str(ei.value)
+    assert not dst.exists()
 
 
-@pytest.mark.parametrize("target", ["gptq", "mlx", "plain"])
-def test_b32_different_head_kept_and_untied(tmp_path, target):
-    L = E.copy()
-    L[2] = [1.5, 1]
-    src = _tied_source(tmp_path, L)
+@pytest.mark.parametrize("target", ["compressed-tensors", "mlx"])
+def test_b24_bf16_targets_keep_the_scales(tmp_path, target):
+    src, t = _b24_source(tmp_path)
     rep = convert_exact(src, tmp_path / "out", target)
     assert rep["summary"]["all_exact"]
-    tie = rep["written"]["tied_head"]
-    assert not tie["identical"] and tie["max_abs_diff"] == 0.5 and "B32" in tie["note"]
-    out = registry.load(tmp_path / "out")
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
-    logits = H @ out["lm_head.weight"].data.astype(np.float32).T
-    assert logits.tolist() == [2, 1, 4]  # not the tied [2, 1, 3]
-
-
-def test_untied_config_keeps_head_without_note(tmp_path):
-    src = _tied_source(tmp_path, E.copy(), tie=False)
-    rep = convert_exact(src, tmp_path / "out", "gptq")
-    assert "tied_head" not in rep["written"] and "lm_head.weight" in registry.load(tmp_path / "out")
-
-
-# -- B34: sharded copies of real samples ---------------------------------------------------------
-def _shard(tmp_path, sample, fmt):
-    dst = tmp_path / f"{sample}-sharded"
-    rep = registry.get(fmt).write(registry.load(SAMPLES / sample), dst, max_shard_bytes=400_000)
-    assert len([f for f in rep["files"] if f.startswith("model-")]) > 1
-    return dst
-
-
-@pytest.mark.parametrize("sample,fmt", [("gptq_w4_g128_sym", "gptq"), ("minilm_fp16.safetensors", "plain")])
-def test_b34_sharded_real_sample_reads_equal(tmp_path, sample, fmt):
-    d = _shard(tmp_path, sample, fmt)
-    a, b = registry.load(SAMPLES / sample), registry.load(d)
-    assert b.format == fmt and sorted(a.names()) == sorted(b.names()) and len(b.files) > 1
-    for n in a.names():
-        x, y = a[n], b[n]
-        if hasattr(x, "codes"):
-            assert np.array_equal(x.codes, y.codes) and np.array_equal(x.scales, y.scales)
-        else:
-            assert x.data.tobytes() == y.data.tobytes()
-
-
-@pytest.mark.parametrize("sample,fmt", [("gptq_w4_g128_sym", "gptq"), ("minilm_fp16.safetensors", "plain")])
-def test_b34_missing_shard_is_an_error(tmp_path, sample, fmt):
-    d = _shard(tmp_path, sample, fmt)
-    index = json.loads((d / "model.safetensors.index.json").read_text())
-    victim = sorted(set(index["weight_map"].values()))[-1]
-    lost = sorted(k for k, v in index["weight_map"].items() if v == victim)
-    (d / victim).unlink()
-    with pytest.raises(InputNotFoundError) as info:
-        registry.load(d)
-    msg = str(info.value)
-    assert victim in msg and str(len(lost)) in msg  # "missing shard s2 (2 tensors)"
-
-
-def test_b34_index_and_shards_disagree(tmp_path):
-    d = _shard(tmp_path, "gptq_w4_g128_sym", "gptq")
-    ipath = d / "model.safetensors.index.json"
-    index = json.loads(ipath.read_text())
-    # an index entry naming a tensor that its shard does not hold
-    name, shard = next(iter(index["weight_map"].items()))
-    index["weight_map"]["ghost.qweight"] = shard
-    ipath.write_text(json.dumps(index))
-    with pytest.raises((MissingTensorError, FormatError)) as info:
-        registry.load(d)
-    assert "ghost.qweight" in str(info.value)
-    # a shard holding a tensor the index does not list
-    index["weight_map"].pop("ghost.qweight")
-    index["weight_map"].pop(name)
-    ipath.write_text(json.dumps(index))
-    with pytest.raises(FormatError) as info:
-        registry.load(d)
-    assert name in str(info.value)
-
-
-def test_b34_convert_from_sharded_source(tmp_path):
-    d = _shard(tmp_path, "gptq_w4_g128_sym", "gptq")
-    rep = convert_exact(d, tmp_path / "awq", "awq")
-    assert rep["summary"]["all_exact"]
-    shutil.rmtree(d)
+    back = converter.load(tmp_path / "out")["model.layers.0.mlp.up_proj.weight"]
+    assert back.scheme.scale_dtype == "BF16" and np.isfinite(back.dequantize()).all()
+    assert np.array_equal(back.dequantize(), t.dequantize())
