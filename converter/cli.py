@@ -50,7 +50,8 @@ def run_options_flags(fn):
     @click.option("--workers", type=click.IntRange(1), default=None,
                   help="Worker processes (default: the number of cores); output is identical for any N.")
     @click.option("--max-memory", default=None, metavar="SIZE",
-                  help="Working-memory budget for all workers, e.g. 512M or 2G (default 320M); larger tensors go in row blocks.")
+                  help="Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
+                       "larger tensors go in row blocks.")
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
     @functools.wraps(fn)
     def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
@@ -129,7 +130,8 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
 @click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default="f16", show_default=True)
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
-@click.option("--exclude", default=None, help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
+@click.option("--exclude", default=None,
+              help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
@@ -171,11 +173,13 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
 def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
-    """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory)."""
+    """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
+    """
     from converter.formats.plain import write_plain
     from converter.formats.registry import load
     from converter.write.atomic import check_not_inside, refuse_existing
@@ -193,7 +197,8 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--to", "to", default=None, help="Target format (default: the source's).")
 @click.option("--per-tensor", is_flag=True, help="Requantize: one scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="Requantize: one scale per output channel.")
-@click.option("--group-size", type=click.IntRange(1), default=None, help="Requantize: groups of G along the input axis.")
+@click.option("--group-size", type=click.IntRange(1), default=None,
+              help="Requantize: groups of G along the input axis.")
 @click.option("--bits", type=click.IntRange(2, 8), default=None, help="Requantize: bits per code.")
 @click.option("--sym/--asym", "sym", default=None, help="Requantize: symmetric, or asymmetric with zero points.")
 @click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None, help="Requantize: scale dtype.")
@@ -237,7 +242,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
     else:
         from converter.ops.convert import convert_exact
         to = to or load(src).format
-        doc, schema, renderer = convert_exact(src, dst, to, overwrite=overwrite), "convert-report", render.render_convert
+        doc = convert_exact(src, dst, to, overwrite=overwrite)
+        schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document
         validate_document(doc, schema)

@@ -72,7 +72,8 @@ def render_quantize(doc: dict) -> None:
 def render_audit(doc: dict) -> None:
     c = console()
     roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
-    t = Table("tensor", "shape", *roles, "bits/weight", "theoretical bytes", title=f"audit of {doc['path']} ({doc['format']})")
+    t = Table("tensor", "shape", *roles, "bits/weight", "theoretical bytes",
+              title=f"audit of {doc['path']} ({doc['format']})")
     for r in doc["tensors"]:
         th = r.get("theoretical")
         t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"][k]) for k in roles),
@@ -82,7 +83,8 @@ def render_audit(doc: dict) -> None:
     br = tot["bytes_by_role"]
     c.print("bytes by role: " + ", ".join(f"{k} {v}" for k, v in br.items()))
     c.print(f"accounted {tot['accounted_bytes']} bytes = file sizes {tot['file_bytes']} bytes; "
-            f"quantized weights {tot['quantized_weights']}, measured {fmt(tot['quantized_bits_per_weight'])} bits/weight; "
+            f"quantized weights {tot['quantized_weights']}, "
+            f"measured {fmt(tot['quantized_bits_per_weight'])} bits/weight; "
             f"theoretical {fmt(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
     wi = [r for r in doc["tensors"] if "what_if" in r]
     if wi:
@@ -172,10 +174,12 @@ def render_error_report(doc: dict) -> None:
                fmt(v["max_abs"], 3), f"{100 * v['changed_fraction']:.1f}%", fmt(v["output_rel_error"], 3)]
         if ref:
             vr = r.get("vs_reference")
-            row.append(f"{fmt(vr['source']['rel_frobenius'], 3)}->{fmt(vr['target']['rel_frobenius'], 3)}" if vr else "-")
+            row.append(f"{fmt(vr['source']['rel_frobenius'], 3)}->{fmt(vr['target']['rel_frobenius'], 3)}"
+                       if vr else "-")
         if search:
             row.append(fmt(r["scale_search"]["gain_db"], 3) if "scale_search" in r else "-")
-        row += [worst, f"{fmt(r['metadata']['before']['bits_per_weight'], 3)}->{fmt(r['metadata']['after']['bits_per_weight'], 3)}"]
+        bits = r["metadata"]
+        row += [worst, f"{fmt(bits['before']['bits_per_weight'], 3)}->{fmt(bits['after']['bits_per_weight'], 3)}"]
         t.add_row(*row)
     c.print(t)
     o = doc["overall"]
@@ -189,10 +193,12 @@ def render_error_report(doc: dict) -> None:
     vr = o.get("vs_reference")
     if vr and vr.get("source"):
         c.print(f"overall vs float reference: rel. Frobenius {fmt(vr['source']['rel_frobenius'])} (source) -> "
-                f"{fmt(vr['target']['rel_frobenius'])} (target), output error {fmt(vr['source']['output_rel_error'])} -> "
+                f"{fmt(vr['target']['rel_frobenius'])} (target), "
+                f"output error {fmt(vr['source']['output_rel_error'])} -> "
                 f"{fmt(vr['target']['output_rel_error'])}")
     m = o["metadata"]
-    c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> {fmt(m['after']['metadata_bytes'], 8)} bytes, "
+    c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> "
+            f"{fmt(m['after']['metadata_bytes'], 8)} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
     render_modules(doc, c)
     render_side_files(doc, c)

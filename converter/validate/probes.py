@@ -105,7 +105,8 @@ class ProbeResult:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.declared_exact and bool(self.alternatives) and all(self.alternatives.values())
+        return (self.error is None and self.declared_exact and bool(self.alternatives)
+                and all(self.alternatives.values()))
 
     def to_json(self) -> dict[str, Any]:
         return {"format": self.format, "scheme": self.scheme, "shape": list(self.shape), "groups": self.groups,

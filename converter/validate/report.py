@@ -1,4 +1,5 @@
-"""The validation report: findings, per-tensor statistics, JSON (``schemas/validation-report.schema.json``), exit status.
+"""The validation report: findings, per-tensor statistics, JSON (``schemas/validation-report.schema.json``),
+exit status.
 
 Its human rendering is :func:`converter.report.validation.render_validation`.
 """

@@ -12,7 +12,6 @@ import pytest
 import converter
 from converter.formats.gptq import format as gptq
 from converter.layout import IN, OUT
-from converter.ops.convert import convert_exact
 from converter.validate import validate
 from tests.conftest import SAMPLES
 from tests.validate.helpers import FP16, OUTPUT, QUERY, assert_finding, copy_sample, edit_config, edit_tensors
