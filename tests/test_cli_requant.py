@@ -117,8 +117,8 @@ def test_unknown_or_read_only_target_format_is_a_usage_error(tmp_path, to, why, 
 
 def test_requant_target_conflict_is_a_usage_error(tmp_path, monkeypatch):
     # a Target check click does not duplicate (here: the scale-dtype table emptied) is an option error
-    from converter.quant import requant
-    monkeypatch.setattr(requant, "SCALE_DTYPE_ALIASES", {})
+    from converter.quant import target
+    monkeypatch.setattr(target, "SCALE_DTYPE_ALIASES", {})
     dst = tmp_path / "x"
     r = CliRunner().invoke(main, ["convert", str(CT), str(dst), "--scale-dtype", "f16"])
     assert r.exit_code == USAGE and "unknown scale dtype" in r.output
