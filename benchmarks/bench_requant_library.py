@@ -12,6 +12,10 @@ kernels' own row threads. This script times, in one run and on the same tensor:
 Each case: ``requantize`` of a 4-bit group-128 tensor to 8-bit per channel (the lossy route,
 figures summed in its row blocks) and ``tensor_report`` (the error report row), median of
 ``--repeat`` runs. Usage: ``python benchmarks/bench_requant_library.py [--size 4096] [--repeat 5]``.
+
+Measured (2 cores shared with other jobs, load ~5, OpenBLAS default 2 threads): unlimited
+108-368 ns/weight, capped 10-17 ns/weight; the code before the cap (c9c210c, same call through
+its API) 166 ns/weight in the same conditions. The figures are identical either way.
 """
 
 from __future__ import annotations

@@ -74,7 +74,17 @@ def exact_cast(arr: np.ndarray, dtype: "np.dtype | str | type", *, tensor: str, 
 def as_unsigned(t: QuantizedTensor) -> QuantizedTensor:
     """Signed codes -> unsigned codes ``q + 2^(b-1)``; the centre / zero points shift with them.
 
-    Returns ``t`` unchanged when already unsigned. Codebook schemes are never shifted.
+    Returns
+    -------
+    QuantizedTensor
+        Same name, axes and shape; codes uint8 (still packed when they were: the fields are
+        read with their top bit flipped), integer zero points uint8, float biases moved by
+        ``-2^(b-1) * s``. ``t`` itself when already unsigned. Codebook schemes are never shifted.
+
+    Raises
+    ------
+    NotRepresentableError
+        When moving a float bias rounds it in its dtype.
     """
     s = t.scheme
     if not s.signed:
@@ -95,6 +105,12 @@ def as_unsigned(t: QuantizedTensor) -> QuantizedTensor:
 
 def as_signed(t: QuantizedTensor) -> QuantizedTensor:
     """Unsigned codes -> signed ``q - 2^(b-1)`` (zero points shift with them).
+
+    Returns
+    -------
+    QuantizedTensor
+        Same name, axes and shape; codes int8 (still packed when they were), integer zero
+        points int8. ``t`` itself when already signed.
 
     Raises
     ------

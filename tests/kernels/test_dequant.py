@@ -50,3 +50,33 @@ def test_blocked_dequantize_is_bit_exact(granularity, zp):
             assert np.array_equal(got, want), (bits, signed)
             # the whole-array case of the same kernel: parameters expanded to every element
             assert np.array_equal(dequantize_parts(t.codes, scales, zps, s, gm, (OUT, IN)), want)
+
+
+# -- hand-computed values (not the formula again) --------------------------------------------------
+@pytest.mark.parametrize("axes", [(OUT, IN), ("expert", OUT, IN)])
+def test_hand_computed_values(axes):
+    """Rows path (2-D, packed and unpacked) and the one-block path (3-D) give the values worked out by hand."""
+    lead = (1,) if len(axes) == 3 else ()
+
+    def make(codes, scales, scheme, zps=None, packed=False):
+        codes = np.asarray(codes, scheme.code_dtype).reshape(lead + (2, 4))
+        gm = GroupMap.per_channel()
+        ps = gm.param_shape(codes.shape, axes)
+        sc = np.asarray(scales, np.float16).reshape(ps)
+        zp = None if zps is None else np.asarray(zps, np.float16 if scheme.zero_point is ZeroPoint.FLOAT
+                                                 else scheme.code_dtype).reshape(ps)
+        if packed and len(axes) == 2:
+            amap = AxisMap((IN, OUT), packed_axis=IN, bits=4, container="I32")
+            codes = PackedCodes(amap.to_stored(codes, axes), amap, axes, {OUT: 2, IN: 4},
+                                signed=scheme.signed)
+        return QuantizedTensor("w", axes, codes, sc, scheme, gm, zero_points=zp)
+
+    for packed in (False, True):
+        sym = make([[0, 8, 15, 9], [1, 2, 3, 4]], [0.5, 2.0], QuantScheme(4, False, scale_dtype="F16"), packed=packed)
+        assert sym.dequantize().reshape(2, 4).tolist() == [[-4.0, 0.0, 3.5, 0.5], [-14.0, -12.0, -10.0, -8.0]]
+        integer = make([[0, 3, 15, 4], [0, 1, 2, 3]], [2.0, 0.25], QuantScheme(4, False, ZeroPoint.INTEGER, "F16"),
+                       zps=[3, 1], packed=packed)
+        assert integer.dequantize().reshape(2, 4).tolist() == [[-6.0, 0.0, 24.0, 2.0], [-0.25, 0.0, 0.25, 0.5]]
+        bias = make([[0, 3, 15, 1], [0, 0, 1, 1]], [0.5, 1.0], QuantScheme(4, False, ZeroPoint.FLOAT, "F16"),
+                    zps=[-1.0, 0.5], packed=packed)
+        assert bias.dequantize().reshape(2, 4).tolist() == [[-1.0, 0.5, 6.5, -0.5], [0.5, 0.5, 1.5, 1.5]]

@@ -86,3 +86,19 @@ def test_blocked_quantize_defers_errors_to_the_whole_array_path():
     big = np.full((2, 128), 1e9, np.float32)
     with pytest.raises(QuantizationError, match="overflows"):
         Q.quantize(big, s, gm)
+
+
+def test_hand_computed_codes_and_scales():
+    """Values chosen so every scale is exact: the codes worked out by hand (round half to even)."""
+    sym = QuantScheme(4, True, ZeroPoint.NONE, "F32")
+    x = np.array([[3.5, -7.0, 1.75, 0.0], [0.0, 0.0, 0.0, 0.0]], np.float32)  # amax 7 -> scale 7 / 7 = 1
+    got = _rows(x, sym, GroupMap.per_channel())
+    assert got.scales.tolist() == [[1.0], [1.0]] and got.zero_points is None and got.degenerate_groups == 1
+    assert got.codes.tolist() == [[4, -7, 2, 0], [0, 0, 0, 0]]  # 3.5 -> 4, 1.75 -> 2
+    asym = QuantScheme(4, False, ZeroPoint.INTEGER, "F32")
+    x = np.array([[-5.0, 10.0, 2.5, 0.0]], np.float32)  # range [-5, 10] / 15 levels: scale 1, zero 5
+    got = _rows(x, asym, GroupMap.per_group(4))
+    assert got.scales.tolist() == [[1.0]] and got.zero_points.tolist() == [[5]]
+    assert got.codes.tolist() == [[0, 15, 7, 5]]  # 2.5 -> 2 (half to even), + 5
+    whole = Q.quantize(x, asym, GroupMap.per_tensor())  # not row-blocked: the whole-array path
+    assert whole.codes.tolist() == [[0, 15, 7, 5]] and whole.zero_points.tolist() == [[5]]
