@@ -26,7 +26,7 @@ import numpy as np
 from converter.groups import Granularity, GroupMap
 from converter.kernels.blas import blas_threads
 from converter.kernels.error_sums import ErrorSums
-from converter.kernels.rtn import QUANT_BLOCK_ELEMENTS
+from converter.kernels import rtn
 from converter.kernels.dequant import block_rows
 from converter.kernels.threads import kernel_threads, run_rows
 from converter.quant.result import RequantResult
@@ -113,7 +113,7 @@ def quantize_with(fq: FormatQuantizer, t: QuantizedTensor, scheme: QuantScheme, 
     sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
                      per_tensor=group_map.granularity is Granularity.TENSOR)
     values = Rows(t)
-    step = max(1, min(block_rows(n, QUANT_BLOCK_ELEMENTS), values.step))
+    step = max(1, min(block_rows(n, rtn.QUANT_BLOCK_ELEMENTS), values.step))
 
     def work(a: int, b: int) -> tuple[list[QuantizedTensor], int, ErrorSums]:
         """Rows ``a:b`` with this thread's own value cache, buffer and error sums."""
