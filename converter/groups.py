@@ -148,6 +148,25 @@ class GroupMap:
                 out.append(self.n_groups(shape, axes) if a == self.axis else int(n))
         return tuple(out)
 
+    def row_local(self, axes: Sequence[str], *, g_idx_ok: bool = False) -> bool:
+        """True when a block of rows of a 2-D ``(out, in)`` tensor carries its own parameters.
+
+        Groups per tensor (one parameter set, shared by every block), per ``out`` channel, or
+        along ``in`` in column order: row-blocked kernels (dequantize, quantize, error sums) and
+        row slicing apply. ``g_idx_ok``: groups along ``in`` with an act-order ``g_idx`` count too
+        (slicing rows keeps the ``g_idx``; the blocked kernels need column order).
+        """
+        if tuple(axes) != ("out", "in"):
+            return False
+        g = self.granularity
+        if g is Granularity.TENSOR:
+            return True
+        if g is Granularity.CHANNEL:
+            return self.axis == "out"
+        if g is Granularity.GROUP:
+            return self.axis == "in" and (g_idx_ok or self.g_idx is None)
+        return False
+
     def group_count(self, shape: Sequence[int], axes: Sequence[str]) -> int:
         """Total number of parameter sets (elements of the parameter array)."""
         return int(np.prod(self.param_shape(shape, axes), dtype=np.int64))

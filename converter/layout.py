@@ -16,6 +16,7 @@ import numpy as np
 
 from converter.errors import LayoutError
 from converter.kernels.packing import pack_codes, packed_length, unpack_codes
+from converter.kernels.transpose import equal_transposed, transpose_2d  # (re-exported for callers)
 
 OUT = "out"
 IN = "in"
@@ -214,71 +215,6 @@ class AxisMap:
 # ---------------------------------------------------------------------------------------------
 # fast paths: codes kept in their stored words
 # ---------------------------------------------------------------------------------------------
-
-#: Tile edge of the blocked 2-D transpose (64 x 64 int32 tiles stay in L1/L2: about 8x faster
-#: than numpy's whole-array transpose copy on a 1376 x 4096 word matrix).
-_TILE = 64
-
-
-def transpose_2d(a: np.ndarray) -> np.ndarray:
-    """C-contiguous transpose of a 2-D array, copied in cache-sized tiles.
-
-    Parameters
-    ----------
-    a : ndarray, shape ``(R, C)``, any dtype (a read-only memory map is fine)
-
-    Returns
-    -------
-    ndarray, shape ``(C, R)``, same dtype, C-contiguous.
-    """
-    a = a.view(np.ndarray) if isinstance(a, np.memmap) else a  # plain views: no per-tile memmap objects
-    out = np.empty(a.shape[::-1], dtype=a.dtype)
-    rows, cols = a.shape
-    if rows * cols <= _TILE * _TILE * 16:
-        out[...] = a.T
-        return out
-    for r in range(0, rows, _TILE):
-        block = a[r:r + _TILE]
-        for c in range(0, cols, _TILE):
-            out[c:c + _TILE, r:r + _TILE] = block[:, c:c + _TILE].T
-    return out
-
-
-#: Rows of ``a`` per stripe in :func:`equal_transposed` (a 32-row stripe of a 4096- or 11008-word
-#: matrix is compared with the matching columns in cache: about 1.5x faster than transposing).
-_STRIPE = 32
-
-
-def equal_transposed(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether ``b`` is ``a`` transposed, bit for bit, without materialising ``a.T``.
-
-    Parameters
-    ----------
-    a : ndarray, shape ``(R, C)``
-    b : ndarray, shape ``(C, R)``, same itemsize as ``a`` (any dtype: bits are compared, so
-        float NaNs and signed / unsigned views compare by their bytes)
-
-    Returns
-    -------
-    bool
-        False also when the shapes or itemsizes do not fit.
-
-    Notes
-    -----
-    ``a`` is read in stripes of :data:`_STRIPE` rows and compared with the matching columns of
-    ``b``, so each stripe's strided reads stay in cache (a read-only memory map is fine).
-    """
-    if a.ndim != 2 or b.ndim != 2 or b.shape != a.shape[::-1] or a.dtype.itemsize != b.dtype.itemsize:
-        return False
-    a = a.view(np.ndarray) if isinstance(a, np.memmap) else a  # plain views: no per-stripe memmap objects
-    b = b.view(np.ndarray) if isinstance(b, np.memmap) else b
-    bits = np.dtype(f"u{a.dtype.itemsize}")
-    ua, ub = a.view(bits), b.view(bits)
-    for r in range(0, a.shape[0], _STRIPE):
-        if not np.array_equal(ua[r:r + _STRIPE].T, ub[:, r:r + _STRIPE]):
-            return False
-    return True
-
 
 def _order_of(m: AxisMap) -> tuple[int, ...] | None:
     """The in-word order, ``None`` when it is the identity."""

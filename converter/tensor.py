@@ -7,6 +7,7 @@ points; see :class:`converter.groups.GroupMap`). Invariants are checked at const
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
@@ -14,9 +15,15 @@ import numpy as np
 
 from converter.dtypes import dtype_name
 from converter.errors import LayoutError, MissingTensorError, UnsupportedError
-from converter.groups import GroupMap
+from converter.groups import Granularity, GroupMap
 from converter.layout import AxisMap, PackedCodes, check_axes
 from converter.scheme import QuantScheme, ZeroPoint
+from converter.spec import KINDS, ROLES, StoredArray, TensorSpec, opaque_reason, refuse_opaque
+from converter.values import dequantize
+
+__all__ = ["DoubleQuant", "DenseTensor", "QuantizedTensor", "Tensor", "row_splittable", "take_rows",
+           "source_arrays", "spec_of", "Checkpoint", "StoredArray", "TensorSpec", "ROLES", "KINDS",
+           "opaque_reason", "refuse_opaque"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,15 +202,14 @@ class QuantizedTensor:
         return value if isinstance(value, PackedCodes) else None
 
     def dequantize(self) -> np.ndarray:
-        """Reconstructed values, float32, logical shape (see :func:`converter.quant.dequantize`)."""
-        from converter.quant.quantize import dequantize
+        """Reconstructed values: float32, shape ``shape`` (named by ``axes``); see
+        :func:`converter.values.dequantize` for the formula."""
         return dequantize(self)
 
     def replace(self, **changes: Any) -> "QuantizedTensor":
         """A copy with ``changes``; codes still packed stay packed."""
-        from dataclasses import replace
         changes.setdefault("codes", self.__dict__["_codes"])
-        return replace(self, **changes)
+        return dataclasses.replace(self, **changes)
 
 
 Tensor = Union[QuantizedTensor, DenseTensor]
@@ -215,11 +221,7 @@ def row_splittable(t: Tensor) -> bool:
     per ``out`` row (or per tensor) and whose codes are an array or packed along ``in``."""
     if isinstance(t, DenseTensor):
         return t.data.ndim >= 1
-    if t.axes != ("out", "in") or t.double_quant is not None:
-        return False
-    gm = t.group_map
-    if gm.granularity.value == "flat_block" or (gm.granularity.value == "group" and gm.axis != "in") \
-            or (gm.granularity.value == "channel" and gm.axis != "out"):
+    if t.double_quant is not None or not t.group_map.row_local(t.axes, g_idx_ok=True):
         return False
     return t.packed is None or t.packed.rows(0, 0) is not None
 
@@ -235,9 +237,9 @@ def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
         return DenseTensor(t.name, t.data[start:stop])
     raw = t.__dict__["_codes"]
     codes = raw.rows(start, stop) if isinstance(raw, PackedCodes) else raw[start:stop]
-    per_tensor = t.group_map.granularity.value == "tensor"
+    per_tensor = t.group_map.granularity is Granularity.TENSOR
 
-    def cut(a):
+    def cut(a: np.ndarray | None) -> np.ndarray | None:
         return a if a is None or per_tensor else a[start:stop]
     return t.replace(codes=codes, scales=cut(t.scales), zero_points=cut(t.zero_points))
 
@@ -248,92 +250,6 @@ def source_arrays(t: Tensor) -> list:
         return [t.data]
     raw = t.__dict__["_codes"]
     return [raw.words] if isinstance(raw, PackedCodes) else [raw]
-
-ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other")
-
-
-@dataclass(frozen=True)
-class StoredArray:
-    """One array as stored on disk, and its role (for audits: bytes by role)."""
-
-    name: str
-    role: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise LayoutError("unknown role", field="role", expected=list(ROLES), found=self.role)
-
-
-#: Tensor kinds of a :class:`TensorSpec`.
-KINDS = ("quantized", "dense", "opaque")
-
-
-@dataclass(frozen=True, eq=False)
-class TensorSpec:
-    """What a tensor is, known from headers alone (no data read).
-
-    ``kind`` is ``"quantized"``, ``"dense"`` or ``"opaque"``; quantized specs carry ``axes``,
-    ``scheme`` and ``group_map`` (checked at construction; ``act_order`` says a non-trivial
-    ``g_idx`` is stored); ``stored`` lists the arrays that hold it, with roles and byte sizes.
-    An ``opaque`` spec is a tensor the source lists in a storage type qckpt cannot decode (GGUF
-    IQ*/TQ* ...): ``dtype`` names that type, inspect and audit show its stored arrays, every
-    writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the tensor loads
-    with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
-    ``sym: true`` with stored zero points off the centre), for validators to report.
-    """
-
-    name: str
-    kind: str
-    shape: tuple[int, ...]
-    stored: tuple[StoredArray, ...]
-    dtype: str | None = None
-    axes: tuple[str, ...] | None = None
-    scheme: QuantScheme | None = None
-    group_map: GroupMap | None = None
-    act_order: bool = False
-    double_quant: str | None = None
-    notes: tuple[str, ...] = ()
-    declared_scheme: QuantScheme | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise LayoutError("unknown tensor kind", tensor=self.name, field="kind", expected=list(KINDS),
-                              found=self.kind)
-        if self.kind == "quantized":
-            missing = [f for f in ("axes", "scheme", "group_map") if getattr(self, f) is None]
-            if missing:
-                raise LayoutError("a quantized spec needs axes, scheme and group map", tensor=self.name,
-                                  field=missing[0], expected="set", found="None",
-                                  hint='use kind "opaque" for a tensor whose storage type cannot be decoded')
-        elif self.kind == "opaque" and not self.dtype:
-            raise LayoutError("an opaque spec names its storage type in dtype", tensor=self.name, field="dtype",
-                              expected="a type name", found=self.dtype)
-
-    @property
-    def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-
-
-def opaque_reason(spec: TensorSpec) -> str | None:
-    """Why an ``opaque`` spec cannot be loaded or written (names its storage type); ``None`` otherwise.
-
-    Every writer's ``check_target`` and planning use it, so the refusal reads the same everywhere.
-    """
-    if spec.kind != "opaque":
-        return None
-    return f"stored as {spec.dtype}, a type qckpt lists but cannot decode (inspect and audit only)"
-
-
-def refuse_opaque(spec: TensorSpec, target: str) -> None:
-    """Raise UnsupportedError if ``spec`` is opaque (writers call it while planning, before data moves)."""
-    reason = opaque_reason(spec)
-    if reason:
-        raise UnsupportedError(f"cannot write to {target}: {reason}", tensor=spec.name, field="dtype",
-                               expected="a type qckpt decodes", found=spec.dtype)
 
 
 def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpec:

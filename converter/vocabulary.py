@@ -49,19 +49,20 @@ def granularity_of(option: str) -> str:
     return dict(GRANULARITY_OPTIONS)[option]
 
 
-def group_map_for(granularity: str, group_size: int | None = None) -> GroupMap:
+def group_map_for(granularity: Granularity | str, group_size: int | None = None) -> GroupMap:
     """The target group map of a weight ``(out, in)`` for a granularity name.
 
     Parameters
     ----------
-    granularity : ``"tensor" | "channel" | "group"``
+    granularity : Granularity, or its name ``"tensor" | "channel" | "group"``
         ``channel``: one scale per index of ``out``; ``group``: groups of ``group_size`` along
         ``in``, in column order (no ``g_idx``).
     group_size : int, optional
         Elements per group (``group`` only; callers check it is given).
     """
-    if granularity == Granularity.TENSOR.value:
+    granularity = Granularity(granularity)
+    if granularity is Granularity.TENSOR:
         return GroupMap.per_tensor()
-    if granularity == Granularity.CHANNEL.value:
+    if granularity is Granularity.CHANNEL:
         return GroupMap.per_channel(OUT)
     return GroupMap.per_group(int(group_size), IN)

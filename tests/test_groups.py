@@ -50,3 +50,16 @@ def test_invariants():
         GroupMap.per_group(2, g_idx=np.array([0, 0, 1])).check_shape((2, 4), ("out", "in"))
     with pytest.raises(LayoutError, match="without members"):
         GroupMap.per_group(2, g_idx=np.array([0, 0, 2, 2])).reduce(np.ones((1, 4)), np.maximum, ("out", "in"))
+
+
+def test_row_local_decides_the_row_blocked_kernels():
+    from converter.groups import GroupMap
+    oi = ("out", "in")
+    assert GroupMap.per_tensor().row_local(oi) and GroupMap.per_channel("out").row_local(oi)
+    assert GroupMap.per_group(32, "in").row_local(oi)
+    assert not GroupMap.per_channel("in").row_local(oi) and not GroupMap.per_group(32, "out").row_local(oi)
+    assert not GroupMap.per_group(32, "in").row_local(("in", "out"))
+    assert not GroupMap.per_group(32, "in").row_local(("expert", "out", "in"))
+    assert not GroupMap(granularity="flat_block", group_size=32).row_local(oi)
+    act = GroupMap.per_group(2, "in", g_idx=np.array([1, 0, 1, 0]))
+    assert not act.row_local(oi) and act.row_local(oi, g_idx_ok=True)

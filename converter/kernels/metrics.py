@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from converter.errors import LayoutError
+from converter.kernels.blas import blas_threads
+
+#: Random inputs of the output-space error (columns of ``X``) and their seed.
+N_INPUTS = 8
+SEED = 0
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,48 @@ class ErrorStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Figures:
+    """Every error figure of one comparison of ``approx`` against ``ref`` (a report's ``vs_source``
+    / ``vs_reference`` entry).
+
+    Attributes
+    ----------
+    numel, mse, rmse, max_abs, rel_frobenius, sqnr_db, exact, changed_fraction : as :class:`ErrorStats`.
+    worst_channel : ``{"index": [...], "mse": float}``: the output row with the largest MSE.
+    worst_group : ``{"index": [...], "mse": float, "elements": int}``: the target group with the
+        largest MSE (index in parameter shape).
+    output_rel_error : ``||W'X - WX|| / ||WX||`` on the fixed-seed inputs (None when ``WX`` is 0
+        and the error is not).
+    sse, ssr, out_sq_err, out_sq_ref : the sums behind them (squared error, squared reference,
+        squared output error and output reference): totals over tensors are formed from these.
+        Not part of :meth:`to_json`.
+    """
+
+    numel: int
+    mse: float
+    rmse: float
+    max_abs: float
+    rel_frobenius: float | None
+    sqnr_db: float | None
+    exact: bool
+    changed_fraction: float
+    worst_channel: dict | None
+    worst_group: dict | None
+    output_rel_error: float | None
+    sse: float
+    ssr: float
+    out_sq_err: float
+    out_sq_ref: float
+
+    #: fields written to reports (the sums are not)
+    JSON_FIELDS = ("numel", "mse", "rmse", "max_abs", "rel_frobenius", "sqnr_db", "exact", "changed_fraction",
+                   "worst_channel", "worst_group", "output_rel_error")
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.JSON_FIELDS}
+
+
 def error_stats(ref: np.ndarray, approx: np.ndarray) -> ErrorStats:
     """Compute :class:`ErrorStats`; ``rel_frobenius`` is None when ``ref`` is all zero.
 
@@ -47,9 +94,10 @@ def error_stats(ref: np.ndarray, approx: np.ndarray) -> ErrorStats:
     if n == 0:
         return ErrorStats(0, 0.0, 0.0, 0.0, None, None, True, 0.0)
     e = (a - r).astype(np.float64)
-    se = float(np.dot(e.reshape(-1), e.reshape(-1)))
     r64 = r.astype(np.float64).reshape(-1)
-    sr = float(np.dot(r64, r64))
+    with blas_threads():
+        se = float(np.dot(e.reshape(-1), e.reshape(-1)))
+        sr = float(np.dot(r64, r64))
     mse = se / n
     exact = se == 0.0
     return ErrorStats(
@@ -104,7 +152,8 @@ def output_error(ref: np.ndarray, approx: np.ndarray, axes, *, n_inputs: int = 8
     """
     w, w2 = _rows(ref, axes), _rows(approx, axes)
     x = np.random.default_rng(seed).standard_normal((w.shape[1], n_inputs))
-    y, y2 = w @ x, w2 @ x
+    with blas_threads():
+        y, y2 = w @ x, w2 @ x
     sq_err = float(np.sum((y2 - y) ** 2))
     sq_ref = float(np.sum(y * y))
     return {"rel_error": float(np.sqrt(sq_err / sq_ref)) if sq_ref > 0 else (0.0 if sq_err == 0 else None),

@@ -1,6 +1,6 @@
 """Row-parallel kernels: one matrix split into contiguous row ranges, one thread per range.
 
-numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.kernels.blocked`)
+numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.kernels.dequant`, :mod:`converter.kernels.rtn`)
 run on several cores when each thread works on its own rows with its own buffers. The thread
 count follows the parallelism the user allowed: ``--workers N`` (the cores by default) in a
 process that is not itself one of the workers of a pool; inside a pool worker, or with

@@ -14,48 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from converter.dtypes import DTYPES
 from converter.groups import GroupMap
-from converter.scheme import ZeroPoint
+from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes  # (re-exported for callers)
 from converter.tensor import Checkpoint, TensorSpec
 
-SCALE_BYTES = {n: DTYPES[n].bits // 8 for n in ("F32", "F16", "BF16", "F8_E4M3", "F8_E8M0")}
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
-
-
-def payload_bytes(numel: int, bits: int) -> float:
-    """Theoretical code payload: ``numel * bits / 8`` bytes (may be fractional)."""
-    return numel * bits / 8
-
-
-def metadata_bytes(n_groups: int, scale_bytes: float, zero_bytes: float = 0.0) -> float:
-    """Theoretical metadata: ``n_groups * (scale bytes + zero-point bytes)``."""
-    return n_groups * (scale_bytes + zero_bytes)
-
-
-def zero_point_bytes(spec: TensorSpec) -> float:
-    """Bytes per group of the spec's zero point: ``bits / 8`` (integer), scale size (float), 0 (none)."""
-    zp = spec.scheme.zero_point
-    if zp is ZeroPoint.INTEGER:
-        return spec.scheme.bits / 8
-    if zp is ZeroPoint.FLOAT:
-        return SCALE_BYTES[spec.scheme.scale_dtype]
-    return 0.0
-
-
-def theoretical_bytes(shape, axes, bits: int, group_map: GroupMap, scale_bytes: float, zero_bytes: float,
-                      g_idx: bool = False) -> dict[str, float]:
-    """Theoretical storage of a quantized tensor (contract 3: payload + groups x bytes per group)."""
-    numel = 1
-    for s in shape:
-        numel *= int(s)
-    groups = group_map.group_count(shape, axes)
-    pay = payload_bytes(numel, bits)
-    meta = metadata_bytes(groups, scale_bytes, zero_bytes)
-    gi = 4 * int(shape[list(axes).index("in")]) if g_idx else 0
-    total = pay + meta + gi
-    return {"payload_bytes": pay, "metadata_bytes": meta + gi, "groups": groups, "total_bytes": total,
-            "bits_per_weight": 8 * total / numel if numel else 0.0}
 
 
 def tensor_roles(spec: TensorSpec) -> dict[str, int]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.ops.audit import SCALE_BYTES, theoretical_bytes, zero_point_bytes
+from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
 from converter.errors import FormatError
 from converter.groups import GroupMap
 from converter.write.parallel import SharedDict

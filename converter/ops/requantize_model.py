@@ -134,14 +134,15 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         t = src[name]
         if not isinstance(t, QuantizedTensor):
             return t
-        out, info = requantize(t, overrides.get(name, target), fmt=fmt)
+        result = requantize(t, overrides.get(name, target), fmt=fmt)
+        out = result.tensor
         ref = None
         if reference is not None and name in reference:
             ref = reference[name].dequantize()
             if tuple(ref.shape) != tuple(t.shape):
                 raise NotRepresentableError("reference tensor shape differs", file=reference.path, tensor=name,
                                             field="shape", expected=list(t.shape), found=list(ref.shape))
-        rows[name] = tensor_report(t, out, plans[name], info, reference=ref, src_spec=src.spec(name))
+        rows[name] = tensor_report(t, result, plans[name], reference=ref, src_spec=src.spec(name))
         # a digest, not the tensor: one tensor in memory at a time (in the form the target's
         # reader returns it, when the format stores it differently, e.g. GGUF's 32-element blocks)
         written[name] = _digest(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)

@@ -23,6 +23,17 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from converter.groups import Granularity, GroupMap
+from converter.kernels.blas import blas_threads
+from converter.kernels.error_sums import ErrorSums
+from converter.kernels import rtn
+from converter.kernels.dequant import block_rows
+from converter.kernels.threads import kernel_threads, run_rows
+from converter.quant.result import RequantResult
+from converter.rows import Rows
+from converter.scheme import QuantScheme
+from converter.tensor import QuantizedTensor
+
 __all__ = ["FormatQuantizer", "quantize_with"]
 
 
@@ -59,61 +70,54 @@ class FormatQuantizer:
     stored: Optional[Callable[[Any], Any]] = None
 
 
-def _concat_rows(parts: Sequence[Any]):
+def _concat_rows(parts: Sequence[QuantizedTensor]) -> QuantizedTensor:
     """One QuantizedTensor from blocks of consecutive ``out`` rows of a 2-D ``(out, in)`` tensor."""
-    from converter.tensor import QuantizedTensor
     p0 = parts[0]
     if len(parts) == 1:
         return p0
 
-    def cat(name: str):
+    def cat(name: str) -> np.ndarray | None:
         arrs = [getattr(p, name) for p in parts]
         return None if arrs[0] is None else np.concatenate(arrs, axis=0)
     return QuantizedTensor(p0.name, p0.axes, cat("codes"), cat("scales"), p0.scheme, p0.group_map,
                            zero_points=cat("zero_points"), stored={})
 
 
-def _degenerate(x: np.ndarray, group_map, axes) -> int:
+def _degenerate(x: np.ndarray, group_map: GroupMap, axes: Sequence[str]) -> int:
     """Groups whose values are all zero."""
     return int(np.count_nonzero(group_map.reduce(np.abs(x), np.maximum, axes) == 0))
 
 
-def quantize_with(fq: FormatQuantizer, t, scheme, group_map) -> tuple[Any, dict]:
+def quantize_with(fq: FormatQuantizer, t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> RequantResult:
     """Requantize QuantizedTensor ``t`` with the format quantizer ``fq`` to ``scheme`` / ``group_map``.
 
     The quantizer sees the source's float32 dequantized values in logical orientation. A 2-D
-    ``(out, in)`` tensor whose groups the blocked error sums cover
-    (:func:`converter.quant.error_report.blocked_applicable`) is produced in row blocks (source
-    rows dequantized on demand, :class:`converter.kernels.blocked.Rows`; ranges of rows on the
-    kernel threads) and each block's error against the source is summed while both are in
-    cache (:class:`~converter.quant.error_report.ErrorSums`, figures independent of the
-    blocking); any other tensor is quantized whole and compared afterwards.
+    ``(out, in)`` tensor with row-local groups (:meth:`converter.groups.GroupMap.row_local`) is
+    produced in row blocks (source rows dequantized on demand, :class:`converter.rows.Rows`;
+    ranges of rows on the kernel threads) and each block's error against the source is summed
+    while both are in cache (:class:`~converter.kernels.error_sums.ErrorSums`, figures
+    independent of the blocking); any other tensor is quantized whole and compared afterwards.
 
     Returns
     -------
-    (QuantizedTensor, info)
-        ``info`` as :func:`converter.quant.requant.requantize` returns it: ``route``
-        ``"requantized"``, ``degenerate_groups``, and ``_vs_source`` (the summed figures) or
-        ``_values`` (the source values, for :func:`~converter.quant.error_report.tensor_report`).
+    RequantResult
+        Route ``"requantized"``, ``degenerate_groups``, and ``vs_source`` (the summed figures)
+        or ``values`` (the source values, for :func:`~converter.quant.error_report.tensor_report`).
     """
-    from converter.quant.error_report import ErrorSums, blocked_applicable
-    from converter.kernels.blocked import QUANT_BLOCK_ELEMENTS, Rows, block_rows
-    from converter.kernels.threads import kernel_threads, run_rows
     shape, axes = tuple(int(s) for s in t.shape), tuple(t.axes)
-    info: dict[str, Any] = {"route": "requantized"}
-    if not (len(shape) == 2 and blocked_applicable(group_map, axes, shape)):
+    if not (len(shape) == 2 and shape[0] * shape[1] and group_map.row_local(axes)):
         x = t.dequantize()
-        info["_values"] = x
-        info["degenerate_groups"] = _degenerate(x, group_map, axes)
-        return fq.quantize(x, scheme, group_map, axes, t.name), info
+        return RequantResult(fq.quantize(x, scheme, group_map, axes, t.name), "requantized",
+                             degenerate_groups=_degenerate(x, group_map, axes), values=x)
     rows, n = shape
-    sums = ErrorSums(rows, n, group_map.granularity.value, group_map.group_size)
+    sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
+                     per_tensor=group_map.granularity is Granularity.TENSOR)
     values = Rows(t)
-    step = max(1, min(block_rows(n, QUANT_BLOCK_ELEMENTS), values.step))
+    step = max(1, min(block_rows(n, rtn.QUANT_BLOCK_ELEMENTS), values.step))
 
-    def work(a: int, b: int):
+    def work(a: int, b: int) -> tuple[list[QuantizedTensor], int, ErrorSums]:
         """Rows ``a:b`` with this thread's own value cache, buffer and error sums."""
-        vals = values if a == 0 else Rows(values.source)
+        vals = values if a == 0 else values.fork()
         part = sums if a == 0 else sums.part()
         ebuf = np.empty((step, n), dtype=np.float32)
         pieces, degenerate = [], 0
@@ -126,10 +130,9 @@ def quantize_with(fq: FormatQuantizer, t, scheme, group_map) -> tuple[Any, dict]
             pieces.append(q)
         return pieces, degenerate, part
 
-    parts = run_rows(work, rows, step, kernel_threads(rows * n))
+    with blas_threads():  # the error sums' products: one BLAS thread per row range
+        parts = run_rows(work, rows, step, kernel_threads(rows * n))
     for _, _, part in parts[1:]:
         sums.absorb(part)
     out = _concat_rows([q for pieces, _, _ in parts for q in pieces])
-    info["degenerate_groups"] = sum(d for _, d, _ in parts)
-    info["_vs_source"] = sums.figures()
-    return out, info
+    return RequantResult(out, "requantized", degenerate_groups=sum(d for _, d, _ in parts), vs_source=sums.figures())

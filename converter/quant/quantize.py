@@ -15,111 +15,29 @@ Conventions (DEVELOPERS.md contracts):
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
-import ml_dtypes
 import numpy as np
 
 from converter.errors import LayoutError, QuantizationError
-from converter.groups import GroupMap
-from converter.scheme import QuantScheme, ZeroPoint
+from converter.groups import Granularity, GroupMap
 from converter.kernels.rounding import round_values
+from converter.kernels.rtn import codes_block, params_from_extrema, quantize_rows
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import QuantizedTensor
+from converter.values import dequantize_parts
+
+__all__ = ["dequantize", "dequantize_parts", "choose_params", "codes_for", "quantize", "quantize_codes"]
 
 
-def dequantize(t) -> np.ndarray:
-    """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32.
-
-    ``x = s * (q - c)`` (symmetric), ``s * (q - z)`` (integer zero point), ``s * q + b`` (float
-    bias) or ``s * codebook[q]``; every operand widened to float32 first (fp16/bf16 scales are
-    exact in float32).
-
-    Returns
-    -------
-    ndarray of float32, shape ``t.shape``.
-    """
-    from converter.kernels.blocked import dequantize_blocked
-    fast = dequantize_blocked(t)
-    if fast is not None:  # same arithmetic, in cache-sized row blocks (straight from packed words)
-        return fast
-    return dequantize_parts(t.codes, t.scales, t.zero_points, t.scheme, t.group_map, t.axes)
-
-
-def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, scheme: QuantScheme,
-                     group_map: GroupMap, axes: Sequence[str], zero_shift: float = 0.0) -> np.ndarray:
-    """The dequantize formula on loose parts (the one whole-array implementation).
-
-    ``x = s * (q - c)`` (symmetric, implicit centre ``c``), ``s * (q - z)`` (integer zero point),
-    ``s * q + b`` (float bias) or ``s * codebook[q]``; every operand widened to float32 first.
-    ``zero_shift`` moves the zero point by that many code steps (centre or integer zero + shift,
-    float bias - shift * s); 0 leaves the formula untouched (used by the validator's interpretations).
-
-    Parameters
-    ----------
-    codes : ndarray, logical shape (named by ``axes``), int8 / uint8
-    scales, zero_points : ndarray, ``group_map.param_shape(codes.shape, axes)``
-    scheme, group_map, axes : the tensor's quantization description
+def dequantize(t: QuantizedTensor) -> np.ndarray:
+    """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32 (:meth:`QuantizedTensor.dequantize`).
 
     Returns
     -------
-    ndarray of float32, shape ``codes.shape``.
+    ndarray of float32, shape ``t.shape`` (named by ``t.axes``).
     """
-    shape = codes.shape
-    scale = group_map.expand(np.asarray(scales).astype(np.float32), shape, axes)
-    if scheme.codebook is not None:
-        values = np.asarray(scheme.codebook, dtype=np.float32)[codes]
-        return values * scale
-    q = codes.astype(np.float32)
-    if scheme.zero_point is ZeroPoint.NONE:
-        c = scheme.center + zero_shift
-        if c:
-            q -= np.float32(c)
-        return q * scale
-    z = group_map.expand(np.asarray(zero_points).astype(np.float32), shape, axes)
-    if scheme.zero_point is ZeroPoint.INTEGER:
-        if zero_shift:
-            z = z + np.float32(zero_shift)
-        q -= z
-        return q * scale
-    out = q * scale
-    out += z
-    if zero_shift:
-        out -= np.float32(zero_shift) * scale
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _finfo(dt: np.dtype):
-    return ml_dtypes.finfo(dt)
-
-
-def _safe_cast_scales(scales: np.ndarray, scheme: QuantScheme, *, tensor: str | None) -> np.ndarray:
-    """Cast float32 scales to the scheme's dtype without producing 0, inf or NaN.
-
-    Raises
-    ------
-    QuantizationError
-        When a scale exceeds the dtype's largest finite value.
-    """
-    dt = scheme.scale_np_dtype
-    info = _finfo(dt)
-    if scales.size and np.abs(scales).max() <= float(info.max):  # the usual case, in two passes (NaN: below)
-        cast = scales.astype(dt)
-        if cast.all():
-            return cast
-    big = np.abs(scales) > float(info.max)
-    if big.any():
-        idx = np.unravel_index(int(np.argmax(big)), scales.shape)
-        raise QuantizationError("scale overflows the scale dtype", tensor=tensor, field="scales",
-                                expected=f"|scale| <= {float(info.max):g} ({scheme.scale_dtype})",
-                                found=f"{float(scales[idx]):g} at group {list(map(int, idx))}",
-                                hint="use --scale-dtype f32 (or bf16)")
-    cast = scales.astype(dt)
-    tiny = (cast == 0) & (scales != 0)
-    if tiny.any():
-        smallest = np.array(float(info.smallest_subnormal), dtype=np.float32).astype(dt)
-        cast = np.where(tiny, np.copysign(smallest, scales.astype(dt)), cast)
-    return cast
+    return t.dequantize()
 
 
 def choose_params(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, axes: Sequence[str], *,
@@ -151,30 +69,15 @@ def choose_params(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, 
         raise QuantizationError("round-to-nearest parameters for codebook schemes are not supported",
                                 tensor=tensor, field="scheme.codebook")
     if scheme.symmetric:
-        amax = group_map.reduce(np.abs(x), np.maximum, axes)
-        qpos = (1 << (scheme.bits - 1)) - 1
-        if qpos == 0:
+        if scheme.bits < 2:
             raise QuantizationError("symmetric quantization needs at least 2 bits", tensor=tensor, field="bits",
                                     expected=">= 2", found=scheme.bits)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scales = np.where(amax > 0, amax / np.float32(qpos), np.float32(1.0)).astype(np.float32)
-        return _safe_cast_scales(scales, scheme, tensor=tensor), None
-    lo = np.minimum(group_map.reduce(x, np.minimum, axes), 0).astype(np.float32)
-    hi = np.maximum(group_map.reduce(x, np.maximum, axes), 0).astype(np.float32)
-    levels = np.float32((1 << scheme.bits) - 1)
-    rng = hi - lo
-    scales = np.where(rng > 0, rng / levels, np.float32(1.0)).astype(np.float32)
-    scales = _safe_cast_scales(scales, scheme, tensor=tensor)
-    s32 = scales.astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = round_values(-lo / s32, scheme.rounding)
-    z = np.clip(z, 0, levels)
-    if scheme.zero_point is ZeroPoint.INTEGER:
-        if scheme.signed:
-            z = z - np.float32(1 << (scheme.bits - 1))
-        return scales, z.astype(np.int16)
-    bias = (-z * s32).astype(scheme.scale_np_dtype)
-    return scales, bias
+        got = params_from_extrema(scheme, amax=group_map.reduce(np.abs(x), np.maximum, axes), tensor=tensor)
+    else:
+        got = params_from_extrema(scheme, mx=group_map.reduce(x, np.maximum, axes),
+                                  mn=group_map.reduce(x, np.minimum, axes), tensor=tensor)
+    scales, zero_points, _ = got  # (finite: checked above)
+    return scales, zero_points
 
 
 def codes_for(values: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, scheme: QuantScheme,
@@ -187,18 +90,16 @@ def codes_for(values: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | 
     """
     x = np.asarray(values, dtype=np.float32)
     shape = x.shape
+    q = np.empty(shape, dtype=np.float32)
+    if q.size == 0:
+        return q.astype(scheme.code_dtype)
+    # one block: the whole tensor, parameters expanded (broadcast views) to every element
     s = group_map.expand(scales.astype(np.float32), shape, axes)
-    if scheme.zero_point is ZeroPoint.FLOAT:
-        x = x - group_map.expand(zero_points.astype(np.float32), shape, axes)
+    z = None
+    if scheme.zero_point is not ZeroPoint.NONE:
+        z = group_map.expand(zero_points.astype(np.float32), shape, axes)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = x / s
-    q = round_values(q, scheme.rounding, out=q)
-    if scheme.zero_point is ZeroPoint.INTEGER:
-        q += group_map.expand(zero_points.astype(np.float32), shape, axes)
-    elif scheme.zero_point is ZeroPoint.NONE and scheme.center:
-        q += np.float32(scheme.center)
-    np.nan_to_num(q, copy=False, nan=0.0)
-    np.clip(q, scheme.qmin, scheme.qmax, out=q)
+        codes_block(q, x, s, z, scheme)
     return q.astype(scheme.code_dtype)
 
 
@@ -220,18 +121,16 @@ def quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, *, na
     ------
     QuantizationError, LayoutError
     """
-    from converter.tensor import QuantizedTensor
-
-    from converter.kernels.blocked import quantize_blocked
     x = np.asarray(values)
     if x.dtype not in (np.float32, np.float16) and not (x.dtype.kind == "V" or "bfloat16" in str(x.dtype)):
         x = x.astype(np.float32)
     group_map.check_shape(x.shape, axes)
-    fast = quantize_blocked(x, scheme, group_map, axes, tensor=name)
-    if fast is not None:  # same formulas in cache-sized row blocks (bit-identical)
-        scales, zps, codes = fast
-        return QuantizedTensor(name=name, axes=tuple(axes), codes=codes, scales=scales, scheme=scheme,
-                               group_map=group_map, zero_points=zps)
+    if group_map.row_local(axes) and group_map.granularity is not Granularity.TENSOR:
+        fast = quantize_rows(x, scheme, tensor=name,
+                             group_size=group_map.group_size if group_map.granularity is Granularity.GROUP else None)
+        if fast is not None:  # same formulas in cache-sized row blocks (bit-identical)
+            return QuantizedTensor(name=name, axes=tuple(axes), codes=fast.codes, scales=fast.scales, scheme=scheme,
+                                   group_map=group_map, zero_points=fast.zero_points)
     x = np.asarray(x, dtype=np.float32)
     scales, zps = choose_params(x, scheme, group_map, axes, tensor=name)
     if zps is not None and scheme.zero_point is ZeroPoint.INTEGER:

@@ -14,15 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from converter.errors import NotRepresentableError
+from converter.groups import Granularity, GroupMap
+from converter.layout import IN, OUT
 from converter.scheme import ZeroPoint
+from converter.tensor import QuantizedTensor
 
 
-def _dtype_label(dtype) -> str:
+def _dtype_label(dtype: "np.dtype | str | type") -> str:
     dt = np.dtype(dtype)
     return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dt.name, dt.name)
 
 
-def exact_cast(arr: np.ndarray, dtype, *, tensor: str, field: str, message: str | None = None,
+def exact_cast(arr: np.ndarray, dtype: "np.dtype | str | type", *, tensor: str, field: str, message: str | None = None,
                expected: str | None = None, hint: str | None = None, nan_exact: bool = True) -> np.ndarray:
     """``arr`` cast to ``dtype`` when every value survives the cast exactly, else NotRepresentableError.
 
@@ -68,10 +71,20 @@ def exact_cast(arr: np.ndarray, dtype, *, tensor: str, field: str, message: str 
     return h
 
 
-def as_unsigned(t):
+def as_unsigned(t: QuantizedTensor) -> QuantizedTensor:
     """Signed codes -> unsigned codes ``q + 2^(b-1)``; the centre / zero points shift with them.
 
-    Returns ``t`` unchanged when already unsigned. Codebook schemes are never shifted.
+    Returns
+    -------
+    QuantizedTensor
+        Same name, axes and shape; codes uint8 (still packed when they were: the fields are
+        read with their top bit flipped), integer zero points uint8, float biases moved by
+        ``-2^(b-1) * s``. ``t`` itself when already unsigned. Codebook schemes are never shifted.
+
+    Raises
+    ------
+    NotRepresentableError
+        When moving a float bias rounds it in its dtype.
     """
     s = t.scheme
     if not s.signed:
@@ -90,8 +103,14 @@ def as_unsigned(t):
     return t.replace(codes=codes, zero_points=zp, scheme=s.replace(signed=False))
 
 
-def as_signed(t):
+def as_signed(t: QuantizedTensor) -> QuantizedTensor:
     """Unsigned codes -> signed ``q - 2^(b-1)`` (zero points shift with them).
+
+    Returns
+    -------
+    QuantizedTensor
+        Same name, axes and shape; codes int8 (still packed when they were), integer zero
+        points int8. ``t`` itself when already signed.
 
     Raises
     ------
@@ -111,7 +130,7 @@ def as_signed(t):
     return t.replace(codes=codes, zero_points=zp, scheme=s.replace(signed=True))
 
 
-def as_integer_zero(t):
+def as_integer_zero(t: QuantizedTensor) -> QuantizedTensor:
     """Express ``t`` with explicit integer zero points (``x = s * (q - z)``).
 
     Symmetric schemes get ``z`` = the centre everywhere. Float biases become ``z = -b / s`` when that
@@ -148,7 +167,7 @@ def as_integer_zero(t):
     return t.replace(zero_points=zr.astype(s.code_dtype), scheme=s.replace(zero_point=ZeroPoint.INTEGER))
 
 
-def as_float_bias(t) -> tuple[object, bool]:
+def as_float_bias(t: QuantizedTensor) -> tuple[QuantizedTensor, bool]:
     """Express ``t`` with an additive bias ``b = -z * s`` (``x = s * q + b``) in the scale dtype.
 
     Returns
@@ -173,7 +192,7 @@ def as_float_bias(t) -> tuple[object, bool]:
                      scheme=s.replace(zero_point=ZeroPoint.FLOAT)), exact
 
 
-def as_groups(t, group_size: int):
+def as_groups(t: QuantizedTensor, group_size: int) -> QuantizedTensor:
     """Re-express ``t`` with groups of ``group_size`` consecutive elements along ``in``.
 
     Each new group takes the parameters (scale, zero point or bias) of the tensor, row, or larger
@@ -196,8 +215,6 @@ def as_groups(t, group_size: int):
         ``in % group_size != 0``, act-order ``g_idx``, a group size that ``group_size`` does not
         divide, another granularity, or no ``in`` axis.
     """
-    from converter.groups import Granularity, GroupMap
-    from converter.layout import IN, OUT
     gm = t.group_map
     if gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size == group_size and gm.g_idx is None:
         return t
@@ -219,7 +236,7 @@ def as_groups(t, group_size: int):
     new = GroupMap.per_group(group_size, axis=IN)
     pshape = new.param_shape(t.shape, t.axes)
 
-    def spread(a):
+    def spread(a: np.ndarray | None) -> np.ndarray | None:
         if a is None:
             return None
         if g is Granularity.GROUP:  # each old group covers group_size_old / group_size new ones
@@ -228,7 +245,7 @@ def as_groups(t, group_size: int):
     return t.replace(scales=spread(t.scales), zero_points=spread(t.zero_points), group_map=new)
 
 
-def as_positive_scales(t):
+def as_positive_scales(t: QuantizedTensor) -> QuantizedTensor:
     """Make every scale non-negative by flipping the grid of negatively scaled groups (exact).
 
     MLX's ``affine_quantize`` picks a negative scale when the group's largest magnitude is its

@@ -80,7 +80,7 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
     axis, length, word, perms = wp
     if tuple(t.axes) == ("out", "in"):
         # the same mean of squares accumulated over row blocks of values (never the whole float64 matrix)
-        from converter.kernels.blocked import Rows
+        from converter.rows import Rows
         rows = Rows(t)
         n_rows = t.shape[0]
         acc = np.zeros(length, dtype=np.float64) if axis == "in" else np.empty(length, dtype=np.float64)

@@ -23,7 +23,6 @@ from converter.runtime import parse_size, run_options
 from converter.write.parallel import Progress, SharedDict, run_tasks
 from converter.layout import IN, OUT, AxisMap, PackedCodes, equal_transposed, transpose_2d
 from converter.quant import quantize as Q
-from converter.kernels.blocked import dequantize_blocked, quantize_blocked
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
@@ -234,113 +233,6 @@ def test_equal_transposed_compares_bits():
     assert not equal_transposed(a, b[:, :-1]) and not equal_transposed(a, b.view(np.uint8)) and not equal_transposed(a, a)
 
 
-# -- kernels ----------------------------------------------------------------------------------------
-def _reference_quantize(x, s, gm):
-    x = np.asarray(x, np.float32)
-    sc, z = Q.choose_params(x, s, gm, (OUT, IN))
-    if z is not None:
-        z = z.astype(s.code_dtype)
-    return sc, z, Q.codes_for(x, sc, z, s, gm, (OUT, IN))
-
-
-@pytest.mark.parametrize("bits,signed,zp", [(b, sg, z) for b, sg, z in itertools.product(
-    [2, 4, 8], [True, False], [ZeroPoint.NONE, ZeroPoint.INTEGER])])
-def test_blocked_quantize_is_bit_exact(bits, signed, zp):
-    rng = np.random.default_rng(bits)
-    for shape, sd, gm in [((37, 300), "F16", GroupMap.per_group(128)), ((9, 64), "BF16", GroupMap.per_channel()),
-                          ((70, 1000), "F32", GroupMap.per_group(32))]:
-        s = QuantScheme(bits, signed, zp, sd)
-        x = (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
-        x[1] = 0
-        x[2, :7] = 0
-        for xin in (x, x.astype(np.float16)):
-            want = _reference_quantize(xin, s, gm)
-            got = quantize_blocked(xin, s, gm, (OUT, IN))
-            assert np.array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
-            assert (got[1] is None) == (want[1] is None)
-            if got[1] is not None:
-                assert got[1].dtype == want[1].dtype and np.array_equal(got[1], want[1])
-            assert got[2].dtype == want[2].dtype and np.array_equal(got[2], want[2])
-
-
-@pytest.mark.parametrize("signed,zp,rounding", [(True, ZeroPoint.NONE, "half_even"), (False, ZeroPoint.NONE, "half_away"),
-                                                 (False, ZeroPoint.INTEGER, "half_even"), (True, ZeroPoint.INTEGER, "half_away")])
-def test_blocked_quantize_clips_where_a_rounded_scale_is_too_small(signed, zp, rounding):
-    """Scales in fp16's subnormal range can round well below max/qmax: codes then exceed the range
-    and must be clipped, in the blocks (rows) that need it and only there."""
-    tiny = float(np.finfo(np.float16).smallest_subnormal)
-    s, gm = QuantScheme(4, signed, zp, "F16", rounding=rounding), GroupMap.per_group(64)
-    levels = 7 if zp is ZeroPoint.NONE else 15
-    rng = np.random.default_rng(3)
-    x = (rng.standard_normal((200, 256)) * 0.05).astype(np.float32)
-    top = np.float32(1.49 * tiny * levels)  # top / levels rounds down to 1 subnormal step: codes ~1.5x too big
-    low = -1 if zp is ZeroPoint.NONE else 0  # asymmetric: range [0, top], zero point 0
-    x[150:, :64] = top * rng.uniform(low, 1, (50, 64)).astype(np.float32)
-    x[150:, 0], x[150:, 1] = top, low * top
-    want = _reference_quantize(x, s, gm)
-    got = quantize_blocked(x, s, gm, (OUT, IN))
-    assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16))
-    assert np.array_equal(got[2], want[2])
-    assert want[2][150:, 0].max() == s.qmax  # the clip did act
-
-
-def test_blocked_quantize_defers_errors_to_the_whole_array_path():
-    x = np.ones((4, 256), np.float32)
-    x[2, 7] = np.nan
-    s, gm = QuantScheme(4, True, ZeroPoint.NONE, "F16"), GroupMap.per_group(128)
-    assert quantize_blocked(x, s, gm, (OUT, IN)) is None
-    with pytest.raises(QuantizationError):
-        Q.quantize(x, s, gm)
-    x[2, 7] = -np.inf  # the integer max of |x| bit patterns sees inf (and NaN) above every finite value
-    assert quantize_blocked(x, s, gm, (OUT, IN)) is None
-    zeros = np.zeros((3, 256), np.float32)
-    zeros[1, :128] = -0.0
-    stats: dict = {}
-    got = quantize_blocked(zeros, s, gm, (OUT, IN), stats=stats)
-    assert stats["degenerate_groups"] == 6 and not got[2].any() and (got[0] == 1).all()
-    big = np.full((2, 128), 1e9, np.float32)
-    with pytest.raises(QuantizationError, match="overflows"):
-        Q.quantize(big, s, gm)
-
-
-@pytest.mark.parametrize("granularity", ["tensor", "channel", "group", "partial"])
-@pytest.mark.parametrize("zp", [ZeroPoint.NONE, ZeroPoint.INTEGER, ZeroPoint.FLOAT])
-def test_blocked_dequantize_is_bit_exact(granularity, zp):
-    rng = np.random.default_rng(7)
-    O, I = 33, 200 if granularity == "partial" else 256
-    gm = {"tensor": GroupMap.per_tensor(), "channel": GroupMap.per_channel(),
-          "group": GroupMap.per_group(64), "partial": GroupMap.per_group(64)}[granularity]
-    pshape = gm.param_shape((O, I), (OUT, IN))
-    for bits, signed in [(4, False), (4, True), (8, True), (2, False), (3, False)]:
-        s = QuantScheme(bits, signed, zp, "F16")
-        codes = rng.integers(s.qmin, s.qmax + 1, size=(O, I)).astype(s.code_dtype)
-        scales = (rng.random(pshape) + 0.01).astype(np.float16)
-        zps = None
-        if zp is ZeroPoint.INTEGER:
-            zps = rng.integers(s.qmin, s.qmax + 1, size=pshape).astype(s.code_dtype)
-        elif zp is ZeroPoint.FLOAT:
-            zps = rng.standard_normal(pshape).astype(np.float16)
-        amap = AxisMap((IN, OUT), packed_axis=IN, bits=bits, container="I32")
-        packed = PackedCodes(amap.to_stored(codes, (OUT, IN)), amap, (OUT, IN), {OUT: O, IN: I}, signed=signed)
-        t_arr = QuantizedTensor("w", (OUT, IN), codes, scales, s, gm, zero_points=zps)
-        t_pk = QuantizedTensor("w", (OUT, IN), packed, scales, s, gm, zero_points=zps)
-        tensors = [t_arr, t_pk]
-        if bits == 4:  # fields stored with the top bit flipped (compressed-tensors' q + 8)
-            words = amap.to_stored(codes, (OUT, IN)).view(np.uint32) ^ np.uint32(0x88888888)
-            flipped = PackedCodes(words.view(np.int32), amap, (OUT, IN), {OUT: O, IN: I}, signed=signed, flip=True)
-            tensors.append(QuantizedTensor("w", (OUT, IN), flipped, scales, s, gm, zero_points=zps))
-        c = codes.astype(np.float32) - np.float32(s.center if zp is ZeroPoint.NONE else 0)
-        if zp is ZeroPoint.INTEGER:
-            c -= gm.expand(zps.astype(np.float32), (O, I), (OUT, IN))
-        want = c * gm.expand(scales.astype(np.float32), (O, I), (OUT, IN))
-        if zp is ZeroPoint.FLOAT:
-            want += gm.expand(zps.astype(np.float32), (O, I), (OUT, IN))
-        for t in tensors:
-            got = dequantize_blocked(t)
-            assert got is not None and np.array_equal(got, want), (bits, signed)
-            assert np.array_equal(t.dequantize(), want)
-
-
 # -- GGUF legacy fast paths ---------------------------------------------------------------------------
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
 def test_gguf_fast_paths_bit_exact_with_gguf_py(type_name):
@@ -362,30 +254,6 @@ def test_gguf_fast_paths_bit_exact_with_gguf_py(type_name):
     ours = codec.dequantize_raw(raw)
     assert np.array_equal(ours.view(np.uint32), gguf.quants.dequantize(raw, qtype).view(np.uint32))
     assert np.array_equal(ours.view(np.uint32), codec.dequantize(codec.decode(raw)).view(np.uint32))
-
-
-def test_blocked_comparison_matches_whole_array_formulas():
-    from converter.quant import error_report as er
-    from converter.kernels.metrics import error_stats, output_error, worst_channel, worst_group
-    rng = np.random.default_rng(5)
-    a = rng.standard_normal((301, 200)).astype(np.float32)
-    b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
-    b[7] = a[7]
-    for gm in (GroupMap.per_group(64), GroupMap.per_channel(), GroupMap.per_tensor()):
-        got = er._comparison_blocked(a, b, gm, (OUT, IN))
-        st = error_stats(a, b)
-        # squares are summed in float32 per chunk (ErrorSums): relative precision ~1e-6
-        for k in ("mse", "rmse", "rel_frobenius", "sqnr_db"):
-            assert got[k] == pytest.approx(getattr(st, k), rel=1e-6), k
-        for k in ("max_abs", "changed_fraction"):
-            assert got[k] == getattr(st, k), k
-        assert got["worst_channel"] == {"index": worst_channel(a, b, (OUT, IN))["index"],
-                                        "mse": pytest.approx(worst_channel(a, b, (OUT, IN))["mse"], rel=1e-6)}
-        wg = worst_group(a, b, gm, (OUT, IN))
-        assert got["worst_group"]["index"] == wg["index"] and got["worst_group"]["elements"] == wg["elements"]
-        assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-6)
-        assert got["output_rel_error"] == pytest.approx(
-            output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)
 
 
 def test_gguf_write_identical_for_any_workers(gptq_dir, tmp_path):

@@ -1,5 +1,5 @@
 """The error figures requantize() sums inside its own row blocks (ErrorSums fed by
-quantize_blocked) against an independent whole-array computation from the two dequantized
+quantize_rows) against an independent whole-array computation from the two dequantized
 tensors, for symmetric / asymmetric targets, per channel and per group with a partial tail,
 small (float64 products) and large (float32 GEMMs) tensors."""
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from converter.groups import GroupMap
+from converter.layout import IN, OUT
 from converter.quant.error_report import tensor_report
 from converter.quant.quantize import quantize
 from converter.quant.requant import Target, classify, requantize
@@ -44,21 +45,22 @@ def test_fused_figures_equal_independent(rows, n, src_group, target, out_tol):
     rng = np.random.default_rng(rows + n)
     w = (rng.standard_normal((rows, n)) * rng.uniform(0.01, 10, (rows, 1))).astype(np.float32)
     src = quantize(w, QuantScheme(4, False, zero_point=ZeroPoint.INTEGER), GroupMap.per_group(src_group))
-    out, info = requantize(src, target)
-    assert "_vs_source" in info  # summed in requantize's own blocks, not recomputed by the report
-    row = tensor_report(src, out, classify(src, target), info)
+    info = requantize(src, target)
+    out = info.tensor
+    assert info.vs_source is not None  # summed in requantize's own blocks, not recomputed by the report
+    row = tensor_report(src, info, classify(src, target))
     v = row["vs_source"]
     a, b = src.dequantize().astype(np.float64), out.dequantize().astype(np.float64)
     ind = _independent(a, b, target.group_size)
     # squares summed in float32 per chunk (ErrorSums): ~1e-6; the maximum is exact
     for k in ("mse", "rel_frobenius"):
-        assert math.isclose(v[k], ind[k], rel_tol=1e-6), k
-    assert v["max_abs"] == ind["max_abs"]
-    assert v["changed_fraction"] == ind["changed_fraction"]
-    assert v["worst_channel"]["index"] == ind["worst_channel"]
-    assert v["worst_group"]["index"] == ind["worst_group"][0]
-    assert math.isclose(v["worst_group"]["mse"], ind["worst_group"][1], rel_tol=1e-6)
-    assert math.isclose(v["output_rel_error"], ind["output_rel_error"], rel_tol=out_tol)
+        assert math.isclose(getattr(v, k), ind[k], rel_tol=1e-6), k
+    assert v.max_abs == ind["max_abs"]
+    assert v.changed_fraction == ind["changed_fraction"]
+    assert v.worst_channel["index"] == ind["worst_channel"]
+    assert v.worst_group["index"] == ind["worst_group"][0]
+    assert math.isclose(v.worst_group["mse"], ind["worst_group"][1], rel_tol=1e-6)
+    assert math.isclose(v.output_rel_error, ind["output_rel_error"], rel_tol=out_tol)
     # the codes are the ones the whole-array quantizer gives the dequantized source
     ts = out.scheme
     ref = quantize(src.dequantize(), ts, out.group_map)
@@ -76,6 +78,30 @@ def test_figures_survive_float32_overflow_and_underflow_of_squares(magnitude):
     b = (a * np.float32(1 + 1e-3)).astype(np.float32)
     got = comparison(a, b, GroupMap.per_group(128), ("out", "in"))
     st = error_stats(a, b)
-    assert got["exact"] is False and st.exact is False
+    assert got.exact is False and st.exact is False
     for k in ("mse", "rel_frobenius", "sqnr_db"):
-        assert math.isfinite(got[k]) and math.isclose(got[k], getattr(st, k), rel_tol=1e-6), k
+        assert math.isfinite(getattr(got, k)) and math.isclose(getattr(got, k), getattr(st, k), rel_tol=1e-6), k
+
+
+def test_blocked_comparison_matches_whole_array_formulas():
+    from converter.quant import error_report as er
+    from converter.kernels.metrics import error_stats, output_error, worst_channel, worst_group
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((301, 200)).astype(np.float32)
+    b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
+    b[7] = a[7]
+    for gm in (GroupMap.per_group(64), GroupMap.per_channel(), GroupMap.per_tensor()):
+        got = er.comparison(a, b, gm, (OUT, IN)).to_json()  # row-local groups: compare_rows
+        st = error_stats(a, b)
+        # squares are summed in float32 per chunk (ErrorSums): relative precision ~1e-6
+        for k in ("mse", "rmse", "rel_frobenius", "sqnr_db"):
+            assert got[k] == pytest.approx(getattr(st, k), rel=1e-6), k
+        for k in ("max_abs", "changed_fraction"):
+            assert got[k] == getattr(st, k), k
+        assert got["worst_channel"] == {"index": worst_channel(a, b, (OUT, IN))["index"],
+                                        "mse": pytest.approx(worst_channel(a, b, (OUT, IN))["mse"], rel=1e-6)}
+        wg = worst_group(a, b, gm, (OUT, IN))
+        assert got["worst_group"]["index"] == wg["index"] and got["worst_group"]["elements"] == wg["elements"]
+        assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-6)
+        assert got["output_rel_error"] == pytest.approx(
+            output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)

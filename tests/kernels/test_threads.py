@@ -34,11 +34,11 @@ def test_errors_in_any_range_are_raised():
     (QuantScheme(4, True), Target(bits=3, group_size=64, symmetric=False)),
 ])
 def test_same_results_on_one_or_three_threads(monkeypatch, scheme, target):
-    from converter.kernels import blocked as kernels
+    from converter.kernels import dequant, rtn
     monkeypatch.setattr(threads, "_POOL", None)  # a fresh pool: no help from an earlier test's threads
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1000)
-    monkeypatch.setattr(kernels, "BLOCK_ELEMENTS", 2000)  # blocks of 10 rows: ranges of several blocks
-    monkeypatch.setattr(kernels, "QUANT_BLOCK_ELEMENTS", 2000)
+    monkeypatch.setattr(dequant, "BLOCK_ELEMENTS", 2000)  # blocks of 10 rows: ranges of several blocks
+    monkeypatch.setattr(rtn, "QUANT_BLOCK_ELEMENTS", 2000)
     used = []
     real = threads.split_rows
     monkeypatch.setattr(threads, "split_rows", lambda *a: used.append(real(*a)) or used[-1])
@@ -50,8 +50,9 @@ def test_same_results_on_one_or_three_threads(monkeypatch, scheme, target):
         with run_options(workers=n):
             assert threads.kernel_threads(203 * 200) == n
             deq = src.dequantize()
-            out, info = requantize(src, target)
-            row = tensor_report(src, out, classify(src, target), info)
+            info = requantize(src, target)
+            out = info.tensor
+            row = tensor_report(src, info, classify(src, target))
         got[n] = (deq, out, row["vs_source"])
     (d1, o1, v1), (d3, o3, v3) = got[1], got[3]
     assert max(len(r) for r in used) == 3  # the kernels did run on three row ranges
@@ -63,7 +64,7 @@ def test_same_results_on_one_or_three_threads(monkeypatch, scheme, target):
     # per-row sums added in row order: the same figures to the last bit
     for k in ("mse", "rel_frobenius", "sqnr_db", "output_rel_error", "max_abs", "changed_fraction",
               "worst_channel", "worst_group"):
-        assert v1[k] == v3[k], k
+        assert getattr(v1, k) == getattr(v3, k), k
 
 
 def test_pool_workers_keep_kernels_single_threaded(monkeypatch):

@@ -1,0 +1,134 @@
+"""A requantization target (:class:`Target`) and its concrete scheme and groups (:func:`resolve`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from converter.errors import UnsupportedError
+from converter.groups import Granularity, GroupMap
+from converter.quant.format_quant import FormatQuantizer
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.vocabulary import GRANULARITIES, SCALE_DTYPE_CHOICES, float_dtype_name, group_map_for
+
+# Scale dtype widenings that are exact for every finite value of the source dtype.
+_WIDER = {
+    "F16": {"F16", "F32"},
+    "BF16": {"BF16", "F32"},
+    "F32": {"F32"},
+    "F8_E4M3": {"F8_E4M3", "F16", "BF16", "F32"},
+    "F8_E8M0": {"F8_E8M0", "BF16", "F32"},
+}
+
+#: Granularities a target can ask for (the command line's, :data:`converter.vocabulary.GRANULARITIES`).
+_TARGET_GRANULARITIES = tuple(Granularity(g) for g in GRANULARITIES)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A requantization target; ``None`` fields keep the source's value.
+
+    Parameters
+    ----------
+    bits : int, optional
+        Bits per code (2..8).
+    granularity : Granularity (or its name ``"tensor" | "channel" | "group"``), optional
+        ``channel`` = one scale per output channel; ``group`` = groups of ``group_size`` along ``in``
+        (in column order, no ``g_idx``).
+    group_size : int, optional
+        Required with ``granularity="group"``.
+    symmetric : bool, optional
+        True: implicit centre, no zero point. False: integer zero points (a float-bias source
+        stays float-bias only when ``symmetric`` is left out).
+    scale_dtype : ``"F16" | "BF16" | "F32"``, optional
+    scale_search : ``"none" | "mse"``
+        ``mse``: per group, the clipping ratio minimising the squared error (lossy path only).
+    float_bias : ``"keep" | "integer" | "symmetric"``
+        With ``symmetric`` left out, what a float-bias source tensor (GGUF Q4_1, MLX affine) becomes:
+        ``keep`` its float biases (targets that store them), ``integer`` zero points (GPTQ, AWQ:
+        asymmetric with integer zero points), or ``symmetric`` (compressed-tensors, whose asymmetric
+        layout transformers 5.24 cannot load). Set from the target format, not by the user.
+    """
+
+    bits: int | None = None
+    granularity: Granularity | None = None
+    group_size: int | None = None
+    symmetric: bool | None = None
+    scale_dtype: str | None = None
+    scale_search: str = "none"
+    float_bias: str = "keep"
+
+    def __post_init__(self) -> None:
+        if self.granularity is None and self.group_size is not None:
+            object.__setattr__(self, "granularity", Granularity.GROUP)
+        if self.granularity is not None:
+            if self.granularity not in _TARGET_GRANULARITIES:
+                raise UnsupportedError("unknown granularity", field="granularity",
+                                       expected=[g.value for g in _TARGET_GRANULARITIES], found=self.granularity)
+            object.__setattr__(self, "granularity", Granularity(self.granularity))
+        if self.granularity is Granularity.GROUP and not self.group_size:
+            raise UnsupportedError("group granularity needs a group size", field="--group-size", expected=">= 1",
+                                   found=self.group_size)
+        if self.granularity in (Granularity.TENSOR, Granularity.CHANNEL) and self.group_size is not None:
+            raise UnsupportedError(f"{self.granularity.value} granularity takes no group size", field="--group-size",
+                                   found=self.group_size)
+        if self.bits is not None and not 2 <= int(self.bits) <= 8:
+            raise UnsupportedError("bits out of range", field="--bits", expected="2..8", found=self.bits)
+        if self.scale_dtype is not None:
+            sd = float_dtype_name(self.scale_dtype)
+            if sd is None:
+                raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=list(SCALE_DTYPE_CHOICES),
+                                       found=self.scale_dtype)
+            object.__setattr__(self, "scale_dtype", sd)
+        if self.scale_search not in ("none", "mse"):
+            raise UnsupportedError("unknown scale search", field="--scale-search", expected=["none", "mse"],
+                                   found=self.scale_search)
+
+    def is_identity(self) -> bool:
+        """True when no field asks for a change (only a repack)."""
+        return (self.bits is None and self.granularity is None and self.symmetric is None
+                and self.scale_dtype is None and self.scale_search == "none")
+
+    def to_json(self) -> dict:
+        gran = self.granularity.value if self.granularity is not None else None
+        return {"bits": self.bits, "granularity": gran, "group_size": self.group_size,
+                "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
+
+
+def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,
+            fmt: FormatQuantizer | None = None) -> tuple[QuantScheme, GroupMap]:
+    """The concrete target scheme and group map for a source ``scheme`` / ``group_map``.
+
+    Left-out options keep the source's value. A codebook source (NF4/FP4) has no affine grid: its
+    target is a signed symmetric integer scheme unless ``--asym`` is given.
+    The lossy route rounds half to even, so the target's ``rounding`` is ``half_even``
+    when anything but the layout changes, unless a format quantizer produces the target.
+    ``fmt`` (a :class:`converter.quant.format_quant.FormatQuantizer` of the target format) then
+    adapts the result to the format's own form, or refuses it (NotRepresentableError naming the
+    option).
+    """
+    bits = int(target.bits) if target.bits is not None else scheme.bits
+    sd = target.scale_dtype or scheme.scale_dtype
+    if scheme.codebook is not None:
+        if target.is_identity():
+            return scheme, group_map
+        sym = True if target.symmetric is None else target.symmetric
+        zp, signed = (ZeroPoint.NONE, True) if sym else (ZeroPoint.INTEGER, False)
+    else:
+        sym = scheme.symmetric if target.symmetric is None else target.symmetric
+        if target.symmetric is None and scheme.zero_point is ZeroPoint.FLOAT and target.float_bias == "symmetric":
+            sym = True
+        if sym:
+            zp, signed = ZeroPoint.NONE, scheme.signed if scheme.symmetric else True
+        elif target.symmetric is None and not (target.float_bias == "integer" and scheme.zero_point is ZeroPoint.FLOAT):
+            zp, signed = scheme.zero_point, scheme.signed  # asymmetric source kept as is (integer zero or float bias)
+        elif scheme.zero_point is ZeroPoint.INTEGER:
+            zp, signed = ZeroPoint.INTEGER, scheme.signed
+        else:  # --asym: integer zero points (a float-bias source is re-expressed or requantized)
+            zp, signed = ZeroPoint.INTEGER, False
+    if sd not in ("F16", "BF16", "F32") and (sd != scheme.scale_dtype or bits != scheme.bits):
+        sd = "F32"  # an F8 source scale dtype is kept only by an exact carry; requantized scales go to F32
+    new = QuantScheme(bits, signed=signed, zero_point=zp, scale_dtype=sd, rounding=scheme.rounding)
+    gm = group_map if target.granularity is None else group_map_for(target.granularity, target.group_size)
+    if fmt is not None:
+        new, gm = fmt.adapt(new, gm, target)
+    return new, gm

@@ -1,0 +1,67 @@
+"""Float32 values of a 2-D ``(out, in)`` tensor produced block by block, never whole."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converter.tensor import QuantizedTensor, Tensor, row_splittable, take_rows
+
+#: Elements per super-block when values are produced on demand (:class:`Rows`).
+SUPER_ELEMENTS = 1 << 20
+
+
+class Rows:
+    """Float32 values of a 2-D ``(out, in)`` tensor produced block by block, never whole.
+
+    ``Rows(t)`` dequantizes rows of a QuantizedTensor on demand (``take_rows(t, r0, r1)``; codes
+    still packed are sliced as words), so a kernel reading it holds one super-block of floats at a
+    time instead of the whole matrix. ``Rows(array)`` wraps an array. ``rows[r0:r1]`` returns
+    float32 rows ``(r1 - r0, in)``; a one-block cache makes consecutive small reads inside a
+    super-block cheap. The row kernels read it through ``shape``, ``dtype``, ``step``,
+    ``[r0:r1]`` and :meth:`fork` (:class:`converter.kernels.rtn.RowSource`).
+    """
+
+    def __init__(self, source: "Tensor | np.ndarray") -> None:
+        self.source = source
+        self.shape = tuple(source.shape)
+        self.ndim = len(self.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.dtype = np.dtype(np.float32)
+        self._lazy = not isinstance(source, np.ndarray)
+        if self._lazy:
+            self._lazy = row_splittable(source)
+            if not self._lazy:
+                self.source = source.dequantize()
+        self._cache: tuple[int, int, np.ndarray] | None = None
+        self.step = max(1, SUPER_ELEMENTS // max(1, self.shape[-1])) if self.shape else 1
+
+    def fork(self) -> "Rows":
+        """A reader of the same values with its own cache (one per thread)."""
+        return Rows(self.source)
+
+    def array(self) -> np.ndarray:
+        """All values at once (for whole-array fallbacks)."""
+        return self.source.dequantize() if self._lazy else np.asarray(self.source, dtype=np.float32)
+
+    def __getitem__(self, idx: slice) -> np.ndarray:
+        if not isinstance(idx, slice) or idx.step not in (None, 1):
+            raise TypeError("Rows supports [r0:r1] only")
+        r0, r1, _ = idx.indices(self.shape[0])
+        if not self._lazy:
+            return np.asarray(self.source[r0:r1], dtype=np.float32)
+        c = self._cache
+        if c is None or not (c[0] <= r0 and r1 <= c[1]):
+            b0 = r0
+            b1 = max(r1, min(self.shape[0], b0 + self.step))
+            c = (b0, b1, take_rows(self.source, b0, b1).dequantize())
+            self._cache = c
+        return c[2][r0 - c[0]:r1 - c[0]]
+
+
+def values_of(source: "QuantizedTensor | np.ndarray | Rows") -> np.ndarray:
+    """All float32 values of ``source`` at once."""
+    if isinstance(source, Rows):
+        return source.array()
+    if isinstance(source, np.ndarray):
+        return source
+    return source.dequantize()

@@ -1,0 +1,119 @@
+"""Float32 values of a quantized tensor: the model's side of the one dequantize kernel.
+
+:func:`dequantize` hands :func:`converter.kernels.dequant.dequantize_rows` plain arrays: for a
+row-local tensor (:meth:`converter.groups.GroupMap.row_local`) the parameters as stored, one set
+per row block, and the codes straight from their packed words when those decode bytewise; for
+any other grouping (``expert`` axes, ``g_idx``, flat blocks ...) the whole tensor as one block
+(:func:`~converter.kernels.dequant.dequantize_block`), its parameters expanded to every element. Either way the arithmetic is the
+formula of :func:`dequantize_parts`, operand for operand.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from converter.groups import Granularity, GroupMap
+from converter.kernels.dequant import byte_table, dequantize_block, dequantize_rows
+from converter.layout import PackedCodes
+from converter.scheme import QuantScheme, ZeroPoint
+
+if TYPE_CHECKING:  # (annotations only: converter.tensor imports this module)
+    from converter.tensor import QuantizedTensor
+
+
+def dequantize(t: "QuantizedTensor") -> np.ndarray:
+    """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32.
+
+    ``x = s * (q - c)`` (symmetric), ``s * (q - z)`` (integer zero point), ``s * q + b`` (float
+    bias) or ``s * codebook[q]``; every operand widened to float32 first (fp16/bf16 scales are
+    exact in float32).
+
+    Returns
+    -------
+    ndarray of float32, shape ``t.shape`` (named by ``t.axes``).
+    """
+    s, gm = t.scheme, t.group_map
+    if len(t.shape) != 2 or not gm.row_local(t.axes):
+        return dequantize_parts(t.codes, t.scales, t.zero_points, s, gm, t.axes)
+    rows, n = t.shape
+    if rows * n == 0:
+        return np.empty((rows, n), dtype=np.float32)
+    codebook = np.asarray(s.codebook, dtype=np.float32) if s.codebook is not None else None
+    kind = ZeroPoint.NONE.value if codebook is not None else s.zero_point.value
+    center = float(s.center) if kind == ZeroPoint.NONE.value and codebook is None else 0.0
+    got = _raw_bytes(t) if codebook is None else None
+    table = None
+    if got is not None:  # packed codes decoded bytewise, the centre already in the table
+        codes, bits, signed, flip = got
+        table, center = byte_table(bits, signed=signed, flip=flip, center=center), 0.0
+    else:
+        codes = np.ascontiguousarray(t.codes)
+    zp = t.zero_points.astype(np.float32) if t.zero_points is not None and codebook is None else None
+    return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
+                           group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
+                           center=center, table=table, codebook=codebook)
+
+
+def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, scheme: QuantScheme,
+                     group_map: GroupMap, axes: Sequence[str], zero_shift: float = 0.0) -> np.ndarray:
+    """The dequantize formula on loose parts, parameters expanded to every element.
+
+    ``x = s * (q - c)`` (symmetric, implicit centre ``c``), ``s * (q - z)`` (integer zero point),
+    ``s * q + b`` (float bias) or ``s * codebook[q]``; every operand widened to float32 first.
+    ``zero_shift`` moves the zero point by that many code steps (centre or integer zero + shift,
+    float bias - shift * s); 0 leaves the formula untouched (used by the validator's interpretations).
+
+    Parameters
+    ----------
+    codes : ndarray of integers, logical shape (named by ``axes``)
+    scales, zero_points : ndarray, ``group_map.param_shape(codes.shape, axes)``
+    scheme, group_map, axes : the tensor's quantization description
+
+    Returns
+    -------
+    ndarray of float32, shape ``codes.shape``.
+    """
+    shape = codes.shape
+    out = np.empty(shape, dtype=np.float32)
+    if out.size == 0:
+        return out
+    # one block: the whole tensor, parameters expanded (broadcast views) to every element
+    scale = group_map.expand(np.asarray(scales).astype(np.float32), shape, axes)
+    if scheme.codebook is not None:
+        dequantize_block(out, codes, scale, None, zero_kind="none",
+                         codebook=np.asarray(scheme.codebook, dtype=np.float32))
+        return out
+    if scheme.zero_point is ZeroPoint.NONE:
+        dequantize_block(out, codes, scale, None, zero_kind="none", center=scheme.center + zero_shift)
+        return out
+    z = group_map.expand(np.asarray(zero_points).astype(np.float32), shape, axes)
+    if scheme.zero_point is ZeroPoint.INTEGER:
+        if zero_shift:
+            z = z + np.float32(zero_shift)
+        dequantize_block(out, codes, scale, z, zero_kind="integer")
+        return out
+    dequantize_block(out, codes, scale, z, zero_kind="float")
+    if zero_shift:
+        out -= np.float32(zero_shift) * scale
+    return out
+
+
+def _raw_bytes(t: "QuantizedTensor") -> tuple[np.ndarray, int, bool, bool] | None:
+    """``(bytes, bits, signed, flip)`` when ``t``'s codes are packed so that each byte of the words
+    (in logical row order, ``(out, in * bits / 8)`` uint8) holds ``8 / bits`` whole fields
+    LSB-first; else None. ``signed`` / ``flip`` say how a field maps to its code
+    (:class:`converter.layout.PackedCodes`)."""
+    pc = t.packed
+    if pc is None or sys.byteorder != "little" or pc.bits not in (1, 2, 4, 8):
+        return None
+    # raw stored fields in logical order (no copy when already so); the caller applies the flip
+    words = PackedCodes(pc.words, pc.amap, pc.axes, pc.sizes, signed=pc.signed).logical_words()
+    if words is None:
+        return None
+    rows, n = t.shape
+    if (n * pc.bits) % 8:
+        return None
+    return words.view(np.uint8).reshape(rows, -1)[:, : n * pc.bits // 8], pc.bits, pc.signed, pc.flip
