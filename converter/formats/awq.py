@@ -46,7 +46,7 @@ from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from converter.formats.modules import dense_linear_modules, hf_linear_policy
 from converter.write.plan import TensorPlan, dense_plan, write_model_dir
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import NO_OPTIONS, Detection, FormatHandler, TargetOptions, register
 from converter.formats.source import Source
 
 from converter.quant.recode import as_integer_zero, as_unsigned
@@ -376,7 +376,7 @@ def detect_awq(src: Source) -> Detection | None:
 
 
 # -- writer ---------------------------------------------------------------------------------------
-def check_target(spec: TensorSpec) -> str | None:
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """``None`` when ``spec`` can be written as AWQ GEMM exactly, else the reason.
 
     Accepted: 4-bit affine-grid codes (signed or unsigned; symmetric or integer zero; float

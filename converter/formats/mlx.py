@@ -40,7 +40,7 @@ from converter.quant.recode import as_float_bias, as_groups, as_unsigned
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import NO_OPTIONS, Detection, FormatHandler, TargetOptions, ValidationHooks, register
 from converter.formats.source import Source, module_prefix
 
 FORMAT = "mlx"
@@ -369,7 +369,7 @@ def target_group_size(spec: TensorSpec) -> int | None:
     return None
 
 
-def check_target(spec: TensorSpec) -> str | None:
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """None if ``spec`` can be written as MLX affine exactly (up to bias rounding), else the reason."""
     if spec.kind != "quantized":
         return opaque_reason(spec)  # None for dense tensors
@@ -517,10 +517,6 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
 
 
 HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine; mxfp4, nvfp4, mxfp8 read-only)",
-                                 detect_mlx, read_mlx, write_mlx, check_target=check_target))
-
-
-from converter.validate.hooks import register_hooks  # noqa: E402
-
-#: MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
-register_hooks(FORMAT, negative_scales=True)
+                                 detect_mlx, read_mlx, write_mlx, check_target=check_target,
+                                 # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
+                                 validation=ValidationHooks(negative_scales=True)))

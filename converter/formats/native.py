@@ -21,9 +21,9 @@ from converter.errors import FormatError, LayoutError
 from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.scheme import QuantScheme
-from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
+from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_single_file
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
 
 FORMAT_KEY = "qckpt.format"
@@ -267,4 +267,5 @@ def detect_native(src: Source) -> Detection | None:
 
 
 HANDLER = register(FormatHandler("native", "qckpt native safetensors (self-describing layout)",
-                                 detect_native, read_native, write_native, check_target=opaque_reason))
+                                 detect_native, read_native, write_native, check_target=opaque_target,
+                                 output=OutputKind(suffix=".safetensors", dense_source=True)))

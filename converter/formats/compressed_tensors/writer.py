@@ -23,6 +23,7 @@ else :class:`~converter.errors.NotRepresentableError`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from converter.layout import IN, OUT
 from converter.kernels.packing import packed_length
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
 from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
@@ -58,7 +60,16 @@ def _options(ct_version: str | None, ct_format: str | None) -> tuple[str, tuple[
     return version, vt, fmt
 
 
-def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: str | None = None) -> str | None:
+@dataclass(frozen=True)
+class CTTargetOptions(TargetOptions):
+    """The write options :func:`check_target` understands: ``ct_version`` (a version that still
+    stores ``weight_g_idx`` accepts act-order) and ``ct_format`` (``pack-quantized`` ...)."""
+
+    ct_version: str | None = None
+    ct_format: str | None = None
+
+
+def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions()) -> str | None:
     """``None`` when ``spec`` can be written exactly as compressed-tensors, else the reason.
 
     Float-bias schemes pass here and are checked per value at write time (an integer ``-bias/scale``
@@ -83,7 +94,7 @@ def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: 
         return "groups along out have no compressed-tensors strategy"
     if spec.act_order:
         try:
-            _, vt, _ = _options(ct_version, ct_format)
+            _, vt, _ = _options(options.ct_version, options.ct_format)
         except FormatError as exc:
             return str(exc)
         if vt[:2] > G_IDX_UNTIL:
@@ -245,7 +256,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
                 ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
-        reason = check_target(spec, ct_version=version, ct_format=fmt)
+        reason = check_target(spec, CTTargetOptions(ct_version=version, ct_format=fmt))
         if reason:
             raise NotRepresentableError(f"cannot write as compressed-tensors: {reason}", tensor=spec.name,
                                         field="scheme", hint="requantize to an int scheme first")

@@ -73,7 +73,7 @@ from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation, permute_heads_key
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import NO_OPTIONS, Detection, FormatHandler, TargetOptions, OutputKind, ValidationHooks, register
 from converter.formats.source import Source
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
@@ -582,7 +582,7 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
                   f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
 
 
-def check_target(spec: TensorSpec) -> str | None:
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """None if ``spec`` can be written to GGUF without requantizing, else the reason.
 
     Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
@@ -845,11 +845,9 @@ from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requ
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
-                                 requant_targets=requant_targets))
-
-
-from converter.validate.hooks import register_hooks  # noqa: E402
-
-#: ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the signed value of largest
-#: magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``), so about half the scales are negative.
-register_hooks("gguf", negative_scales=True)
+                                 requant_targets=requant_targets,
+                                 # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
+                                 # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
+                                 # so about half the scales are negative.
+                                 validation=ValidationHooks(negative_scales=True),
+                                 output=OutputKind(suffix=".gguf")))

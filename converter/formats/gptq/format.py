@@ -56,7 +56,7 @@ from converter.quant.recode import as_integer_zero, as_unsigned, exact_cast
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
 from converter.write.plan import TensorPlan, dense_plan, write_model_dir
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import NO_OPTIONS, Detection, FormatHandler, TargetOptions, ValidationHooks, register
 from converter.formats.source import Source, module_prefix
 
 SUPPORTED_BITS = (2, 3, 4, 8)
@@ -431,7 +431,7 @@ def detect_gptq(src: Source) -> Detection | None:
 
 
 # -- writer ----------------------------------------------------------------------------------------
-def check_target(spec: TensorSpec) -> str | None:
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """``None`` when ``spec`` can be stored in GPTQ without requantizing, else the reason.
 
     Accepted: 2/3/4/8-bit codes (signed codes are shifted to unsigned, an exact re-expression),
@@ -685,13 +685,9 @@ def _with_scale(spec: TensorSpec, dtype: str) -> TensorSpec:
 
 from converter.formats.modules import dense_linear_modules, hf_linear_policy  # noqa: E402
 
-HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
-                                 detect_gptq, read_gptq, write_gptq, check_target=check_target,
-                                 keep_dense=hf_linear_policy("gptq"), partial_groups=False,
-                                 float_bias="integer", scale_dtype="F16"))
 
 
-# -- validation hooks (converter/validate/hooks.py) ------------------------------------------------
+# -- validation hooks (FormatHandler.validation) --------------------------------------------------------
 def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
     """Which GPTQ zero convention the stored ``qzeros`` fields follow (CASES.md B01; FORMATS.md section 1.3).
 
@@ -721,6 +717,9 @@ def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
             "raw_field_counts": {int(v): int(c) for v, c in sorted(zip(vals, counts), key=lambda kv: -kv[1])[:4]}}
 
 
-from converter.validate.hooks import register_hooks  # noqa: E402  (hooks module imports nothing from formats)
-
-register_hooks("gptq", zero_convention=zero_convention_evidence, always_stored=("g_idx",))
+HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
+                                 detect_gptq, read_gptq, write_gptq, check_target=check_target,
+                                 keep_dense=hf_linear_policy("gptq"), partial_groups=False,
+                                 float_bias="integer", scale_dtype="F16",
+                                 validation=ValidationHooks(zero_convention=zero_convention_evidence,
+                                                            always_stored=("g_idx",))))
