@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ConverterError, FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
+from converter.errors import ErrorKind, ConverterError, FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.kernels.packing import AWQ_ORDER
@@ -127,7 +127,8 @@ def _check_shape(src: Source, tensor: str, field: str, expected: tuple[int, ...]
     found = src.info(tensor).shape
     if tuple(found) != tuple(expected):
         raise FormatError("stored shape contradicts the AWQ layout and config", file=src.file_of(tensor),
-                          tensor=tensor, field=field, expected=list(expected), found=list(found), hint=hint)
+                          tensor=tensor, field=field, expected=list(expected), found=list(found), hint=hint,
+                          kind=ErrorKind.CONFIG_MISMATCH)
 
 
 def _check_dtype(src: Source, tensor: str, allowed: tuple[str, ...]) -> str:

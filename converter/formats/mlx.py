@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from converter.errors import FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
+from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError, NotRepresentableError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, IN, OUT, AxisMap
 from converter.quant.recode import as_float_bias, as_groups, as_unsigned
@@ -227,7 +227,7 @@ def _layer_spec(src: Source, qcfg: Mapping[str, Any], p: str, known: set[int]) -
     if in_features % group or tuple(s.shape) != tuple(w.shape[:-1]) + (in_features // group,):
         raise FormatError("scales shape contradicts config bits/group_size", file=file, tensor=sname, field="shape",
                           expected=list(w.shape[:-1]) + [f"{in_features}/{group}"], found=list(s.shape),
-                          hint=f"config says bits={bits}, group_size={group}")
+                          hint=f"config says bits={bits}, group_size={group}", kind=ErrorKind.CONFIG_MISMATCH)
     note = _cross_check(src, p, bits, group, in_features, wcols, scols, known)
     axes = _axes(len(w.shape))
     shape = tuple(int(d) for d in w.shape[:-1]) + (in_features,)

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from converter.errors import ConverterError, CorruptFileError, InputNotFoundError, LayoutError, MissingTensorError, UnsupportedError
+from converter.errors import ConverterError, CorruptFileError, ErrorKind, InputNotFoundError, LayoutError, MissingTensorError, UnsupportedError
 from converter.formats.safetensors_io import read_header
 from converter.formats.source import INDEX_NAME, Source, read_json
 from converter.groups import Granularity
@@ -149,13 +149,20 @@ def unreadable(exc: ConverterError) -> bool:
     return isinstance(exc, CorruptFileError) and not isinstance(exc, MissingTensorError)
 
 
+#: Finding code of each reader error kind (:class:`~converter.errors.ErrorKind`).
+KIND_CODES = {ErrorKind.CONFIG_MISMATCH: "config-mismatch", ErrorKind.SHAPE: "shape",
+              ErrorKind.ZERO_POINT_RANGE: "zero-range"}
+
+
 def classify(exc: ConverterError) -> str:
-    """Finding code for a reader error (by type and field)."""
+    """Finding code for a reader error: by its type, its :class:`~converter.errors.ErrorKind`, else
+    its field (never its wording)."""
     if isinstance(exc, MissingTensorError):
         return "missing-tensor"
+    if exc.kind is not None:
+        return KIND_CODES[exc.kind]
     f = (exc.field or "").lower()
-    msg = exc.message.lower()
-    if "actorder" in f or "actorder" in msg:
+    if "actorder" in f:
         return "config-mismatch"
     if "g_idx" in f:
         return "g-idx"
@@ -163,15 +170,11 @@ def classify(exc: ConverterError) -> str:
         return "padding"
     if isinstance(exc, LayoutError) and f == "codes":
         return "code-range"
-    if "zero" in f and "range" in msg:
-        return "zero-range"
     if f.startswith("dtype") or f.endswith("dtype"):
         return "dtype"
-    hint = (exc.hint or "").lower()
-    if "quantization" in f or "config" in f or "checkpoint_format" in f or f in ("sym", "bits", "group_size") \
-            or "config" in msg or "contradicts the tensor" in hint:
+    if "quantization" in f or "config" in f or "checkpoint_format" in f or f in ("sym", "bits", "group_size"):
         return "config-mismatch"
-    if f.startswith("shape") or "shape" in msg:
+    if f.startswith("shape"):
         return "shape"
     return "format"
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from converter.errors import CorruptFileError, QuantizationError, UnsupportedError
+from converter.errors import ErrorKind, CorruptFileError, QuantizationError, UnsupportedError
 from converter.kernels.rounding import round_half_away
 
 __all__ = [
@@ -524,7 +524,7 @@ class LegacyCodec:
         for name, arr in wanted.items():
             if (name == "scales" or self.affine) and (arr is None or arr.shape != (rows, n_blocks)):
                 raise QuantizationError(f"{self.name} {name} has the wrong shape", field=name,
-                                        expected=(rows, n_blocks), found=getattr(arr, "shape", None))
+                                        expected=(rows, n_blocks), found=getattr(arr, "shape", None), kind=ErrorKind.SHAPE)
         return rows, n_blocks
 
     def pack(self, fields: BlockFields) -> np.ndarray:

@@ -64,7 +64,7 @@ import numpy as np
 
 from converter.quant.recode import as_groups, exact_cast
 from converter.dtypes import DTYPES
-from converter.errors import ConverterError, CorruptFileError, FormatError, NotRepresentableError, UnsupportedError
+from converter.errors import ErrorKind, ConverterError, CorruptFileError, FormatError, NotRepresentableError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.write.atomic import atomic_output
 from converter.write.parallel import drop_pages, write_at_offsets
@@ -745,7 +745,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         or ckpt.config.get("model_type")
     if not isinstance(arch, str) or not arch:
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
-                          file=dst, field="general.architecture", hint="pass arch=...")
+                          file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
     if not src_kv and ckpt.config:
         src_kv = _config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
