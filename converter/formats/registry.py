@@ -145,6 +145,10 @@ class FormatHandler:
         When requantizing into this format: ``{tensor name: (Target, reason)}`` for the modules the
         format's own quantizer gives another target than the one asked for (GGUF: llama.cpp keeps the
         output head, or the token embedding tied to it, at Q6_K / Q8_0).
+    word_orders : mapping of str to tuple of int
+        The in-word element orders the format's packing uses besides sequential, by name
+        (AWQ GEMM: ``{"AWQ interleave": (0, 2, 4, 6, 1, 3, 5, 7)}``): the validator tries each
+        (and its inverse) as an alternative reading of packed codes.
     validation : ValidationHooks
         The format's quirks the validator needs (zero convention, roles always stored, signed scales).
     output : OutputKind
@@ -165,6 +169,7 @@ class FormatHandler:
     scale_dtype: Optional[str] = None
     quantizer: Any = None
     requant_targets: Optional[Callable[[Any, Any], dict]] = None
+    word_orders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     validation: ValidationHooks = field(default_factory=ValidationHooks)
     output: OutputKind = field(default_factory=OutputKind)
 
@@ -211,6 +216,13 @@ def validation_hooks(name: str | None) -> ValidationHooks:
     _ensure_loaded()
     handler = _REGISTRY.get(name or "")
     return handler.validation if handler is not None else ValidationHooks()
+
+
+def word_orders(n: int) -> dict[str, tuple[int, ...]]:
+    """The named in-word orders of ``n`` elements some registered format packs with
+    (:attr:`FormatHandler.word_orders`), in registration order."""
+    return {label: tuple(order) for h in formats().values() for label, order in h.word_orders.items()
+            if len(order) == n}
 
 
 def writable() -> list[str]:

@@ -35,13 +35,9 @@ import numpy as np
 
 from converter.errors import LayoutError, QuantizationError
 
-__all__ = ["pack_codes", "unpack_codes", "packed_length", "padding_bits", "LAYOUTS", "AWQ_ORDER",
-           "BNB_NIBBLE_ORDER"]
+__all__ = ["pack_codes", "unpack_codes", "packed_length", "padding_bits", "LAYOUTS", "BNB_NIBBLE_ORDER"]
 
 LAYOUTS = ("stream", "padded")
-
-#: AutoAWQ GEMM interleave (``packing_utils.AWQ_ORDER``): nibble ``k`` holds column ``8c + AWQ_ORDER[k]``.
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 #: bitsandbytes 4-bit into uint8: element ``2k`` in the high nibble (``(q[0::2] << 4) | q[1::2]``).
 BNB_NIBBLE_ORDER = (1, 0)
@@ -323,7 +319,7 @@ def pack_codes(codes: np.ndarray, bits: int, *, axis: int, container: np.dtype =
         See the module docstring; identical when ``bits`` divides ``W``.
     order : sequence of int, optional
         In-word permutation: slot ``k`` holds element ``order[k]`` of the word's group of
-        ``W // bits`` elements. ``AWQ_ORDER`` for AutoAWQ GEMM, ``BNB_NIBBLE_ORDER`` for
+        ``W // bits`` elements. ``converter.formats.awq.ORDER`` for AutoAWQ GEMM, ``BNB_NIBBLE_ORDER`` for
         bitsandbytes 4-bit in uint8. Only where words hold whole codes.
 
     Returns

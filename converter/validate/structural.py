@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from converter.errors import ConverterError, CorruptFileError, ErrorKind, InputNotFoundError, LayoutError, MissingTensorError, UnsupportedError
+from converter.formats.modules import EMBEDDING, module_role, token_embedding_name
 from converter.formats.safetensors_io import read_header
 from converter.formats.source import INDEX_NAME, Source, read_json
 from converter.groups import Granularity
@@ -39,8 +40,6 @@ SIZE_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "d_model", "n_emb
              "projection_dim", "kv_lora_rank", "q_lora_rank", "d_kv", "num_labels", "embed_dim")
 #: Group sizes consumers commonly accept (reported for partial tails, B13/B14/B15).
 COMMON_GROUP_SIZES = (16, 32, 64, 128, 256)
-EMBED_SUFFIXES = ("embed_tokens.weight", "word_embeddings.weight", "wte.weight", "tok_embeddings.weight",
-                  "token_embd.weight", "embeddings.weight")
 HEAD_NAMES = ("lm_head.weight", "output.weight")
 
 
@@ -361,7 +360,7 @@ def check_group_skip(ckpt: Checkpoint) -> list[Finding]:
     out = []
     for spec in ckpt.specs():
         if spec.kind != "dense" or len(spec.shape) != 2 or not spec.name.endswith(".weight") \
-                or spec.name.endswith(EMBED_SUFFIXES) or "norm" in spec.name:
+                or module_role(spec.name, 2) == EMBEDDING or "norm" in spec.name:
             continue
         n = int(spec.shape[1])
         if n % g:
@@ -371,19 +370,12 @@ def check_group_skip(ckpt: Checkpoint) -> list[Finding]:
     return out
 
 
-def _find(ckpt: Checkpoint, suffixes: tuple[str, ...]) -> str | None:
-    for n in ckpt.names():
-        if n.endswith(suffixes):
-            return n
-    return None
-
-
 def check_tied(ckpt: Checkpoint) -> list[Finding]:
     """``tie_word_embeddings`` vs the tensor set (B32/B33); compares the head with the embedding when both exist."""
     cfg = ckpt.config or {}
     tie = cfg.get("tie_word_embeddings")
     head = next((n for n in ckpt.names() if n in HEAD_NAMES), None)
-    embed = _find(ckpt, EMBED_SUFFIXES)
+    embed = token_embedding_name(ckpt.names())
     if tie is None or embed is None:
         return []
     if any(ckpt.spec(n).kind == "opaque" for n in (head, embed) if n is not None):
