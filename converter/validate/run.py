@@ -20,7 +20,7 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import data_checks, nibble_order, structural
+from converter.validate import data_checks, files, nibble_order, reader_errors, structural
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 
@@ -59,7 +59,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     if not p.exists():
         raise InputNotFoundError("no such file or directory", file=p)
     report.checks.append("files")
-    report.add(*structural.check_files(p))
+    report.add(*files.check_files(p))
     if any(f.severity == "error" for f in report.findings):
         return report
     source = Source(p)
@@ -69,9 +69,9 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     try:
         ckpt = registry.read(source, det.format)
     except ConverterError as exc:
-        if structural.unreadable(exc):
+        if reader_errors.unreadable(exc):
             raise
-        report.add(structural.error_finding(exc))
+        report.add(reader_errors.error_finding(exc))
         return report
     ref_ckpt = _load_reference(reference) if reference else None
     hooks = registry.validation_hooks(ckpt.format)
@@ -79,7 +79,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     try:
         report.add(*structural.check_tied(ckpt))
     except ConverterError as exc:
-        report.add(structural.error_finding(exc))
+        report.add(reader_errors.error_finding(exc))
     report.checks.append("data")
     if ref_ckpt is not None:
         report.checks.append("reference")
@@ -94,7 +94,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         try:
             t = ckpt[spec.name]
         except ConverterError as exc:
-            report.add(structural.error_finding(exc, tensor=spec.name))
+            report.add(reader_errors.error_finding(exc, tensor=spec.name))
             continue
         if not isinstance(t, QuantizedTensor):
             continue

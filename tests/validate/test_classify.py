@@ -3,7 +3,7 @@
 import pytest
 
 from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError
-from converter.validate.structural import KIND_CODES, classify
+from converter.validate.reader_errors import KIND_CODES, classify
 
 
 @pytest.mark.parametrize("kind, code", [(ErrorKind.CONFIG_MISMATCH, "config-mismatch"), (ErrorKind.SHAPE, "shape"),

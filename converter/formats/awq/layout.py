@@ -42,7 +42,7 @@ GEMV_SCALES = AxisMap(stored_axes=(OUT, IN))
 
 
 # -- configuration ------------------------------------------------------------------------------
-def _version(qc: dict) -> str:
+def layout_version(qc: dict) -> str:
     """The layout name: ``version`` (AutoAWQ) or ``format`` (transformers ``AwqConfig``), default gemm."""
     v = qc.get("version", qc.get("format")) or "gemm"
     return str(v).lower()

@@ -15,7 +15,7 @@ from converter.formats.registry import Detection
 from converter.formats.source import Source
 from converter.formats.awq.layout import (AXES, BITS, FAST_VERSIONS, FORMAT, GEMM_QWEIGHT, GEMM_QZEROS,
     GEMM_SCALES, GEMM_VERSIONS, GEMV_QWEIGHT, GEMV_QZEROS, GEMV_SCALES, GEMV_VERSIONS, PACK, ROLE_SUFFIXES,
-    SCALE_DTYPES, WEIGHT_SUFFIX, _version, gemv_zeros_width)
+    SCALE_DTYPES, WEIGHT_SUFFIX, layout_version, gemv_zeros_width)
 
 
 
@@ -182,7 +182,7 @@ def _config_params(src: Source) -> tuple[str, int, int, bool]:
         inp = src.info(p + ".qweight").shape[0]
         n_groups = src.info(p + ".scales").shape[0] if src.has(p + ".scales") else 1
         return "gemm", BITS, (inp // n_groups if n_groups > 1 else -1), src.has(p + ".qzeros")
-    version = _version(qc)
+    version = layout_version(qc)
     if version in FAST_VERSIONS:
         raise UnsupportedError(f"AWQ version {version!r} (int16 reshuffled kernel layout) is not supported",
                                file=cfg_file, field="quantization_config.version", expected="gemm or gemv",
@@ -256,7 +256,7 @@ def read_awq(src: Source) -> Checkpoint:
             return _load(src, layers[name], zero_point)
         return src.dense(name)
 
-    meta = {"version": version, "config_version": _version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
+    meta = {"version": version, "config_version": layout_version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
             "quantization_config": copy.deepcopy(src.quantization_config or {})}
     return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config, metadata=meta,
                       files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
@@ -274,7 +274,7 @@ def detect_awq(src: Source) -> Detection | None:
     qc = src.quantization_config or {}
     method = str(qc.get("quant_method", "")).lower()
     if method == "awq":
-        return Detection(FORMAT, 90, f"quantization_config.quant_method = awq (version {_version(qc)})")
+        return Detection(FORMAT, 90, f"quantization_config.quant_method = awq (version {layout_version(qc)})")
     if method or src.st_metadata.get("qckpt.format"):
         return None
     prefixes = _prefixes(src)
