@@ -12,6 +12,7 @@ from converter.layout import IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.formats.registry import Detection
+from converter.formats.base import source_checkpoint
 from converter.formats.source import Source
 from converter.formats.awq.layout import (AXES, BITS, FAST_VERSIONS, FORMAT, GEMM_QWEIGHT, GEMM_QZEROS,
     GEMM_SCALES, GEMM_VERSIONS, GEMV_QWEIGHT, GEMV_QZEROS, GEMV_SCALES, GEMV_VERSIONS, PACK, ROLE_SUFFIXES,
@@ -249,17 +250,9 @@ def read_awq(src: Source) -> Checkpoint:
         specs[n] = src.dense_spec(n)
     for name, layer in layers.items():
         specs[name] = _spec(src, layer, zero_point)
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        if name in layers:
-            return _load(src, layers[name], zero_point)
-        return src.dense(name)
-
     meta = {"version": version, "config_version": layout_version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
             "quantization_config": copy.deepcopy(src.quantization_config or {})}
-    return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config, metadata=meta,
-                      files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
+    return source_checkpoint(src, FORMAT, specs, lambda name: _load(src, layers[name], zero_point), layers, meta)
 
 
 def detect_awq(src: Source) -> Detection | None:

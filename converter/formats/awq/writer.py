@@ -13,7 +13,8 @@ from converter.layout import IN, OUT
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from converter.formats.modules import dense_linear_modules
-from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.write.plan import TensorPlan, dense_plan
+from converter.formats.base import write_directory
 from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.formats.awq.layout import (AXES, BITS, FORMAT, GEMM_QWEIGHT, GEMM_QZEROS, GEMM_SCALES, PACK,
     WEIGHT_SUFFIX)
@@ -205,7 +206,4 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
         except ConverterError as exc:
             raise exc.with_context(file=ckpt.path, tensor=spec.name)
     config = awq_config(ckpt, group_size, modules_to_not_convert)
-    summary = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
-                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    summary["notes"] = {p.source: p.notes for p in plans if p.notes}
-    return summary
+    return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite)

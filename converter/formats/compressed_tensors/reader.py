@@ -34,10 +34,12 @@ from converter.layout import IN, OUT, AxisMap, PackedCodes
 from converter.kernels.packing import packed_length
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
+from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 from converter.formats.compressed_tensors.config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
 
+FORMAT = "compressed-tensors"
 AXES = (OUT, IN)
 SCALE_DTYPES = ("F16", "BF16", "F32")
 SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx")
@@ -353,16 +355,8 @@ def read_ct(src: Source) -> Checkpoint:
             notes.append("padded pack_to_int32 layout (compressed-tensors <= 0.17)")
         specs[name] = TensorSpec(name, "quantized", (m.out_features, m.in_features), m.stored, axes=AXES,
                                  scheme=m.scheme, group_map=m.group_map, act_order=m.has_g_idx, notes=tuple(notes))
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        if name in layouts:
-            return load_module(src, layouts[name])
-        return src.dense(name)
-
-    return Checkpoint(specs, load, format="compressed-tensors", path=str(src.path), config=src.config,
-                      metadata={"ct_format": cfg.format, "ct_version": cfg.version},
-                      files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
+    return source_checkpoint(src, FORMAT, specs, lambda name: load_module(src, layouts[name]), layouts,
+                             {"ct_format": cfg.format, "ct_version": cfg.version})
 
 
 def detect_ct(src: Source) -> Detection | None:

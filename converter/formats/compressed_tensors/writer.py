@@ -35,9 +35,10 @@ from converter.layout import IN, OUT
 from converter.kernels.packing import packed_length
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.base import write_directory
 from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 
@@ -288,7 +289,5 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore))
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
-    summary = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
-                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    summary["notes"] = {k: v for k, v in notes.items() if v}
-    return summary
+    return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                           notes=lambda: {k: v for k, v in notes.items() if v})

@@ -10,6 +10,7 @@ import numpy as np
 from converter.layout import IN, OUT, AxisMap
 
 
+FORMAT = "gptq"
 SUPPORTED_BITS = (2, 3, 4, 8)
 V1, V2 = "gptq", "gptq_v2"
 #: Packed "+1 in every field" constant of GPTQModel's v1<->v2 conversion (int32 words).

@@ -14,9 +14,10 @@ from converter.layout import IN, OUT, PackedCodes
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
 from converter.formats.registry import Detection
+from converter.formats.base import source_checkpoint
 from converter.formats.source import Source
 
-from converter.formats.gptq.layout import (V1, V2, PARTS, SCALES_MAP, SCALE_DTYPES, SUPPORTED_BITS, codes_map, decode_qzeros,
+from converter.formats.gptq.layout import (FORMAT, V1, V2, PARTS, SCALES_MAP, SCALE_DTYPES, SUPPORTED_BITS, codes_map, decode_qzeros,
                                            packed_rows, zeros_map)
 from converter.formats.gptq.config import as_bool, dynamic_rule, checkpoint_format_of
 
@@ -248,17 +249,10 @@ def read_gptq(src: Source) -> Checkpoint:
         if name in specs:
             raise FormatError("a dense tensor and a quantized layer share a name", file=src.file_of(name), tensor=name)
         specs[name] = m.spec(src)
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        m = modules.get(name)
-        return m.load(src) if m is not None else src.dense(name)
-
     meta = {"checkpoint_format": fmt, "quantization_config": qcfg,
             "v1_zero_decode": ("word-level + packed constant (GPTQModel convert_gptq_v1_to_v2_format_module); "
                                "3-bit per field") if fmt == V1 else None}
-    return Checkpoint(specs, load, format="gptq", path=str(src.path), config=src.config, metadata=meta,
-                      files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
+    return source_checkpoint(src, FORMAT, specs, lambda name: modules[name].load(src), modules, meta)
 
 
 def detect_gptq(src: Source) -> Detection | None:

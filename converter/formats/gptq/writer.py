@@ -16,7 +16,8 @@ from converter.layout import IN, OUT
 from converter.quant.recode import as_integer_zero, as_unsigned, exact_cast
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.write.plan import TensorPlan, dense_plan
+from converter.formats.base import write_directory
 from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.formats.source import module_prefix
 from converter.formats.modules import dense_linear_modules
@@ -215,10 +216,9 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
     # output claim to be MLX as well)
     config = {**{k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")},
               "quantization_config": qc}
-    result = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
-                             extra_json={"quantize_config.json": qc}, extra_files=ckpt.extra_files,
-                             max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    result["notes"] = {p.source: list(p.notes) for p in plans}
+    result = write_directory(ckpt, dst, plans, config=config, extra_json={"quantize_config.json": qc},
+                             max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                             notes=lambda: {p.source: list(p.notes) for p in plans})
     result["quantization_config"] = qc
     return result
 

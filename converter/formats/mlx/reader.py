@@ -14,6 +14,7 @@ from converter.layout import EXPERT, IN, OUT, AxisMap
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.formats.registry import Detection
+from converter.formats.base import source_checkpoint
 from converter.formats.source import Source, module_prefix
 
 from converter.formats.mlx.config import (AFFINE_BITS, FLOAT_SCALE_DTYPES, FORMAT, MODES, cross_check, known_widths,
@@ -158,17 +159,9 @@ def read_mlx(src: Source) -> Checkpoint:
             raise MissingTensorError("packed uint32 weight without scales", file=src.file_of(n),
                                      tensor=module_prefix(n) + ".scales", expected="present", found="absent")
         specs[n] = src.dense_spec(n)
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        spec = specs[name]
-        if spec.kind == "quantized":
-            return _load(src, spec, modes[name])
-        return src.dense(name)
-
-    return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config,
-                      metadata={"quantization": qcfg, "modes": modes}, files=[str(f) for f in src.files],
-                      extra_files=[str(p) for p in src.extra_files()])
+    quantized_names = {n for n, s in specs.items() if s.kind == "quantized"}
+    return source_checkpoint(src, FORMAT, specs, lambda name: _load(src, specs[name], modes[name]), quantized_names,
+                             {"quantization": qcfg, "modes": modes})
 
 
 def detect_mlx(src: Source) -> Detection | None:

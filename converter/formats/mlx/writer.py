@@ -16,8 +16,9 @@ from converter.layout import EXPERT, IN, OUT
 from converter.quant.recode import as_float_bias, as_groups, as_unsigned
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.write.plan import TensorPlan, rows_plan
 from converter.formats.registry import NO_OPTIONS, TargetOptions
+from converter.formats.base import plan_tensors, write_directory
 from converter.formats.source import module_prefix
 
 from converter.formats.mlx.config import AFFINE_BITS, AFFINE_GROUPS, FLOAT_SCALE_DTYPES
@@ -170,18 +171,14 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
         A quantized tensor :func:`check_target` refuses (nothing is written).
     """
     ckpt.refuse_opaque("mlx")
-    plans = []
-    for spec in ckpt.specs():
-        if spec.kind == "dense":
-            plans.append(dense_plan(spec))
-            continue
+
+    def encode(spec: TensorSpec) -> TensorPlan:
         reason = check_target(spec)
         if reason:
             raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine",
                                         found=f"{spec.scheme.describe()} {spec.group_map.describe()}",
                                         hint="requantize to an MLX affine scheme")
-        plans.append(_plan(spec))
-    summary = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "mlx"}, config=mlx_config(ckpt),
-                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    summary["notes"] = {p.source: p.notes for p in plans if p.notes}
-    return summary
+        return _plan(spec)
+    plans = plan_tensors(ckpt, encode)
+    return write_directory(ckpt, dst, plans, config=mlx_config(ckpt), metadata={"format": "mlx"},
+                           max_shard_bytes=max_shard_bytes, overwrite=overwrite)
