@@ -125,3 +125,11 @@ def test_double_quant_kind_survives_in_the_spec(tmp_path):
     back = load_any(dst)
     assert back.spec(name).double_quant == kind
     assert back[name].double_quant.kind == kind
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+
+
+class TestNativeConformance(FormatConformance):
+    FORMAT = "native"

@@ -139,11 +139,6 @@ def join_nibbles(q: np.ndarray) -> np.ndarray:
     return (lo | (hi << np.uint8(4))).astype(np.uint8)
 
 
-#: Q4_0 byte -> ``q - 8`` of its low / high nibble, float32 (:meth:`LegacyCodec.dequantize_raw`).
-_Q4_LO = ((np.arange(256) & 0x0F) - 8).astype(np.float32)
-_Q4_HI = ((np.arange(256) >> 4) - 8).astype(np.float32)
-Q4_PAIRS = np.stack([_Q4_LO, _Q4_HI], axis=1).view(np.uint64).reshape(256)
-
 _CHUNK_ELEMENTS = 1 << 16
 """Rows are processed in chunks of about this many elements so temporaries stay in cache."""
 
@@ -160,22 +155,6 @@ def map_row_chunks(out: np.ndarray, row_len: int, fn) -> np.ndarray:
     for start in chunks:
         out[start:start + chunks.step] = fn(start, start + chunks.step)
     return out
-
-
-def dequantize_chunked(fields: BlockFields, rows_fn) -> np.ndarray:
-    """``(rows, row_len)`` float32 from ``rows_fn`` (a codec's ``_dequantize_rows``) chunk by chunk."""
-    rows, row_len = fields.codes.shape
-    out = np.empty((rows, row_len), dtype=np.float32)
-    return map_row_chunks(out, row_len, lambda a, b: rows_fn(_rows_slice(fields, a, b)))
-
-
-def _rows_slice(fields: BlockFields, start: int, stop: int) -> BlockFields:
-    """The rows ``start:stop`` of every array in ``fields`` (views, no copy)."""
-    def cut(a):
-        return None if a is None else a[start:stop]
-    return BlockFields(fields.type_name, cut(fields.codes), cut(fields.scales), cut(fields.mins),
-                       cut(fields.super_scales), cut(fields.super_mins), cut(fields.sub_scales),
-                       cut(fields.sub_mins), fields.sub_block_size)
 
 
 def check_f16_range(name: str, values: np.ndarray, type_name: str) -> None:

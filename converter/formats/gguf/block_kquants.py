@@ -11,7 +11,7 @@ import numpy as np
 from converter.errors import UnsupportedError
 from converter.formats.gguf.block_legacy import LEGACY_TYPES
 from converter.formats.gguf.block_fields import (BlockFields, QK_K, BIT_SHIFTS, CRUMB_SHIFTS, NIBBLE_SHIFTS,
-                                                 block_view, dequantize_chunked, f16_at, split_nibbles)
+                                                 block_view, f16_at, split_nibbles)
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,41 +171,6 @@ class KQuantCodec:
         high = _crumbs(b[..., 128:192], 32)
         scales = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
         return low | (high << np.uint8(4)), f16_at(b, 208), None, scales, None
-
-    def dequantize(self, fields: BlockFields) -> np.ndarray:
-        """Decode fields to float32 in ggml's operation order.
-
-        ``y = (d * sc) * (q - offset) - (dmin * m)`` per sub-block, every product in float32
-        (``dequantize_row_q2_K`` ... ``dequantize_row_q6_K``; gguf-py ``Q*_K.dequantize_blocks``).
-        Types without mins drop the subtraction.
-
-        Parameters
-        ----------
-        fields : BlockFields
-            As returned by :meth:`decode`.
-
-        Returns
-        -------
-        ndarray of float32, shape (rows, row_len)
-        """
-        return dequantize_chunked(fields, self._dequantize_rows)
-
-    def _dequantize_rows(self, fields: BlockFields) -> np.ndarray:
-        """:meth:`dequantize` on one chunk of rows."""
-        rows, row_len = fields.codes.shape
-        n_super = row_len // QK_K
-        per = QK_K // self.sub_block_size
-        d = fields.super_scales.astype(np.float32)[..., None]
-        dl = (d * fields.sub_scales.reshape(rows, n_super, per).astype(np.float32))[..., None]
-        q = fields.codes.reshape(rows, n_super, per, self.sub_block_size)
-        if self.code_offset:
-            q = (q.astype(np.int16) - np.int16(self.code_offset))
-        out = dl * q.astype(np.float32)
-        if self.has_mins:
-            dmin = fields.super_mins.astype(np.float32)[..., None]
-            ml = dmin * fields.sub_mins.reshape(rows, n_super, per).astype(np.float32)
-            out = out - ml[..., None]
-        return out.reshape(rows, row_len)
 
     def encode(self, values: np.ndarray) -> np.ndarray:  # noqa: ARG002 - uniform interface
         """Not available: K-quant encoding needs llama.cpp (``quantize_row_*_K_ref``)."""

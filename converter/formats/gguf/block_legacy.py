@@ -10,8 +10,8 @@ import numpy as np
 
 from converter.errors import ErrorKind, QuantizationError
 from converter.kernels.rounding import round_half_away
-from converter.formats.gguf.block_fields import (BlockFields, Q4_PAIRS, block_view, check_f16_range,
-                                                 dequantize_chunked, f16_at, f16_bytes, join_nibbles,
+from converter.formats.gguf.block_fields import (BlockFields, block_view, check_f16_range,
+                                                 f16_at, f16_bytes, join_nibbles,
                                                  map_row_chunks, split_nibbles)
 
 
@@ -71,7 +71,7 @@ class LegacyCodec:
         """Smallest stored code (0; -128 for Q8_0)."""
         return -128 if self.bits == 8 else 0
 
-    # ---- decode / dequantize ------------------------------------------------------------
+    # ---- decode ------------------------------------------------------------------------
 
     def decode(self, raw: np.ndarray) -> BlockFields:
         """Split raw blocks into codes, scales and mins.
@@ -106,76 +106,6 @@ class LegacyCodec:
                 high = np.unpackbits(qh, axis=-1, bitorder="little")
                 codes = codes | (high << np.uint8(4))
         return BlockFields(self.name, codes.reshape(rows, n_blocks * self.block_size), scales=d, mins=m)
-
-    def dequantize(self, fields: BlockFields) -> np.ndarray:
-        """Decode fields to float32 exactly as ``dequantize_row_q*`` / gguf-py do.
-
-        Q4_0/Q5_0: ``d * (q - offset)``; Q4_1/Q5_1: ``(d * q) + m``; Q8_0: ``q * d``; all float32.
-
-        Parameters
-        ----------
-        fields : BlockFields
-            As returned by :meth:`decode`.
-
-        Returns
-        -------
-        ndarray of float32, shape (rows, row_len)
-        """
-        return dequantize_chunked(fields, self._dequantize_rows)
-
-    def dequantize_raw(self, raw: np.ndarray) -> np.ndarray:
-        """Raw blocks straight to float32: ``dequantize(decode(raw))`` without the codes array.
-
-        Q4_0 and Q8_0 read the bytes once: Q4_0 through a 256-entry table (byte -> its two
-        ``q - 8`` values as a float32 pair), then ``d *``, then the pairs are laid out low nibble
-        to element ``j``, high nibble to ``j + 16``; Q8_0 multiplies the int8 bytes by ``d`` in one ufunc pass. Same float32
-        products as :meth:`dequantize`, so the results are bit-identical. Other types decode
-        the fields first.
-
-        Parameters
-        ----------
-        raw : ndarray of uint8, shape (rows, n_blocks * type_size)
-
-        Returns
-        -------
-        ndarray of float32, shape (rows, n_blocks * block_size)
-        """
-        if self.name not in ("Q4_0", "Q8_0"):
-            return self.dequantize(self.decode(raw))
-        blocks = block_view(raw, self.name, self.type_size)
-        rows, n_blocks, _ = blocks.shape
-        out = np.empty((rows, n_blocks, self.block_size), dtype=np.float32)
-        step = max(1, (1 << 17) // max(1, n_blocks * self.block_size))
-        pairs = np.empty((min(step, rows), n_blocks, 16), dtype=np.uint64) if self.bits == 4 else None
-        for start in range(0, rows, step):
-            b = blocks[start:start + step]
-            o = out[start:start + step]
-            k = b.shape[0]
-            d = np.ascontiguousarray(b[..., :2]).view("<f2")[..., 0].astype(np.float32)[..., None]
-            if self.bits == 8:
-                np.multiply(b[..., 2:].view(np.int8), d, out=o)  # q * d, q widened exactly
-            else:
-                t = pairs[:k]
-                np.take(Q4_PAIRS, b[..., 2:], out=t, mode="wrap")  # byte j -> (lo - 8, hi - 8)
-                tv = t.view(np.float32).reshape(k, n_blocks, 16, 2)
-                np.multiply(d[..., None], tv, out=tv)  # d * (q - 8)
-                o.reshape(k, n_blocks, 2, 16)[...] = tv.transpose(0, 1, 3, 2)  # lo -> j, hi -> j + 16
-        return out.reshape(rows, n_blocks * self.block_size)
-
-    def _dequantize_rows(self, fields: BlockFields) -> np.ndarray:
-        """:meth:`dequantize` on one chunk of rows."""
-        rows, row_len = fields.codes.shape
-        n_blocks = row_len // self.block_size
-        q = fields.codes.reshape(rows, n_blocks, self.block_size)
-        d = fields.scales.astype(np.float32)[..., None]
-        if self.bits == 8:
-            out = q.astype(np.float32) * d
-        elif self.affine:
-            out = (d * q.astype(np.float32)) + fields.mins.astype(np.float32)[..., None]
-        else:
-            signed = q.astype(np.int16) - np.int16(self.code_offset)
-            out = d * signed.astype(np.float32)
-        return out.reshape(rows, row_len)
 
     # ---- encode / pack ------------------------------------------------------------------
 

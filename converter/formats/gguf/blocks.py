@@ -2,7 +2,7 @@
 
 Every codec works on whole tensors viewed as ``(rows, n_blocks, type_size)`` bytes, where a row is one
 GGUF row of ``ne[0]`` elements (blocks never cross rows). There are no Python loops over elements or
-blocks; bit shifts are broadcasts. ``encode`` and ``dequantize`` walk the rows in chunks of about 64K
+blocks; bit shifts are broadcasts. ``encode`` walks the rows in chunks of about 64K
 elements (a loop over row chunks, as gguf-py does) so temporaries stay in cache; results do not depend on
 the chunking.
 
@@ -10,7 +10,9 @@ Layouts follow ``ggml/src/ggml-common.h`` (``block_q4_0``, ``block_q4_1``, ``blo
 ``block_q5_1``, ``block_q8_0``, ``block_q2_K``, ``block_q3_K``, ``block_q4_K``, ``block_q5_K``,
 ``block_q6_K``); arithmetic follows ``ggml/src/ggml-quants.c`` (``quantize_row_q*_ref``,
 ``dequantize_row_q*``) and gguf-py ``gguf/quants.py`` (v0.19.0), with the same float32 operation order so
-results are bit-identical with ``gguf.quants.quantize`` / ``gguf.quants.dequantize``.
+results are bit-identical with ``gguf.quants.quantize``; ``decode`` exposes the fields, and the
+product's decode (``tensor_from_fields(...).dequantize()``, what a read does) is bit-identical with
+``gguf.quants.dequantize``.
 
 Codes are exposed **unsigned with an implicit offset** (``Codec.code_offset``): the stored value
 ``q`` and the signed value ``q - code_offset``. Q8_0 is the exception: its codes are stored signed
@@ -52,7 +54,7 @@ CODECS: dict[str, LegacyCodec | KQuantCodec] = _build_registry()
 """Every codec, keyed by GGML type name."""
 
 SUPPORTED_READ: tuple[str, ...] = tuple(CODECS)
-"""Type names :meth:`decode` / :meth:`dequantize` handle."""
+"""Type names :meth:`decode` handles."""
 
 SUPPORTED_WRITE: tuple[str, ...] = tuple(n for n, c in CODECS.items() if isinstance(c, LegacyCodec))
 """Type names :meth:`encode` / :meth:`pack` handle."""
