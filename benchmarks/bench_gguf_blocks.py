@@ -4,7 +4,8 @@ Run: ``python benchmarks/bench_gguf_blocks.py [--size 4096] [--repeat 3]``.
 
 For Q4_0 and Q8_0 on a ``size x size`` float32 matrix it times
 - encode:  ours ``codec.encode(x)``            vs ``gguf.quants.quantize(x, type)``
-- decode:  ours ``codec.dequantize(codec.decode(raw))`` vs ``gguf.quants.dequantize(raw, type)``
+- decode:  ours, the product's read path ``tensor_from_fields(name, codec.decode(raw), shape).dequantize()``,
+  vs ``gguf.quants.dequantize(raw, type)``
 - fields:  ours ``codec.decode(raw)`` alone (codes + scales, no floats; gguf-py has no equivalent)
 and prints the best-of-N time, GB/s of float32 data (``size*size*4`` bytes) and ours/gguf speed ratios.
 """
@@ -24,6 +25,7 @@ import gguf  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
 from converter.formats.gguf.blocks import codec_for  # noqa: E402
+from converter.formats.gguf.schemes import tensor_from_fields  # noqa: E402
 from timing import best_time  # noqa: E402
 
 
@@ -43,7 +45,8 @@ def main() -> None:
         assert np.array_equal(codec.encode(x), raw)
         rows = [
             ("encode", lambda: codec.encode(x), lambda: gguf.quants.quantize(x, qtype)),
-            ("decode", lambda: codec.dequantize(codec.decode(raw)), lambda: gguf.quants.dequantize(raw, qtype)),
+            ("decode", lambda: tensor_from_fields("t", codec.decode(raw), x.shape).dequantize(),
+             lambda: gguf.quants.dequantize(raw, qtype)),
             ("fields", lambda: codec.decode(raw), None),
         ]
         for op, ours_fn, ref_fn in rows:

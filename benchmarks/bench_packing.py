@@ -16,7 +16,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from converter.kernels.packing import AWQ_ORDER, pack_codes, unpack_codes
+from converter.formats.awq import ORDER as AWQ_ORDER
+from converter.kernels.packing import pack_codes, unpack_codes
 from timing import best_time  # noqa: E402
 
 SHAPE = (4096, 11008)

@@ -4,13 +4,37 @@ Every error raised on purpose derives from :class:`ConverterError`. Leaves also 
 builtin that best describes them (``ValueError``, ``FileNotFoundError`` ...), so callers may
 catch either. Messages name the file, the tensor and the field, with expected vs found, so the
 CLI can print one line and exit non-zero without a traceback.
+
+An error may also carry a machine-readable :class:`ErrorKind` (``kind=``): what it is about, for
+tools that act on it (the validator turns a reader error into a finding code by its kind, its
+type and its field, never by its wording).
 """
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 import converter.exit_codes as exit_codes
+
+
+class ErrorKind(enum.Enum):
+    """What an error is about, when its type and field do not say it.
+
+    Members
+    -------
+    CONFIG_MISMATCH
+        The config (``config.json``, ``quantization_config``, GGUF hyperparameters) contradicts
+        the stored tensors, or is missing what the tensors need.
+    SHAPE
+        A stored array's shape (or byte size) contradicts the layout it must have.
+    ZERO_POINT_RANGE
+        Stored zero points lie outside the code range of the scheme.
+    """
+
+    CONFIG_MISMATCH = "config-mismatch"
+    SHAPE = "shape"
+    ZERO_POINT_RANGE = "zero-point-range"
 
 
 class ConverterError(Exception):
@@ -30,14 +54,17 @@ class ConverterError(Exception):
         What the format requires and what was found.
     hint : str, optional
         What the user can do about it.
+    kind : ErrorKind, optional
+        What the error is about, machine-readable (see :class:`ErrorKind`); not rendered.
     """
 
     exit_code = exit_codes.UNREADABLE
 
     def __init__(self, message: str, *, file: str | Path | None = None, tensor: str | None = None,
                  field: str | None = None, expected: object = None, found: object = None,
-                 hint: str | None = None) -> None:
+                 hint: str | None = None, kind: ErrorKind | None = None) -> None:
         self.message = message
+        self.kind = kind
         self.file = str(file) if file is not None else None
         self.tensor = tensor
         self.field = field

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 import numpy as np
 
 from converter.dtypes import dtype_name
-from converter.errors import LayoutError, MissingTensorError, UnsupportedError
+from converter.errors import ErrorKind, LayoutError, MissingTensorError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.layout import AxisMap, PackedCodes, check_axes
 from converter.scheme import QuantScheme, ZeroPoint
@@ -163,7 +163,7 @@ class QuantizedTensor:
         pshape = self.group_map.param_shape(codes.shape, axes)
         if tuple(self.scales.shape) != pshape:
             raise LayoutError("scales shape does not match the group map", field="scales",
-                              expected=list(pshape), found=list(self.scales.shape))
+                              expected=list(pshape), found=list(self.scales.shape), kind=ErrorKind.SHAPE)
         if self.scales.dtype != s.scale_np_dtype:
             raise LayoutError("scales dtype does not match the scheme", field="scales",
                               expected=s.scale_dtype, found=str(self.scales.dtype))
@@ -178,14 +178,15 @@ class QuantizedTensor:
                                   found="none")
             if tuple(zp.shape) != pshape:
                 raise LayoutError("zero points shape does not match the group map", field="zero_points",
-                                  expected=list(pshape), found=list(zp.shape))
+                                  expected=list(pshape), found=list(zp.shape), kind=ErrorKind.SHAPE)
             if s.zero_point is ZeroPoint.INTEGER:
                 if zp.dtype.kind not in "iu":
                     raise LayoutError("integer zero points must be integers", field="zero_points",
                                       found=str(zp.dtype))
                 if zp.size and (int(zp.min()) < s.qmin or int(zp.max()) > s.qmax):
                     raise LayoutError("zero points outside the code range", field="zero_points",
-                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(zp.min())}, {int(zp.max())}]")
+                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(zp.min())}, {int(zp.max())}]",
+                                      kind=ErrorKind.ZERO_POINT_RANGE)
 
     @property
     def shape(self) -> tuple[int, ...]:

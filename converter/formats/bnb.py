@@ -32,6 +32,7 @@ from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
+from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source, module_prefix
 
@@ -233,19 +234,14 @@ def read_bnb(src: Source) -> Checkpoint:
             raise MissingTensorError("quantization partner without its layer", file=src.file_of(n), tensor=n,
                                      expected="SCB or quant_state beside it", found="absent")
         specs[n] = src.dense_spec(n)
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        spec = specs[name]
-        if spec.kind == "dense":
-            return src.dense(name)
+    def decode(name: str):
         if name in states:
-            return _load_4bit(src, spec, states[name])
-        return _load_int8(src, spec)
+            return _load_4bit(src, specs[name], states[name])
+        return _load_int8(src, specs[name])
 
-    return Checkpoint(specs, load, format=FORMAT, path=str(src.path), config=src.config,
-                      metadata={"quantization_config": src.quantization_config}, files=[str(f) for f in src.files],
-                      extra_files=[str(p) for p in src.extra_files()])
+    quantized = {n for n, s in specs.items() if s.kind != "dense"}
+    return source_checkpoint(src, FORMAT, specs, decode, quantized,
+                             {"quantization_config": src.quantization_config})
 
 
 def detect_bnb(src: Source) -> Detection | None:

@@ -12,7 +12,9 @@ returns ``None`` (the target may store it quantized) or the reason it must stay 
 Roles are recognised from Hugging Face module names (after a reader's renaming, e.g. GGUF
 ``token_embd`` -> ``model.embed_tokens``):
 
-- ``embedding``: ``*.embed_tokens``, ``wte`` / ``wpe``, ``word_embeddings``, ``position_embeddings``,
+- ``embedding``: the input token embedding (:func:`token_embedding_name`: ``*.embed_tokens``,
+  ``wte``, ``word_embeddings``, ``embed_in``, ``tok_embeddings``, ``embeddings`` (Mamba), GGUF's
+  ``token_embd``, T5's top-level ``shared``) and the other ``nn.Embedding`` modules: ``*.embed_tokens``, ``wte`` / ``wpe``, ``word_embeddings``, ``position_embeddings``,
   ``token_type_embeddings``, ``embed_in``, ``tok_embeddings``, ``embed_positions``, ``embeddings``
   (Mamba), ``embed_tokens_per_layer`` (Gemma 3n), ``relative_attention_bias`` (T5, an
   ``nn.Embedding``), T5's top-level ``shared``;
@@ -34,7 +36,7 @@ last dimension is divisible by the group size).
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from converter.tensor import TensorSpec
 from converter.formats.source import module_prefix
@@ -45,9 +47,12 @@ ROUTER = "router"
 LINEAR = "linear"
 OTHER = "other"
 
-_EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|position_embeddings|token_type_embeddings"
-                           r"|embed_in|tok_embeddings|embed_positions|embeddings|embed_tokens_per_layer"
-                           r"|relative_attention_bias)\.weight$|^shared\.weight$")
+#: The input token embedding (the one an output head may be tied to), by Hugging Face module name.
+_TOKEN_EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|embed_in|tok_embeddings|embeddings"
+                                 r"|token_embd)\.weight$|^shared\.weight$")
+#: Every other ``nn.Embedding`` (positions, token types, per-layer inputs, T5's relative attention bias).
+_OTHER_EMBEDDING_RE = re.compile(r"(^|\.)(wpe|position_embeddings|token_type_embeddings|embed_positions"
+                                 r"|embed_tokens_per_layer|relative_attention_bias)\.weight$")
 _HEAD_RE = re.compile(r"(^|\.)(lm_head|embed_out)\.weight$|^output\.weight$|(^|\.)cls\.predictions\.decoder\.weight$")
 _ROUTER_RE = re.compile(r"\.(mlp\.gate|block_sparse_moe\.gate|router|mlp\.router|router\.layer|shared_expert_gate)"
                         r"\.weight$")
@@ -62,7 +67,7 @@ def module_role(name: str, ndim: int | None = None) -> str:
     ``ndim`` (the logical rank) separates a 2-D ``linear`` weight from 1-D norms and biases
     (``other``); when None, any ``.weight`` not matched otherwise counts as ``linear``.
     """
-    if _EMBEDDING_RE.search(name):
+    if _TOKEN_EMBEDDING_RE.search(name) or _OTHER_EMBEDDING_RE.search(name):
         return EMBEDDING
     if _HEAD_RE.search(name):
         return HEAD
@@ -71,6 +76,16 @@ def module_role(name: str, ndim: int | None = None) -> str:
     if name.endswith(".weight") and (ndim is None or ndim >= 2):
         return LINEAR
     return OTHER
+
+
+def is_token_embedding(name: str) -> bool:
+    """Whether tensor ``name`` is an input token embedding (the one definition; see module docstring)."""
+    return _TOKEN_EMBEDDING_RE.search(name) is not None
+
+
+def token_embedding_name(names: Iterable[str]) -> str | None:
+    """The input token embedding among ``names`` (the first that :func:`is_token_embedding`), or None."""
+    return next((n for n in names if is_token_embedding(n)), None)
 
 
 def hf_linear_policy(target: str, *, quantized_head: bool = False) -> Policy:

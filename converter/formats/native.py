@@ -21,11 +21,12 @@ from converter.errors import FormatError, LayoutError
 from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.scheme import QuantScheme
-from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
+from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_single_file
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
 
+FORMAT = "native"
 FORMAT_KEY = "qckpt.format"
 VERSION = "1"
 LAYOUT_PREFIX = "qckpt.layout."
@@ -196,7 +197,8 @@ def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
             stored.append(src.stored_array(f"{name}.dq.{k}", "scales"))
     gm = GroupMap.from_json(d["group_map"])
     return TensorSpec(name, "quantized", tuple(d["shape"]), tuple(stored), axes=tuple(d["axes"]),
-                      scheme=QuantScheme.from_json(d["scheme"]), group_map=gm, act_order=bool(d["group_map"]["g_idx"]))
+                      scheme=QuantScheme.from_json(d["scheme"]), group_map=gm, act_order=bool(d["group_map"]["g_idx"]),
+                      double_quant=(d.get("double_quant") or {}).get("kind"))
 
 
 def _load_quantized(src: Source, name: str, d: dict[str, Any]) -> QuantizedTensor:
@@ -266,5 +268,6 @@ def detect_native(src: Source) -> Detection | None:
     return None
 
 
-HANDLER = register(FormatHandler("native", "qckpt native safetensors (self-describing layout)",
-                                 detect_native, read_native, write_native, check_target=opaque_reason))
+HANDLER = register(FormatHandler(FORMAT, "qckpt native safetensors (self-describing layout)",
+                                 detect_native, read_native, write_native, check_target=opaque_target,
+                                 output=OutputKind(suffix=".safetensors", dense_source=True)))

@@ -12,9 +12,9 @@ from typing import Any
 
 from converter.dtypes import float_dtype
 from converter.errors import FormatError
-from converter.tensor import Checkpoint, opaque_reason
+from converter.tensor import Checkpoint
 from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
-from converter.formats.registry import Detection, FormatHandler, register
+from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
 from converter.vocabulary import FLOAT_DTYPE_ALIASES
 
@@ -110,4 +110,5 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
 
 
 HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",
-                                 detect_plain, read_plain, write_plain, check_target=opaque_reason))
+                                 detect_plain, read_plain, write_plain, check_target=opaque_target,
+                                 output=OutputKind(quantized=False, dense_source=True)))

@@ -1,20 +1,25 @@
-"""The one registry of formats: each format registers a handler (detect, read, optionally write).
+"""The one registry of formats: each format registers one :class:`FormatHandler` carrying every
+capability (detect, read, optionally write, target checks with typed options, validation hooks,
+output kind).
 
 Detection reads headers and config files only, never tensor data. A lookup miss lists what is
-known; an ambiguous detection lists the candidates (DESIGN.md section 7, habit 5).
+known; an ambiguous detection lists the candidates (DESIGN.md section 7, habit 5). Code outside
+``converter/formats/`` asks the handler (``handler.validation``, ``handler.output``,
+:meth:`FormatHandler.target_reason`) and never tests a format's name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import functools
 import struct
 
 from converter.errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
 from converter.formats.source import Source
+from converter.tensor import TensorSpec, opaque_reason
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,76 @@ class Detection:
     format: str
     confidence: int
     reason: str
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """The write options a target's ``check_target`` understands; this base class holds none.
+
+    A format whose exact-repack check depends on a write option subclasses it with one frozen
+    field per option (compressed-tensors: ``ct_version``, ``ct_format``) and names the subclass in
+    :attr:`FormatHandler.target_options`. The writer's other options are ignored.
+    """
+
+    @classmethod
+    def from_write_options(cls, options: Mapping[str, Any] | None) -> "TargetOptions":
+        """The options of ``options`` (a writer's keyword options) this class has a field for."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (options or {}).items() if k in names})
+
+
+#: The options of a target without any.
+NO_OPTIONS = TargetOptions()
+
+
+def opaque_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
+    """``check_target`` of a format that stores every decodable scheme as it is (native, plain):
+    only a tensor qckpt cannot decode (:func:`~converter.tensor.opaque_reason`) is refused."""
+    return opaque_reason(spec)
+
+
+@dataclass(frozen=True)
+class ValidationHooks:
+    """The few format quirks the validator needs (``qckpt validate`` stays format-agnostic).
+
+    Attributes
+    ----------
+    zero_convention : callable(Source, TensorSpec) -> dict or None, optional
+        Evidence about the zero-point convention read from the stored arrays: ``{"claimed": str,
+        "inferred": str or None, ...}``. A finding ``zero-convention`` is raised when ``inferred``
+        is set and differs from ``claimed`` (GPTQ v1 ``z - 1`` vs v2 ``z``, CASES.md B01).
+    always_stored : tuple of str
+        Roles (``"g_idx"`` ...) the format's writers always store for a quantized tensor; an
+        absent one is reported (``missing-tensor``; an error when the tensor declares act-order).
+    negative_scales : bool
+        The format's scales may be negative (MLX affine, GGUF ``d``); otherwise a negative scale
+        is a ``scale-negative`` finding.
+    """
+
+    zero_convention: Optional[Callable[[Source, TensorSpec], Optional[dict]]] = None
+    always_stored: tuple[str, ...] = ()
+    negative_scales: bool = False
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What a format's writer makes.
+
+    Attributes
+    ----------
+    suffix : str, optional
+        The destination suffix of a writer that makes one file (``".safetensors"``, ``".gguf"``);
+        None when it makes a model directory.
+    quantized : bool
+        The writer stores quantized tensors; False when it writes dense floats only (plain).
+    dense_source : bool
+        A checkpoint without quantized tensors may be written (a float source converts to this
+        format); False: such a conversion is refused, there is nothing to repack.
+    """
+
+    suffix: Optional[str] = None
+    quantized: bool = True
+    dense_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,9 +114,13 @@ class FormatHandler:
     read : callable(Source) -> Checkpoint
     write : callable(Checkpoint, Path, **options) -> dict, optional
         Writes atomically; returns a summary dict (files written, per-tensor notes).
-    check_target : callable(TensorSpec) -> str or None, optional
+    check_target : callable(TensorSpec, TargetOptions) -> str or None, optional
         Before any data moves: ``None`` if the spec's scheme is representable exactly in this
-        format, else a reason (used to refuse a silent requantize).
+        format, else a reason (used to refuse a silent requantize). Called through
+        :meth:`target_reason`; the options argument defaults to ``target_options()``.
+    target_options : type of TargetOptions
+        The frozen dataclass of the write options ``check_target`` understands
+        (:class:`TargetOptions`: none).
     keep_dense : callable(TensorSpec) -> str or None, optional
         The target's module policy (:mod:`converter.formats.modules`): ``None`` when the format's
         loaders read the tensor quantized, else the reason it must be written dense (a quantized
@@ -66,6 +145,15 @@ class FormatHandler:
         When requantizing into this format: ``{tensor name: (Target, reason)}`` for the modules the
         format's own quantizer gives another target than the one asked for (GGUF: llama.cpp keeps the
         output head, or the token embedding tied to it, at Q6_K / Q8_0).
+    word_orders : mapping of str to tuple of int
+        The in-word element orders the format's packing uses besides sequential, by name
+        (AWQ GEMM: ``{"AWQ interleave": (0, 2, 4, 6, 1, 3, 5, 7)}``): the validator tries each
+        (and its inverse) as an alternative reading of packed codes.
+    validation : ValidationHooks
+        The format's quirks the validator needs (zero convention, roles always stored, signed scales).
+    output : OutputKind
+        What the writer makes: one file (its suffix) or a model directory, quantized or dense only,
+        and whether a float-only checkpoint may be written.
     """
 
     name: str
@@ -73,13 +161,24 @@ class FormatHandler:
     detect: Callable[[Source], Optional[Detection]]
     read: Callable[[Source], Any]
     write: Optional[Callable[..., dict]] = None
-    check_target: Optional[Callable[[Any], Optional[str]]] = None
+    check_target: Optional[Callable[..., Optional[str]]] = None
+    target_options: type = TargetOptions
     keep_dense: Optional[Callable[[Any], Optional[str]]] = None
     partial_groups: bool = True
     float_bias: str = "keep"
     scale_dtype: Optional[str] = None
     quantizer: Any = None
     requant_targets: Optional[Callable[[Any, Any], dict]] = None
+    word_orders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    validation: ValidationHooks = field(default_factory=ValidationHooks)
+    output: OutputKind = field(default_factory=OutputKind)
+
+    def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """``check_target(spec, options)`` with the write ``options`` it understands
+        (:attr:`target_options`); None when the format has no ``check_target``."""
+        if self.check_target is None:
+            return None
+        return self.check_target(spec, self.target_options.from_write_options(options))
 
 
 _REGISTRY: dict[str, FormatHandler] = {}
@@ -110,6 +209,20 @@ def get(name: str) -> FormatHandler:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownFormatError("unknown format", field="format", expected=sorted(_REGISTRY), found=name) from None
+
+
+def validation_hooks(name: str | None) -> ValidationHooks:
+    """The validation hooks of format ``name`` (none for an unregistered name such as ``memory``)."""
+    _ensure_loaded()
+    handler = _REGISTRY.get(name or "")
+    return handler.validation if handler is not None else ValidationHooks()
+
+
+def word_orders(n: int) -> dict[str, tuple[int, ...]]:
+    """The named in-word orders of ``n`` elements some registered format packs with
+    (:attr:`FormatHandler.word_orders`), in registration order."""
+    return {label: tuple(order) for h in formats().values() for label, order in h.word_orders.items()
+            if len(order) == n}
 
 
 def writable() -> list[str]:

@@ -25,7 +25,7 @@ import numpy as np
 from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
 from converter.write.background import BackgroundWriter, pwrite_all
 from converter.errors import (
-    ConverterError, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
+    ConverterError, CorruptFileError, ErrorKind, FormatError, InputNotFoundError, MissingTensorError,
 )
 
 __all__ = [
@@ -238,7 +238,7 @@ def _check_size(path: Path, info: TensorInfo) -> None:
     if nbytes != info.nbytes:
         raise CorruptFileError("shape and dtype do not match the data_offsets byte size", file=path,
                                tensor=info.name, field="data_offsets",
-                               expected=f"{nbytes} bytes for {where}", found=f"{info.nbytes} bytes")
+                               expected=f"{nbytes} bytes for {where}", found=f"{info.nbytes} bytes", kind=ErrorKind.SHAPE)
 
 
 def _check_layout(path: Path, infos: list[TensorInfo], data_len: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
+from converter.errors import ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 
@@ -124,7 +124,8 @@ class Source:
             return None
         cfg = read_json(self.path / "config.json", required=False)
         if cfg is not None and not isinstance(cfg, dict):
-            raise CorruptFileError("config.json is not a JSON object", file=self.path / "config.json")
+            raise CorruptFileError("config.json is not a JSON object", file=self.path / "config.json",
+                                   kind=ErrorKind.CONFIG_MISMATCH)
         return cfg
 
     @cached_property
@@ -134,7 +135,8 @@ class Source:
             return None
         qc = read_json(self.path / "quantize_config.json", required=False)
         if qc is not None and not isinstance(qc, dict):
-            raise CorruptFileError("quantize_config.json is not a JSON object", file=self.path / "quantize_config.json")
+            raise CorruptFileError("quantize_config.json is not a JSON object",
+                                   file=self.path / "quantize_config.json", kind=ErrorKind.CONFIG_MISMATCH)
         return qc
 
     @property

@@ -21,14 +21,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from converter.formats.modules import token_embedding_name
 from converter.tensor import Checkpoint, QuantizedTensor
 
 HEAD = "lm_head.weight"
-#: input-embedding names by model family (HF naming), tried in order.
-EMBEDDINGS = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight", "model.decoder.embed_tokens.weight",
-              "gpt_neox.embed_in.weight", "transformer.word_embeddings.weight", "tok_embeddings.weight",
-              "embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight",
-              "model.language_model.embed_tokens.weight", "transformer.embedding.word_embeddings.weight")
 
 
 @dataclass(frozen=True)
@@ -54,8 +50,9 @@ class TieCheck:
 
 
 def embedding_name(ckpt: Checkpoint) -> str | None:
-    """The input embedding's name in ``ckpt`` (first of :data:`EMBEDDINGS` present), or None."""
-    return next((n for n in EMBEDDINGS if n in ckpt), None)
+    """The input token embedding's name in ``ckpt``
+    (:func:`converter.formats.modules.token_embedding_name`), or None."""
+    return token_embedding_name(ckpt.names())
 
 
 def _same(a, b) -> tuple[bool, float | None]:

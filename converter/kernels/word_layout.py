@@ -14,12 +14,10 @@ import numpy as np
 
 from converter.errors import LayoutError, QuantizationError
 
-__all__ = ["LAYOUTS", "AWQ_ORDER", "BNB_NIBBLE_ORDER", "packed_length", "padding_bits"]
+__all__ = ["LAYOUTS", "BNB_NIBBLE_ORDER", "packed_length", "padding_bits"]
 
 LAYOUTS = ("stream", "padded")
 
-#: AutoAWQ GEMM interleave (``packing_utils.AWQ_ORDER``): nibble ``k`` holds column ``8c + AWQ_ORDER[k]``.
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 #: bitsandbytes 4-bit into uint8: element ``2k`` in the high nibble (``(q[0::2] << 4) | q[1::2]``).
 BNB_NIBBLE_ORDER = (1, 0)

@@ -29,34 +29,20 @@ from converter.layout import IN
 from converter.quant.recode import as_unsigned
 from converter.tensor import Checkpoint, QuantizedTensor, opaque_reason
 
-#: targets that hold a checkpoint without quantized tensors (a float source converts to these only).
-FLOAT_CAPABLE = ("plain", "native")
-
 REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | --per-channel | --group-size G, "
                    "--bits B, --sym | --asym, --scale-dtype")
-
-
-def _target_checker(handler, options: dict[str, Any] | None):
-    """``handler.check_target`` with the write options it accepts (e.g. compressed-tensors ``ct_version``)."""
-    import inspect
-    fn = handler.check_target
-    if fn is None:
-        return lambda spec: None
-    params = inspect.signature(fn).parameters
-    kw = {k: v for k, v in (options or {}).items() if k in params}
-    return lambda spec: fn(spec, **kw)
 
 
 def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per quantized tensor: None (representable) or the reason it is not. Raises if any is not.
 
-    ``options`` are the writer's options; those the target's ``check_target`` accepts are passed
-    to it (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
+    ``options`` are the writer's options; those the target understands (its
+    ``FormatHandler.target_options``) are passed to its ``check_target`` (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
     ``allow_partial_groups=True`` writes partial final groups to a target whose common loaders
     cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
     """
     handler = registry.check_writable(to)
-    if to not in FLOAT_CAPABLE and not ckpt.quantized_names():
+    if not handler.output.dense_source and not ckpt.quantized_names():
         raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
                                     file=ckpt.path, field="--to", expected="a quantized source",
                                     found=f"{ckpt.format} with {len(ckpt)} dense tensors",
@@ -68,12 +54,11 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
                                    tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
     if not (options or {}).get("allow_partial_groups"):
         _refuse_partial_groups(ckpt, handler)
-    check = _target_checker(handler, options)
     problems = []
     for spec in ckpt.specs():
         if spec.kind != "quantized":
             continue
-        reason = check(spec)
+        reason = handler.target_reason(spec, options)
         if reason:
             problems.append((spec.name, reason))
     if problems:

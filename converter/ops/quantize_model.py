@@ -15,6 +15,7 @@ import numpy as np
 
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
 from converter.errors import FormatError
+from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
 from converter.write.parallel import SharedDict
 from converter.layout import IN, OUT
@@ -113,7 +114,7 @@ def summarize(stats: dict[str, dict], opts: QuantizeOptions, src_path: str | Non
     numel = sum(int(np.prod(r["shape"])) for r in rows)
     sse = sum(r["mse"] * int(np.prod(r["shape"])) for r in rows)
     theo = sum(r["theoretical_bytes"] for r in rows)
-    return {"source": src_path, "destination": str(dst), "format": "native",
+    return {"source": src_path, "destination": str(dst), "format": NATIVE,
             "target": {"bits": opts.bits, "granularity": opts.granularity, "group_size": opts.group_size,
                        "symmetric": opts.symmetric, "scale_dtype": opts.scale_dtype},
             "tensors": rows,

@@ -4,8 +4,9 @@
 ``self_test()`` runs the axis probes on every writable format (see :mod:`.probes`). Finding codes
 are defined once in :data:`converter.validate.findings.CODES`.
 
-Imports here stay light (no format modules), so a format module can import
-:mod:`converter.validate.hooks` to register its validation hooks.
+A format's quirks the validator needs are fields of its handler
+(:class:`converter.formats.registry.ValidationHooks`); validate/ reads them from there and never
+tests a format's name.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import numpy as np
 from converter.errors import LayoutError, QuantizationError
 from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, AxisMap
-from converter.kernels.packing import AWQ_ORDER
+from converter.formats.registry import word_orders
 from converter.quant.quantize import dequantize_parts
 from converter.tensor import QuantizedTensor
 
@@ -48,9 +48,9 @@ def decode(t: QuantizedTensor, *, codes: np.ndarray | None = None, scales: np.nd
 
 def _orders(n: int) -> dict[str, tuple[int, ...]]:
     out = {"sequential": tuple(range(n)), "reversed": tuple(reversed(range(n)))}
-    if n == len(AWQ_ORDER):
-        out["AWQ interleave"] = tuple(AWQ_ORDER)
-        out["inverse AWQ interleave"] = tuple(int(i) for i in np.argsort(AWQ_ORDER))
+    for label, order in word_orders(n).items():
+        out[label] = order
+        out[f"inverse {label}"] = tuple(int(i) for i in np.argsort(order))
     return out
 
 

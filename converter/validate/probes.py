@@ -47,8 +47,6 @@ GROUP_SIZES = (16, 32, 8, 64, 128)
 SCHEMES = ((4, False, ZeroPoint.NONE), (4, False, ZeroPoint.INTEGER), (8, False, ZeroPoint.NONE),
            (4, True, ZeroPoint.NONE), (8, True, ZeroPoint.NONE), (4, False, ZeroPoint.FLOAT))
 MAX_PER_FORMAT = 8
-#: Formats whose writer stores dense floats: nothing to probe.
-DENSE_ONLY = ("plain",)
 
 
 def probe_tensor(out: int, inp: int, group: int, bits: int, signed: bool, zero: ZeroPoint, *,
@@ -118,7 +116,7 @@ def _first_accepted(handler, bits: int, signed: bool, zero: ZeroPoint, act: bool
     for g in GROUP_SIZES:
         for out, inp in _shapes(g):
             t = probe_tensor(out, inp, g, bits, signed, zero, act_order=act)
-            if handler.check_target is None or handler.check_target(spec_of(t)) is None:
+            if handler.target_reason(spec_of(t)) is None:
                 return t
     return None
 
@@ -136,10 +134,8 @@ def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
     """Write ``t`` with ``handler``, read it back, check the declared decode and every alternative."""
     res = ProbeResult(handler.name, t.scheme.describe(), t.shape, t.group_map.describe())
     dst = workdir / f"{handler.name}-{len(list(workdir.iterdir()))}"
-    if handler.name == "native":
-        dst = dst.with_suffix(".safetensors")
-    elif handler.name == "gguf":
-        dst = dst.with_suffix(".gguf")
+    if handler.output.suffix:
+        dst = dst.with_suffix(handler.output.suffix)
     try:
         handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
         back = registry.read(Source(dst), handler)[t.name]
@@ -169,7 +165,7 @@ def self_test(formats: list[str] | None = None) -> dict[str, Any]:
         work = Path(tmp)
         for name in names:
             handler = registry.get(name)
-            if handler.write is None or name in DENSE_ONLY:
+            if handler.write is None or not handler.output.quantized:
                 verdicts[name] = "skipped (no quantized writer)"
                 continue
             results = []

@@ -20,9 +20,8 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import data_checks, nibble_order, structural
+from converter.validate import data_checks, files, nibble_order, reader_errors, structural
 from converter.validate.findings import finding
-from converter.validate.hooks import hooks_for
 from converter.validate.report import ValidationReport
 
 
@@ -60,7 +59,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     if not p.exists():
         raise InputNotFoundError("no such file or directory", file=p)
     report.checks.append("files")
-    report.add(*structural.check_files(p))
+    report.add(*files.check_files(p))
     if any(f.severity == "error" for f in report.findings):
         return report
     source = Source(p)
@@ -70,17 +69,17 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     try:
         ckpt = registry.read(source, det.format)
     except ConverterError as exc:
-        if structural.unreadable(exc):
+        if reader_errors.unreadable(exc):
             raise
-        report.add(structural.error_finding(exc))
+        report.add(reader_errors.error_finding(exc))
         return report
     ref_ckpt = _load_reference(reference) if reference else None
-    hooks = hooks_for(ckpt.format)
+    hooks = registry.validation_hooks(ckpt.format)
     report.add(*structural.check_shape_config(ckpt), *structural.check_group_skip(ckpt))
     try:
         report.add(*structural.check_tied(ckpt))
     except ConverterError as exc:
-        report.add(structural.error_finding(exc))
+        report.add(reader_errors.error_finding(exc))
     report.checks.append("data")
     if ref_ckpt is not None:
         report.checks.append("reference")
@@ -91,11 +90,11 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))
         if spec.kind != "quantized":
             continue
-        report.add(*structural.check_spec(spec, always_stored=hooks.get("always_stored", ())))
+        report.add(*structural.check_spec(spec, always_stored=hooks.always_stored))
         try:
             t = ckpt[spec.name]
         except ConverterError as exc:
-            report.add(structural.error_finding(exc, tensor=spec.name))
+            report.add(reader_errors.error_finding(exc, tensor=spec.name))
             continue
         if not isinstance(t, QuantizedTensor):
             continue
@@ -107,12 +106,12 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     return report
 
 
-def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: dict,
+def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: registry.ValidationHooks,
                   ref_ckpt) -> dict[str, Any]:
     stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
     report.add(*structural.check_loaded(spec, t))
     report.add(*structural.check_padding(source, spec, t))
-    report.add(*data_checks.check_scales(t, negative_ok=bool(hooks.get("negative_scales"))))
+    report.add(*data_checks.check_scales(t, negative_ok=hooks.negative_scales))
     report.add(*data_checks.check_degenerate(t))
     sat_findings, stats["saturation"] = data_checks.check_saturation(t)
     report.add(*sat_findings)
@@ -122,8 +121,8 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     report.add(*zp_findings)
     if pairing is not None:
         stats["zero_pairing"] = pairing
-    if hooks.get("zero_convention"):
-        _zero_convention(hooks["zero_convention"], source, spec, report)
+    if hooks.zero_convention is not None:
+        _zero_convention(hooks.zero_convention, source, spec, report)
     if ref_ckpt is not None:
         if spec.name not in ref_ckpt or tuple(ref_ckpt.spec(spec.name).shape) != tuple(t.shape):
             found = list(ref_ckpt.spec(spec.name).shape) if spec.name in ref_ckpt else "absent"

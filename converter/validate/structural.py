@@ -1,4 +1,7 @@
-"""Structural checks: files and shards, reader errors turned into findings, shapes, groups, config vs tensors.
+"""Structural checks of one tensor (partial groups, roles always stored, config vs loaded arrays, padding
+bits) and of the checkpoint (widths vs config, layers left dense, tied embeddings). Files and shards are
+checked by :mod:`converter.validate.files`, reader errors become findings in
+:mod:`converter.validate.reader_errors`.
 
 What is a finding and what is unreadable (exit status 3)
 --------------------------------------------------------
@@ -15,172 +18,26 @@ What is a finding and what is unreadable (exit status 3)
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from converter.errors import ConverterError, CorruptFileError, InputNotFoundError, LayoutError, MissingTensorError, UnsupportedError
-from converter.formats.safetensors_io import read_header
-from converter.formats.source import INDEX_NAME, Source, read_json
+from converter.errors import ConverterError, LayoutError
+from converter.formats.modules import EMBEDDING, module_role, token_embedding_name
+from converter.formats.source import Source
 from converter.groups import Granularity
 from converter.layout import EXPERT
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.validate.findings import Finding, finding
 
-LFS_MAGIC = b"version https://git-lfs"
-#: File names that look like weight shards (others, e.g. ``reference_dequant.safetensors``, are ignored).
-SHARD_LIKE = re.compile(r"^(model|pytorch_model|diffusion_pytorch_model|adapter_model).*\.safetensors$|-of-\d+\.safetensors$")
 #: config.json keys whose integer values are tensor widths (nested ``*_config`` dicts are walked).
 SIZE_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "d_model", "n_embd", "ffn_dim", "d_ff", "n_inner",
              "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size", "dim", "hidden_dim",
              "projection_dim", "kv_lora_rank", "q_lora_rank", "d_kv", "num_labels", "embed_dim")
 #: Group sizes consumers commonly accept (reported for partial tails, B13/B14/B15).
 COMMON_GROUP_SIZES = (16, 32, 64, 128, 256)
-EMBED_SUFFIXES = ("embed_tokens.weight", "word_embeddings.weight", "wte.weight", "tok_embeddings.weight",
-                  "token_embd.weight", "embeddings.weight")
 HEAD_NAMES = ("lm_head.weight", "output.weight")
-
-
-# -- files and shards ------------------------------------------------------------------------------
-def _is_lfs(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(LFS_MAGIC)) == LFS_MAGIC
-    except OSError:
-        return False
-
-
-def _header_finding(path: Path, exc: CorruptFileError) -> Finding:
-    size = path.stat().st_size
-    if _is_lfs(path):
-        return finding("lfs-pointer", path.name, f"{path.name} is a git-LFS pointer stub ({size} bytes), not the "
-                       "weights", file=str(path), bytes=size, hint="run `git lfs pull` (or download with LFS)",
-                       reader_error=exc.render())
-    return finding("shard-corrupt", path.name, f"{path.name} is not valid safetensors: {exc.message}", file=str(path),
-                   bytes=size, field=exc.field, expected=exc.expected, found=exc.found, reader_error=exc.render())
-
-
-def check_files(path: str | Path) -> list[Finding]:
-    """File-level checks of a model directory: index vs shards on disk vs shard headers.
-
-    Returns findings (``missing-shard``, ``extra-shard``, ``stale-index``, ``shard-corrupt``,
-    ``lfs-pointer``). A lone file returns no findings (its problems are unreadable, see module doc).
-
-    Raises
-    ------
-    CorruptFileError
-        The index is not JSON or has no ``weight_map`` object.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        return []
-    ipath = path / INDEX_NAME
-    out: list[Finding] = []
-    if not ipath.exists():
-        cands = [path / "model.safetensors"] if (path / "model.safetensors").exists() else sorted(path.glob("*.safetensors"))
-        if len(cands) == 1:
-            try:
-                read_header(cands[0])
-            except CorruptFileError as exc:
-                out.append(_header_finding(cands[0], exc))
-        return out
-    idx = read_json(ipath)
-    wm = idx.get("weight_map") if isinstance(idx, dict) else None
-    if not isinstance(wm, dict):
-        raise CorruptFileError("index has no 'weight_map' object", file=ipath, field="weight_map")
-    by_shard: dict[str, list[str]] = {}
-    for tname, fname in wm.items():
-        by_shard.setdefault(str(fname), []).append(tname)
-    headers = {}
-    for fname, tensors in by_shard.items():
-        f = path / fname
-        if "/" in fname or "\\" in fname or fname in ("", ".", ".."):
-            out.append(finding("stale-index", fname, "index names a shard outside the checkpoint directory",
-                               file=str(ipath), shard=fname))
-            continue
-        if not f.exists():
-            out.append(finding("missing-shard", fname, f"missing shard {fname} ({len(tensors)} tensors)",
-                               file=str(ipath), shard=fname, tensors=len(tensors), first_tensors=sorted(tensors)[:5]))
-            continue
-        try:
-            headers[fname] = read_header(f)
-        except CorruptFileError as exc:
-            out.append(_header_finding(f, exc))
-    listed = set(by_shard)
-    for f in sorted(path.glob("*.safetensors")):
-        if f.name not in listed and SHARD_LIKE.search(f.name):
-            out.append(finding("extra-shard", f.name, f"{f.name} looks like a shard but the index does not name it",
-                               file=str(f), bytes=f.stat().st_size))
-    where: dict[str, str] = {}
-    data_bytes = 0
-    for fname, h in headers.items():
-        for name, info in h.tensors.items():
-            where[name] = fname
-            data_bytes += int(info.nbytes)
-    absent = sorted(t for t, fname in wm.items() if fname in headers and t not in where)
-    moved = sorted(t for t, fname in wm.items() if t in where and where[t] != fname)
-    unlisted = sorted(set(where) - set(wm))
-    if absent:
-        out.append(finding("stale-index", absent[0], f"{len(absent)} tensors named by the index are absent from "
-                           f"their shard", file=str(ipath), tensors=absent[:8], shard=wm[absent[0]]))
-    if moved:
-        out.append(finding("stale-index", moved[0], f"{len(moved)} tensors are in another shard than the index "
-                           f"says", file=str(ipath), tensors=moved[:8], index_says=wm[moved[0]],
-                           found_in=where[moved[0]]))
-    if unlisted:
-        out.append(finding("stale-index", unlisted[0], f"shards hold {len(unlisted)} tensors the index does not "
-                           f"list", file=str(ipath), tensors=unlisted[:8]))
-    total = (idx.get("metadata") or {}).get("total_size") if isinstance(idx.get("metadata"), dict) else None
-    complete = len(headers) == len(by_shard)
-    if complete and isinstance(total, int) and total != data_bytes:
-        out.append(finding("stale-index", INDEX_NAME, "metadata.total_size differs from the shards' data bytes",
-                           severity="warning", file=str(ipath), expected=data_bytes, found=total))
-    return out
-
-
-# -- reader errors -> findings ---------------------------------------------------------------------
-def unreadable(exc: ConverterError) -> bool:
-    """True for errors that mean the input cannot be read at all (exit 3, see module docstring)."""
-    if isinstance(exc, (UnsupportedError, InputNotFoundError)):
-        return True
-    return isinstance(exc, CorruptFileError) and not isinstance(exc, MissingTensorError)
-
-
-def classify(exc: ConverterError) -> str:
-    """Finding code for a reader error (by type and field)."""
-    if isinstance(exc, MissingTensorError):
-        return "missing-tensor"
-    f = (exc.field or "").lower()
-    msg = exc.message.lower()
-    if "actorder" in f or "actorder" in msg:
-        return "config-mismatch"
-    if "g_idx" in f:
-        return "g-idx"
-    if "padding" in f:
-        return "padding"
-    if isinstance(exc, LayoutError) and f == "codes":
-        return "code-range"
-    if "zero" in f and "range" in msg:
-        return "zero-range"
-    if f.startswith("dtype") or f.endswith("dtype"):
-        return "dtype"
-    hint = (exc.hint or "").lower()
-    if "quantization" in f or "config" in f or "checkpoint_format" in f or f in ("sym", "bits", "group_size") \
-            or "config" in msg or "contradicts the tensor" in hint:
-        return "config-mismatch"
-    if f.startswith("shape") or "shape" in msg:
-        return "shape"
-    return "format"
-
-
-def error_finding(exc: ConverterError, tensor: str | None = None) -> Finding:
-    """A finding from a reader error, with the reader's message as evidence."""
-    code = classify(exc)
-    return finding(code, tensor or exc.tensor, exc.message, reader_error=exc.render(), file=exc.file,
-                   stored_tensor=exc.tensor, field=exc.field, expected=exc.expected, found=exc.found, hint=exc.hint)
 
 
 # -- per tensor --------------------------------------------------------------------------------------
@@ -358,7 +215,7 @@ def check_group_skip(ckpt: Checkpoint) -> list[Finding]:
     out = []
     for spec in ckpt.specs():
         if spec.kind != "dense" or len(spec.shape) != 2 or not spec.name.endswith(".weight") \
-                or spec.name.endswith(EMBED_SUFFIXES) or "norm" in spec.name:
+                or module_role(spec.name, 2) == EMBEDDING or "norm" in spec.name:
             continue
         n = int(spec.shape[1])
         if n % g:
@@ -368,19 +225,12 @@ def check_group_skip(ckpt: Checkpoint) -> list[Finding]:
     return out
 
 
-def _find(ckpt: Checkpoint, suffixes: tuple[str, ...]) -> str | None:
-    for n in ckpt.names():
-        if n.endswith(suffixes):
-            return n
-    return None
-
-
 def check_tied(ckpt: Checkpoint) -> list[Finding]:
     """``tie_word_embeddings`` vs the tensor set (B32/B33); compares the head with the embedding when both exist."""
     cfg = ckpt.config or {}
     tie = cfg.get("tie_word_embeddings")
     head = next((n for n in ckpt.names() if n in HEAD_NAMES), None)
-    embed = _find(ckpt, EMBED_SUFFIXES)
+    embed = token_embedding_name(ckpt.names())
     if tie is None or embed is None:
         return []
     if any(ckpt.spec(n).kind == "opaque" for n in (head, embed) if n is not None):

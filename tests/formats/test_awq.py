@@ -474,3 +474,13 @@ def test_modules_to_not_convert_kept_or_given(tmp_path):
     assert json.loads((tmp_path / "given" / "config.json").read_text())["quantization_config"][
         "modules_to_not_convert"] == ["x"]
     assert np.array_equal(load(tmp_path / "kept")["lm_head.weight"].data, arr["lm_head.weight"])
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
+
+
+class TestAWQConformance(FormatConformance):
+    FORMAT = "awq"
+    SAMPLES = ((_SAMPLES / "awq_gemm_w4_g128_zp", _SAMPLES / "awq_gemm_w4_g128_zp" / "reference_dequant.safetensors"),)

@@ -365,3 +365,15 @@ def test_wide_unpacked_zero_points_range_checked_before_narrowing(tmp_path, dtyp
     assert (e.tensor, e.field, e.expected, e.found) == ("l.weight_zero_point", "weight_zero_point", "[-128, 127]",
                                                         "[-3, 200]")
     assert str(bad / "model.safetensors") in str(e)
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
+
+
+class TestCompressedTensorsConformance(FormatConformance):
+    FORMAT = "compressed-tensors"
+    SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
+                    for d in ("ct_pack_w4a16_channel_sym", "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym",
+                              "ct_pack_w8a16_channel_sym"))

@@ -595,3 +595,16 @@ def test_compressed_tensors_g32_to_q4_0_and_back_reproduces_codes_and_scales(tmp
     np.testing.assert_array_equal(a.codes, b.codes)
     np.testing.assert_array_equal(a.scales.view(np.uint16), b.scales.view(np.uint16))
     np.testing.assert_array_equal(a.codes, t.codes)
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
+
+
+class TestGGUFConformance(FormatConformance):
+    FORMAT = "gguf"
+    SAMPLES = tuple((_SAMPLES / "gguf" / f, _SAMPLES / "gguf" / (f + ".reference_dequant.safetensors"))
+                    for f in ("minilm_gguf_F16.gguf", "minilm_gguf_Q4_0.gguf", "minilm_gguf_Q4_1.gguf",
+                              "minilm_gguf_Q5_0.gguf", "minilm_gguf_Q8_0.gguf", "minilm_llamacpp_Q4_K_M.gguf",
+                              "minilm_llamacpp_Q6_K.gguf"))

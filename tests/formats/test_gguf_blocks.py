@@ -34,6 +34,14 @@ DEFAULT_HF_NAMES = {
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+
+def _product_decode(codec, raw: np.ndarray) -> np.ndarray:
+    """The product's decode of GGUF rows: block fields -> QuantizedTensor -> dequantize (what a read does)."""
+    from converter.formats.gguf.schemes import tensor_from_fields
+    fields = codec.decode(raw)
+    return tensor_from_fields("t", fields, (fields.rows, fields.row_len)).dequantize()
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     """float32 array as uint32 bit patterns, for bit-exact comparison (NaN-safe)."""
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
@@ -129,7 +137,7 @@ def test_legacy_decode_dequantize_pack_match_gguf(name, rng):
     codec = codec_for(name)
     raw = gguf.quants.quantize(_tricky_values(rng), _gguf_type(name))
     fields = codec.decode(raw)
-    assert np.array_equal(_bits(codec.dequantize(fields)), _bits(gguf.quants.dequantize(raw, _gguf_type(name))))
+    assert np.array_equal(_bits(_product_decode(codec, raw)), _bits(gguf.quants.dequantize(raw, _gguf_type(name))))
     assert np.array_equal(codec.pack(fields), raw)
 
 
@@ -142,7 +150,7 @@ def test_legacy_many_rows_cross_chunk_boundaries(name, rng):
     raw = codec.encode(x)
     assert np.array_equal(x, before)
     assert np.array_equal(raw, gguf.quants.quantize(x, qtype))
-    assert np.array_equal(_bits(codec.dequantize(codec.decode(raw))), _bits(gguf.quants.dequantize(raw, qtype)))
+    assert np.array_equal(_bits(_product_decode(codec, raw)), _bits(gguf.quants.dequantize(raw, qtype)))
 
 
 @pytest.mark.parametrize("name", LEGACY)
@@ -265,7 +273,7 @@ def _random_kquant_raw(name: str, rng: np.random.Generator, rows: int = 6, n_sup
 def test_kquant_dequantize_matches_gguf_on_random_bytes(name, rng):
     codec = codec_for(name)
     raw = _random_kquant_raw(name, rng)
-    ours = codec.dequantize(codec.decode(raw))
+    ours = _product_decode(codec, raw)
     ref = gguf.quants.dequantize(raw, _gguf_type(name))
     assert ours.dtype == np.float32 and ours.shape == ref.shape == (6, 1024)
     assert np.array_equal(_bits(ours), _bits(ref))
@@ -275,7 +283,7 @@ def test_kquant_dequantize_matches_gguf_on_random_bytes(name, rng):
 def test_kquant_many_rows_cross_chunk_boundaries(name, rng):
     codec = codec_for(name)
     raw = _random_kquant_raw(name, rng, rows=600, n_super=1)
-    ours = codec.dequantize(codec.decode(raw))
+    ours = _product_decode(codec, raw)
     assert np.array_equal(_bits(ours), _bits(gguf.quants.dequantize(raw, _gguf_type(name))))
 
 
@@ -327,7 +335,7 @@ def test_real_file_matches_gguf_and_reference(file_name, real_dir, hf_names):
     for t in tensors:
         codec = codec_for(t.tensor_type.name)
         raw = np.asarray(t.data).reshape(-1, t.data.shape[-1])
-        ours = codec.dequantize(codec.decode(raw))
+        ours = _product_decode(codec, raw)
         assert ours.shape[1] == int(t.shape[0]), t.name           # ne[0] is the row length
         ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(ours.shape)
         assert np.array_equal(_bits(ours), _bits(ref)), (file_name, t.name)

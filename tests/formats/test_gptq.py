@@ -564,3 +564,14 @@ def test_sharded_write_and_extra_files_round_trip(tmp_path):
     for name in ck.quantized_names():
         assert np.array_equal(ck[name].codes, back[name].codes)
         assert np.array_equal(f16_bits(ck[name].scales), f16_bits(back[name].scales))
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
+
+
+class TestGPTQConformance(FormatConformance):
+    FORMAT = "gptq"
+    SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
+                    for d in ("gptq_w4_g128_sym", "gptq_w4_gchan_sym"))

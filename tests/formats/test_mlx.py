@@ -333,3 +333,18 @@ def test_transformers5_rope_parameters_become_the_top_level_keys_mlx_lm_reads(tm
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     legacy = {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}
     assert mlx_config(Checkpoint.from_tensors([t], config=legacy))["rope_theta"] == 10000.0  # present: kept
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
+
+
+class TestMLXConformance(FormatConformance):
+    FORMAT = "mlx"
+    SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
+                    for d in ("mlx_affine_g32_b8", "mlx_affine_g64_b4"))
+
+    def decode_like_tool(self, t):
+        from converter.formats.mlx import dequantize_like_mlx
+        return dequantize_like_mlx(t) if isinstance(t, QuantizedTensor) else t.data

@@ -109,3 +109,27 @@ def test_float_codes_are_refused_not_reinterpreted(tmp_path):
     save_file(arrays, str(bad), metadata=meta)
     with pytest.raises(FormatError, match="container"):
         converter.load(bad)
+
+
+def test_double_quant_kind_survives_in_the_spec(tmp_path):
+    """Regression: the native reader kept ``double_quant`` on the tensor but dropped it from the spec."""
+    from converter.formats.registry import load as load_any
+    from converter.formats.native import write_native
+    from tests.conftest import SAMPLES
+    src = load_any(SAMPLES / "gguf" / "minilm_llamacpp_Q4_K_M.gguf")
+    name = next(n for n in src.quantized_names() if src.spec(n).double_quant is not None)
+    kind = src.spec(name).double_quant
+    assert kind == src[name].double_quant.kind and kind.endswith("_K")
+    dst = tmp_path / "k.safetensors"
+    write_native(src, dst)
+    back = load_any(dst)
+    assert back.spec(name).double_quant == kind
+    assert back[name].double_quant.kind == kind
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+
+
+class TestNativeConformance(FormatConformance):
+    FORMAT = "native"

@@ -51,3 +51,11 @@ def test_dequantize_config_states_the_written_dtype(tmp_path):
     assert max(by_dtype, key=by_dtype.get) == np.float32
     assert cfg["torch_dtype"] == "float32" and cfg["dtype"] == "float32"
     assert "quantization_config" not in cfg
+
+
+# -- conformance (tests/formats/conformance.py) ------------------------------------------------------
+from tests.formats.conformance import FormatConformance  # noqa: E402
+
+
+class TestPlainConformance(FormatConformance):
+    FORMAT = "plain"

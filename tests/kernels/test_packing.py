@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from converter.errors import LayoutError, QuantizationError
-from converter.kernels.packing import (AWQ_ORDER, BNB_NIBBLE_ORDER, pack_codes, packed_length,
+from converter.formats.awq import ORDER as AWQ_ORDER
+from converter.kernels.packing import (BNB_NIBBLE_ORDER, pack_codes, packed_length,
                                      padding_bits, unpack_codes)
 
 CONTAINERS = (np.uint8, np.uint16, np.uint32)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from converter.errors import LayoutError
-from converter.formats.gguf import blocks as gguf_blocks
+from converter.formats.gguf import block_legacy as gguf_blocks
 from converter.kernels.rounding import round_half_away, round_values
 
 NEAR_TIES = [0.49999997, 0.49999999999999994, 2.0 ** 52 + 1, 0.5, 0.50000006, 1.5, 2.5, -2.5, -0.5, -0.49999997, 3.4999998, 8388607.5,

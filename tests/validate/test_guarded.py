@@ -62,9 +62,8 @@ def test_detector_foreign_exception_is_a_converter_error(monkeypatch):
 
 @pytest.mark.malformed_ok
 def test_hook_foreign_exception_does_not_escape(monkeypatch):
-    from converter.validate import hooks
-    monkeypatch.setitem(hooks._HOOKS, "gptq", {**hooks._HOOKS["gptq"],
-                                               "zero_convention": lambda s, sp: [][1]})
+    hooks = registry.get("gptq").validation
+    _patch(monkeypatch, "gptq", validation=replace(hooks, zero_convention=lambda s, sp: [][1]))
     rep = validate(GPTQ)
     assert rep.exit_code == 0  # the hook's evidence is simply missing
 

@@ -14,10 +14,10 @@ from converter.formats.modules import hf_linear_policy
 from converter.formats.registry import FormatHandler, register
 from converter.formats.compressed_tensors.config import parse_config  # noqa: F401
 from converter.formats.compressed_tensors.reader import detect_ct, read_ct
-from converter.formats.compressed_tensors.writer import check_target, write_ct
+from converter.formats.compressed_tensors.writer import CTTargetOptions, check_target, write_ct
 
 HANDLER = register(FormatHandler("compressed-tensors",
                                  "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",
-                                 detect_ct, read_ct, write_ct, check_target=check_target,
+                                 detect_ct, read_ct, write_ct, check_target=check_target, target_options=CTTargetOptions,
                                  keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True), partial_groups=False,
                                  float_bias="symmetric"))

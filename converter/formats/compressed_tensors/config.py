@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from converter.errors import FormatError, UnsupportedError
+from converter.errors import ErrorKind, FormatError, UnsupportedError
 
 QUANT_METHOD = "compressed-tensors"
 #: Formats this module reads and writes.
@@ -219,7 +219,7 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
     for gname, g in groups_obj.items():
         field = f"quantization_config.config_groups.{gname}"
         if not isinstance(g, Mapping):
-            raise FormatError("config group must be an object", file=file, field=field)
+            raise FormatError("config group must be an object", file=file, field=field, kind=ErrorKind.CONFIG_MISMATCH)
         targets = g.get("targets") or []
         if isinstance(targets, str):
             targets = [targets]

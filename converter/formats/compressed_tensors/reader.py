@@ -28,16 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import FormatError, LayoutError, MissingTensorError
+from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError
 from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap, PackedCodes
 from converter.kernels.packing import packed_length
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec
+from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 from converter.formats.compressed_tensors.config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
 
+FORMAT = "compressed-tensors"
 AXES = (OUT, IN)
 SCALE_DTYPES = ("F16", "BF16", "F32")
 SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx")
@@ -103,10 +105,10 @@ def _need(src: Source, name: str, module: str, why: str) -> None:
 
 
 def _expect(cond: bool, msg: str, src: Source, tensor: str, field: str, expected: Any, found: Any,
-            hint: str | None = None) -> None:
+            hint: str | None = None, kind: ErrorKind | None = None) -> None:
     if not cond:
         raise FormatError(msg, file=src.file_of(tensor) if src.has(tensor) else src.path, tensor=tensor,
-                          field=field, expected=expected, found=found, hint=hint)
+                          field=field, expected=expected, found=found, hint=hint, kind=kind)
 
 
 def _choose_packing(src: Source, cfg: CTConfig, prefix: str, bits: int, in_features: int, width: int) -> str:
@@ -130,7 +132,8 @@ def _choose_packing(src: Source, cfg: CTConfig, prefix: str, bits: int, in_featu
                 f"layout: quantization_config.version {cfg.version!r} contradicts the tensor") if width == other else None
         raise FormatError("weight_packed width does not match weight_shape", file=src.file_of(name), tensor=name,
                           field="shape[1]", expected=f"{expected} ({packing}, version {cfg.version}, I={in_features}, "
-                          f"{bits} bits)", found=width, hint=hint)
+                          f"{bits} bits)", found=width, hint=hint,
+                          kind=ErrorKind.CONFIG_MISMATCH if hint else None)
     return packing
 
 
@@ -148,7 +151,7 @@ def _read_shape(src: Source, prefix: str) -> tuple[int, int]:
     o, i = (int(v) for v in np.asarray(src.read(name)))
     if o < 1 or i < 1:
         raise FormatError("weight_shape values must be positive", file=src.file_of(name), tensor=name,
-                          field="values", expected="[O >= 1, I >= 1]", found=[o, i])
+                          field="values", expected="[O >= 1, I >= 1]", found=[o, i], kind=ErrorKind.SHAPE)
     return o, i
 
 
@@ -238,9 +241,10 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
     has_g = src.has(gname)
     if has_g:
         ginfo = src.info(gname)
-        _expect(args.strategy == "group", ACTORDER_MSG, src, gname, "strategy", "group", args.strategy)
+        _expect(args.strategy == "group", ACTORDER_MSG, src, gname, "strategy", "group", args.strategy,
+                kind=ErrorKind.CONFIG_MISMATCH)
         _expect(ginfo.dtype in ("I32", "I64") and tuple(ginfo.shape) == (in_f,), ACTORDER_MSG, src, gname,
-                "dtype/shape", f"I32 [{in_f}]", f"{ginfo.dtype} {list(ginfo.shape)}")
+                "dtype/shape", f"I32 [{in_f}]", f"{ginfo.dtype} {list(ginfo.shape)}", kind=ErrorKind.CONFIG_MISMATCH)
         stored.append(src.stored_array(gname, "g_idx"))
     return ModuleLayout(prefix, fmt, args, out_f, in_f, packing, sinfo.dtype, zero_packed,
                         has_zero and not args.symmetric, has_g, tuple(stored))
@@ -281,7 +285,8 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
                 if z.size and (int(z.min()) < s.qmin or int(z.max()) > s.qmax):
                     raise FormatError(f"weight_zero_point outside the {bits}-bit signed code range",
                                       file=src.file_of(zname), tensor=zname, field="weight_zero_point",
-                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(z.min())}, {int(z.max())}]")
+                                      expected=f"[{s.qmin}, {s.qmax}]", found=f"[{int(z.min())}, {int(z.max())}]",
+                                      kind=ErrorKind.ZERO_POINT_RANGE)
                 zeros = z.astype(np.int8)
                 stored_maps["zero_points"] = PARAM_MAP
         elif src.has(zname):  # symmetric: tolerate all-zero zero points, refuse anything else
@@ -289,7 +294,8 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
             if raw.size and raw.any():
                 raise FormatError("config says symmetric but weight_zero_point is not all zero",
                                   file=src.file_of(zname), tensor=zname, field="values", expected="all 0",
-                                  found=f"{int(np.count_nonzero(raw))} non-zero", hint="set symmetric: false")
+                                  found=f"{int(np.count_nonzero(raw))} non-zero", hint="set symmetric: false",
+                                  kind=ErrorKind.CONFIG_MISMATCH)
         gm = m.group_map
         if m.has_g_idx:
             g = np.array(src.read(m.prefix + ".weight_g_idx")).astype(np.int32)
@@ -349,16 +355,8 @@ def read_ct(src: Source) -> Checkpoint:
             notes.append("padded pack_to_int32 layout (compressed-tensors <= 0.17)")
         specs[name] = TensorSpec(name, "quantized", (m.out_features, m.in_features), m.stored, axes=AXES,
                                  scheme=m.scheme, group_map=m.group_map, act_order=m.has_g_idx, notes=tuple(notes))
-    specs = dict(sorted(specs.items()))
-
-    def load(name: str):
-        if name in layouts:
-            return load_module(src, layouts[name])
-        return src.dense(name)
-
-    return Checkpoint(specs, load, format="compressed-tensors", path=str(src.path), config=src.config,
-                      metadata={"ct_format": cfg.format, "ct_version": cfg.version},
-                      files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
+    return source_checkpoint(src, FORMAT, specs, lambda name: load_module(src, layouts[name]), layouts,
+                             {"ct_format": cfg.format, "ct_version": cfg.version})
 
 
 def detect_ct(src: Source) -> Detection | None:

@@ -23,6 +23,7 @@ else :class:`~converter.errors.NotRepresentableError`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ from converter.layout import IN, OUT
 from converter.kernels.packing import packed_length
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.base import write_directory
+from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 
@@ -58,7 +61,16 @@ def _options(ct_version: str | None, ct_format: str | None) -> tuple[str, tuple[
     return version, vt, fmt
 
 
-def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: str | None = None) -> str | None:
+@dataclass(frozen=True)
+class CTTargetOptions(TargetOptions):
+    """The write options :func:`check_target` understands: ``ct_version`` (a version that still
+    stores ``weight_g_idx`` accepts act-order) and ``ct_format`` (``pack-quantized`` ...)."""
+
+    ct_version: str | None = None
+    ct_format: str | None = None
+
+
+def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions()) -> str | None:
     """``None`` when ``spec`` can be written exactly as compressed-tensors, else the reason.
 
     Float-bias schemes pass here and are checked per value at write time (an integer ``-bias/scale``
@@ -83,7 +95,7 @@ def check_target(spec: TensorSpec, *, ct_version: str | None = None, ct_format: 
         return "groups along out have no compressed-tensors strategy"
     if spec.act_order:
         try:
-            _, vt, _ = _options(ct_version, ct_format)
+            _, vt, _ = _options(options.ct_version, options.ct_format)
         except FormatError as exc:
             return str(exc)
         if vt[:2] > G_IDX_UNTIL:
@@ -245,7 +257,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
                 ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
-        reason = check_target(spec, ct_version=version, ct_format=fmt)
+        reason = check_target(spec, CTTargetOptions(ct_version=version, ct_format=fmt))
         if reason:
             raise NotRepresentableError(f"cannot write as compressed-tensors: {reason}", tensor=spec.name,
                                         field="scheme", hint="requantize to an int scheme first")
@@ -277,7 +289,5 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore))
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
-    summary = write_model_dir(Path(dst), plans, ckpt, metadata={"format": "pt"}, config=config,
-                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
-    summary["notes"] = {k: v for k, v in notes.items() if v}
-    return summary
+    return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                           notes=lambda: {k: v for k, v in notes.items() if v})

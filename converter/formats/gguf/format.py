@@ -58,478 +58,30 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from converter.quant.recode import as_groups, exact_cast
-from converter.dtypes import DTYPES
-from converter.errors import ConverterError, CorruptFileError, FormatError, NotRepresentableError, UnsupportedError
-from converter.groups import Granularity, GroupMap
+from converter.errors import ErrorKind, ConverterError, FormatError, NotRepresentableError, UnsupportedError
+from converter.groups import Granularity
 from converter.write.atomic import atomic_output
-from converter.write.parallel import drop_pages, write_at_offsets
+from converter.write.parallel import write_at_offsets
 from converter.layout import EXPERT, IN, OUT
-from converter.scheme import QuantScheme, ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
-from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, KQuantCodec, LegacyCodec, codec_for, CODECS
-from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, gguf_to_hf, hf_to_gguf, llama_row_permutation, permute_heads_key
-from converter.formats.registry import Detection, FormatHandler, register
-from converter.formats.source import Source
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.gguf.blocks import BlockFields, KQuantCodec, codec_for, CODECS
+from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
+from converter.formats.registry import NO_OPTIONS, FormatHandler, TargetOptions, OutputKind, ValidationHooks, register
+
+from converter.formats.gguf.schemes import (DENSE_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES, QUANTIZATION_VERSION,
+                                            REQUANT_OPTIONS, FILE_TYPES, MANAGED_KEYS, gguf_module, quantize_to_gguf,
+                                            scheme_for, tensor_from_fields)
+from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
            "LEGACY_TYPES", "DENSE_TYPES"]
-
-LEGACY_TYPES: tuple[str, ...] = SUPPORTED_WRITE
-"""Quantized ggml types this module writes (bit-exact repack or reference quantization): the
-legacy block codecs of :mod:`gguf_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
-
-DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
-"""ggml types read as plain arrays (:class:`DenseTensor`), with their numpy dtypes."""
-
-MAX_DIMS = 4
-"""``GGML_MAX_DIMS``."""
-MAX_NAME_BYTES = 63
-"""``GGML_MAX_NAME`` (64) minus the terminating NUL."""
-QUANTIZATION_VERSION = 2
-"""``GGML_QNT_VERSION`` (gguf-py ``GGML_QUANT_VERSION``)."""
-_MANAGED_KEYS = ("general.architecture", "general.quantization_version", "general.file_type",
-                 "general.alignment")
-_FILE_TYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0": "MOSTLY_Q4_0",
-              "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0"}
-
-
-def _gguf():
-    import gguf  # imported lazily: only GGUF paths need it
-    return gguf
-
-
-# ---------------------------------------------------------------------------------------------
-# Types -> schemes
-# ---------------------------------------------------------------------------------------------
-
-def scheme_for(type_name: str) -> QuantScheme:
-    """The logical scheme of a ggml block type (see the module table).
-
-    Raises
-    ------
-    UnsupportedError
-        For types without a codec (IQ*, TQ*, ...).
-    """
-    codec = codec_for(type_name)
-    if isinstance(codec, LegacyCodec):
-        if codec.bits == 8:
-            return QuantScheme(8, True, ZeroPoint.NONE, "F16", "half_away")
-        zp = ZeroPoint.FLOAT if codec.affine else ZeroPoint.NONE
-        return QuantScheme(codec.bits, False, zp, "F16", "half_away")
-    zp = ZeroPoint.FLOAT if codec.has_mins else ZeroPoint.NONE
-    scheme = QuantScheme(codec.bits, False, zp, "F32", "half_away")
-    assert codec.code_offset == (scheme.center if zp is ZeroPoint.NONE else 0)
-    return scheme
-
-
-def _group_size(type_name: str) -> int:
-    codec = codec_for(type_name)
-    return codec.block_size if isinstance(codec, LegacyCodec) else codec.sub_block_size
-
-
-def _axes_for(ndim: int) -> tuple[str, ...] | None:
-    return {2: (OUT, IN), 3: (EXPERT, OUT, IN)}.get(ndim)
-
-
-def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int]) -> QuantizedTensor:
-    """Build the logical tensor from decoded block fields.
-
-    Parameters
-    ----------
-    name : str
-        Logical name.
-    fields : BlockFields
-        From ``codec.decode(raw)`` with ``raw`` of shape ``(rows, row_bytes)``, ``rows = prod(shape[:-1])``.
-    shape : sequence of int
-        Logical shape ``(out, in)`` or ``(expert, out, in)`` (``reversed(ne)``).
-
-    Returns
-    -------
-    QuantizedTensor
-        Codes ``shape``; scales ``(..., out, in/group)``. K-quant effective scales/biases are float32
-        products computed exactly as ``KQuantCodec.dequantize`` does, so ``dequantize()`` is bit-exact.
-    """
-    shape = tuple(int(s) for s in shape)
-    axes = _axes_for(len(shape))
-    if axes is None:
-        raise UnsupportedError("quantized GGUF tensors must be 2-D or 3-D", tensor=name, field="ne",
-                               expected="2 or 3 dims", found=len(shape))
-    lead = shape[:-1]
-    t = fields.type_name
-    codec = codec_for(t)
-    scheme = scheme_for(t)
-    codes = fields.codes.reshape(shape)
-    if isinstance(codec, LegacyCodec):
-        scales = fields.scales.reshape(*lead, -1)
-        zp = fields.mins.reshape(*lead, -1) if codec.affine else None
-        dq = None
-    else:
-        rows = fields.rows
-        per = QK_K // codec.sub_block_size
-        d = fields.super_scales.astype(np.float32)[..., None]
-        scales = (d * fields.sub_scales.reshape(rows, -1, per).astype(np.float32)).reshape(*lead, -1)
-        zp = None
-        if codec.has_mins:
-            dmin = fields.super_mins.astype(np.float32)[..., None]
-            zp = -(dmin * fields.sub_mins.reshape(rows, -1, per).astype(np.float32)).reshape(*lead, -1)
-        dq = DoubleQuant(
-            kind=t, super_block=QK_K, super_scales=fields.super_scales.reshape(*lead, -1),
-            sub_scales=fields.sub_scales.reshape(*lead, -1),
-            super_mins=None if fields.super_mins is None else fields.super_mins.reshape(*lead, -1),
-            sub_mins=None if fields.sub_mins is None else fields.sub_mins.reshape(*lead, -1))
-    return QuantizedTensor(name=name, axes=axes, codes=codes, scales=scales, scheme=scheme,
-                           group_map=GroupMap.per_group(_group_size(t), IN), zero_points=zp, double_quant=dq)
-
-
-def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor") -> QuantizedTensor:
-    """Requantize float values to a legacy ggml type with llama.cpp's reference quantizer.
-
-    Bytes are identical with ``gguf.quants.quantize`` (``quantize_row_q*_ref``, round half away
-    from zero); the result is the decode of those bytes, so writing it packs them back unchanged.
-
-    Parameters
-    ----------
-    values : ndarray of float, shape (out, in) or (expert, out, in)
-        ``in`` a multiple of 32.
-    type_name : str
-        One of :data:`LEGACY_TYPES`.
-
-    Returns
-    -------
-    QuantizedTensor
-
-    Raises
-    ------
-    UnsupportedError
-        K-quants and other types (no encoder).
-    QuantizationError
-        Bad row length, non-finite input, fp16 overflow of a block scale.
-    """
-    values = np.asarray(values, dtype=np.float32)
-    if values.ndim not in (2, 3):
-        raise UnsupportedError("only 2-D or 3-D tensors can be quantized to GGUF", tensor=name, field="shape",
-                               expected="2 or 3 dims", found=list(values.shape))
-    codec = codec_for(type_name)
-    try:
-        raw = codec.encode(values.reshape(-1, values.shape[-1]))
-        return tensor_from_fields(name, codec.decode(raw), values.shape)
-    except ConverterError as exc:
-        raise exc.with_context(tensor=name)
-
-
-#: The requantize options that give each legacy type (named in refusals).
-REQUANT_OPTIONS = ("--group-size 32 and --bits 4/5/8 --sym (Q4_0/Q5_0/Q8_0) or --bits 4/5 --asym (Q4_1/Q5_1)")
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Entry:
-    """One GGUF tensor as found in the file (validated)."""
-
-    index: int
-    gguf_name: str
-    name: str  # logical
-    type_name: str
-    ne: tuple[int, ...]
-    data_offset: int
-    nbytes: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(reversed(self.ne))
-
-
-def _corrupt(path: Path, exc: BaseException) -> CorruptFileError:
-    text = f"{type(exc).__name__}: {exc}"
-    if len(text) > 300:
-        text = text[:300] + "..."
-    return CorruptFileError(f"not a readable GGUF file ({text})", file=path)
-
-
-def _open_reader(path: Path):
-    """``(GGUFReader(path), bounds)``; any failure on the untrusted bytes is a CorruptFileError.
-
-    The bounded header parse :func:`~converter.formats.gguf.bounds.check_gguf_bounds` runs first
-    (every structural check: counts, alignment, dims, block multiples, offsets, overlap, padding),
-    so GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
-    """
-    from converter.formats.gguf.bounds import check_gguf_bounds
-    bounds = check_gguf_bounds(path)
-    gguf = _gguf()
-    try:
-        return gguf.GGUFReader(path, "r"), bounds
-    except ConverterError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - third-party parser on untrusted bytes: all of its failures mean "corrupt"
-        raise _corrupt(path, exc) from None
-
-
-def _field_value(field) -> tuple[Any, Any]:
-    """JSON-able value and GGUF type (``"UINT32"`` or ``["ARRAY", "STRING"]``) of a reader field."""
-    types = [t.name for t in field.types]
-    value = field.contents()
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, list):
-        value = [v.item() if isinstance(v, np.generic) else v for v in value]
-    return value, (types[0] if len(types) == 1 else types)
-
-
-def _kv(reader, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    values, types = {}, {}
-    try:
-        for key, field in reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            values[key], types[key] = _field_value(field)
-    except ConverterError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed key/value bytes
-        raise _corrupt(path, exc) from None
-    return values, types
-
-
-def _disagree(path: Path, what: str, tensor: str | None, expected: Any, found: Any) -> CorruptFileError:
-    return CorruptFileError("GGUFReader disagrees with the bounded header parse", file=path, tensor=tensor,
-                            field=what, expected=expected, found=found)
-
-
-def _validate(reader, bounds, path: Path) -> list[tuple[str, str, tuple[int, ...], int, int]]:
-    """Cross-check GGUFReader against ``bounds``; return ``(name, type, ne, data_offset, nbytes)``.
-
-    ``bounds`` (:func:`~converter.formats.gguf.bounds.check_gguf_bounds`) holds every structural
-    check; here only the reader's own policy (little-endian, at least one dimension, a data section
-    inside the file even without tensors) and whether GGUFReader read the same alignment, data
-    start and tensor table (name, type, ne, offset, data size).
-
-    Raises
-    ------
-    CorruptFileError
-        A tensor without dimensions, a data section past the end of the file, or GGUFReader
-        disagreeing with the bounded parse.
-    UnsupportedError
-        Big-endian files.
-    """
-    if bounds.byteorder == "big":
-        raise UnsupportedError("big-endian GGUF files are not supported", file=path, field="byte_order",
-                               expected="little-endian", found="big-endian")
-    start = bounds.data_start
-    if start > bounds.file_size:  # bounds allows it only without tensors
-        raise CorruptFileError("tensor data section starts outside the file", file=path, field="data_offset",
-                               expected=f"..{bounds.file_size}", found=start)
-    if int(reader.alignment) != bounds.alignment:
-        raise _disagree(path, "general.alignment", None, bounds.alignment, int(reader.alignment))
-    if int(reader.data_offset) != start:
-        raise _disagree(path, "data_offset", None, start, int(reader.data_offset))
-    if len(reader.tensors) != len(bounds.tensors):
-        raise _disagree(path, "tensor_count", None, len(bounds.tensors), len(reader.tensors))
-    out = []
-    for t, b in zip(reader.tensors, bounds.tensors):
-        name, ne = b.name, b.ne
-        if not ne:
-            raise CorruptFileError("tensor has too many dimensions", file=path, tensor=name, field="n_dims",
-                                   expected=f"1..{MAX_DIMS}", found=0)
-        found = (t.name, t.tensor_type.name, tuple(int(x) for x in t.shape), int(t.data_offset))
-        if found != (name, b.type_name, ne, start + b.offset):
-            raise _disagree(path, "tensor_info", name, f"{name} {b.type_name}{list(ne)} at {start + b.offset}",
-                            f"{found[0]} {found[1]}{list(found[2])} at {found[3]}")
-        if int(t.data.nbytes) != b.nbytes:
-            raise CorruptFileError("tensor data size disagrees with its dims and type", file=path, tensor=name,
-                                   field="ne", expected=b.nbytes, found=int(t.data.nbytes))
-        out.append((name, b.type_name, ne, start + b.offset, b.nbytes))
-    return out
-
-
-def _stored_arrays(e: _Entry, file: str) -> tuple[StoredArray, ...]:
-    """Bytes by role: code bits vs block scales/mins (audits)."""
-    if e.type_name in DENSE_TYPES:
-        return (StoredArray(e.gguf_name, "dense", e.type_name, e.shape, e.nbytes, file),)
-    if e.type_name not in CODECS:
-        return (StoredArray(e.gguf_name, "other", e.type_name, e.shape, e.nbytes, file),)
-    codec = codec_for(e.type_name)
-    n = int(np.prod(e.shape, dtype=np.int64))
-    code_bytes = n * codec.bits // 8
-    rest = e.nbytes - code_bytes
-    # block fields interleave with the codes on disk; shapes here are per block (legacy) or per
-    # super-block (K-quants: d, dmin and the packed sub-block scales/mins), in logical orientation
-    per_block = tuple(e.shape[:-1]) + (e.shape[-1] // codec.block_size,)
-    if isinstance(codec, LegacyCodec) and codec.affine:
-        return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
-                StoredArray(e.gguf_name + ":d", "scales", "F16", per_block, rest // 2, file),
-                StoredArray(e.gguf_name + ":m", "zero_points", "F16", per_block, rest - rest // 2, file))
-    return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
-            StoredArray(e.gguf_name + (":d" if isinstance(codec, LegacyCodec) else ":scales"), "scales",
-                        "F16" if isinstance(codec, LegacyCodec) else "U8", per_block, rest, file))
-
-
-def _spec(e: _Entry, file: str) -> TensorSpec:
-    stored = _stored_arrays(e, file)
-    notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
-    if e.type_name in DENSE_TYPES:
-        return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
-    if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
-        return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name,
-                          notes=notes + (f"ggml type {e.type_name} has no decoder in qckpt",))
-    return TensorSpec(e.name, "quantized", e.shape, stored, axes=_axes_for(len(e.shape)),
-                      scheme=scheme_for(e.type_name), group_map=GroupMap.per_group(_group_size(e.type_name), IN),
-                      double_quant=None if isinstance(codec_for(e.type_name), LegacyCodec) else e.type_name,
-                      notes=notes)
-
-
-def _permute_rows(t, perm: np.ndarray):
-    """Reorder the ``out`` rows of a tensor (and of every per-row parameter array)."""
-    if isinstance(t, DenseTensor):
-        return DenseTensor(t.name, np.ascontiguousarray(np.take(t.data, perm, axis=0)))
-    ax = t.axes.index(OUT)
-
-    def p(a):
-        return None if a is None else np.ascontiguousarray(np.take(a, perm, axis=ax))
-    dq = t.double_quant
-    if dq is not None:
-        dq = DoubleQuant(dq.kind, dq.super_block, p(dq.super_scales), p(dq.sub_scales), p(dq.super_mins),
-                         p(dq.sub_mins))
-    return t.replace(codes=p(t.codes), scales=p(t.scales), zero_points=p(t.zero_points), double_quant=dq)
-
-
-def _head_count(kv: Mapping[str, Any], config: Mapping[str, Any], arch: str, which: str) -> int | None:
-    """``head_count`` (q) or ``head_count_kv`` (k, defaulting to head_count) from GGUF kv or config.json."""
-    n = kv.get(f"{arch}.attention.head_count", config.get("num_attention_heads"))
-    if which == "k":
-        n = kv.get(f"{arch}.attention.head_count_kv", config.get("num_key_value_heads", n))
-    if isinstance(n, list):  # per-layer head counts: not handled
-        return None
-    return None if n is None else int(n)
-
-
-def _qk_permutation(gguf_name: str, rows: int, arch: str, kv: Mapping[str, Any], config: Mapping[str, Any],
-                    *, file: Any, tensor: str) -> np.ndarray | None:
-    which = permute_heads_key(gguf_name, arch)
-    if which is None:
-        return None
-    heads = _head_count(kv, config, arch, which)
-    if heads is None:
-        raise FormatError("LLaMA q/k rows are permuted in GGUF but the head count is unknown", file=file,
-                          tensor=tensor, field=f"{arch}.attention.head_count" + ("_kv" if which == "k" else ""),
-                          expected="an integer head count", found=None)
-    return llama_row_permutation(rows, heads, tensor=tensor)
-
-
-def read_gguf(src: Source) -> Checkpoint:
-    """Read a ``.gguf`` file into a lazily loaded :class:`Checkpoint` (HF names where known).
-
-    Raises
-    ------
-    CorruptFileError
-        The file does not parse or its tensor table contradicts the file.
-    UnsupportedError
-        Big-endian files. ggml types without a codec (IQ*, TQ*, ...) are listed as ``opaque``
-        specs (inspect, audit); loading one raises UnsupportedError (from :class:`Checkpoint`).
-    FormatError
-        Two GGUF names mapping to one logical name.
-    """
-    path = Path(src.path)
-    reader, bounds = _open_reader(path)
-    rows = _validate(reader, bounds, path)
-    kv, kv_types = _kv(reader, path)
-    arch = kv.get("general.architecture")
-    arch = arch if isinstance(arch, str) else None
-    entries: dict[str, _Entry] = {}
-    for i, (gname, tname, ne, off, nbytes) in enumerate(rows):
-        name = gguf_to_hf(gname, arch)
-        if name in entries:
-            raise FormatError("two GGUF tensors map to one name", file=path, tensor=gname, field="name",
-                              expected="unique names", found=f"{entries[name].gguf_name} and {gname} -> {name}")
-        entries[name] = _Entry(i, gname, name, tname, ne, off, nbytes)
-    file = path.name
-    specs = {name: _spec(e, file) for name, e in entries.items()}
-
-    def load(name: str):
-        e = entries[name]
-        t = reader.tensors[e.index]
-        try:
-            if e.type_name in DENSE_TYPES:
-                dt = DENSE_TYPES[e.type_name]
-                data = np.ascontiguousarray(t.data).view(dt).reshape(e.shape).copy()
-                out = DenseTensor(name, data)
-            elif e.type_name in CODECS:
-                if len(e.shape) not in (2, 3):
-                    raise UnsupportedError("quantized GGUF tensors must be 2-D or 3-D", field="ne",
-                                           expected="2 or 3 dims", found=list(e.ne))
-                codec = codec_for(e.type_name)
-                if 0 in e.shape:  # fuzz finding: the row reshape below needs at least one block
-                    raise CorruptFileError("quantized tensor has no elements", field="ne",
-                                           expected="every dimension >= 1", found=list(e.ne))
-                raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, e.nbytes // max(1, int(np.prod(e.shape[:-1]))))
-                out = tensor_from_fields(name, codec.decode(raw), e.shape)
-            else:
-                raise UnsupportedError(f"ggml type {e.type_name} is not supported", field="ggml_type",
-                                       expected=f"one of {', '.join((*DENSE_TYPES, *CODECS))}", found=e.type_name)
-            perm = None
-            if len(e.shape) <= 2:
-                perm = _qk_permutation(e.gguf_name, e.shape[0], arch, kv, {}, file=path, tensor=name)
-            if perm is not None:
-                out = _permute_rows(out, np.argsort(perm))
-            # the reader maps the whole file once: release the pages this tensor touched (its arrays
-            # are copies), so resident memory does not grow with every tensor read
-            drop_pages(reader.data)
-            return out
-        except ConverterError as exc:
-            raise exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
-
-    metadata = {
-        "gguf_kv": kv, "gguf_kv_types": kv_types, "architecture": arch,
-        "gguf_version": int(reader.fields["GGUF.version"].contents()),
-        "alignment": int(reader.alignment),
-        "gguf_names": {n: e.gguf_name for n, e in entries.items()},
-        "ggml_types": {n: e.type_name for n, e in entries.items()},
-    }
-    config, side_files, skipped = _hf_side_files(kv, kv_types, [e.gguf_name for e in entries.values()])
-    if skipped:
-        metadata["side_files_skipped"] = skipped
-    return Checkpoint(specs, load, format="gguf", path=str(path), config=config, metadata=metadata,
-                      files=[str(path)], side_files=side_files)
-
-
-def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_names: Sequence[str]):
-    """``(config, side_files, skipped)``: the Hugging Face ``config.json`` dict (:mod:`.gguf_hf_config`;
-    ``{}`` when the architecture is not mapped), the tokenizer files made on demand
-    (:mod:`.gguf_hf_tokenizer`) and, per file not made, the reason."""
-    from converter.formats.gguf.hf_config import hf_config_from_gguf
-    from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
-    skipped: dict[str, str] = {}
-    try:
-        config = hf_config_from_gguf(kv, gguf_names, kv_types=kv_types)
-    except ConverterError as exc:
-        config, skipped["config.json"] = {}, exc.render()
-    try:
-        side = hf_tokenizer_files_from_gguf(kv)
-    except ConverterError as exc:
-        side = {}
-        skipped.update({name: exc.render() for name in TOKENIZER_FILES})
-    return config, side, skipped
-
-
-def detect_gguf(src: Source) -> Detection | None:
-    """Claim ``.gguf`` files / files starting with the ``GGUF`` magic (Source decides the kind)."""
-    if src.kind == "gguf":
-        return Detection("gguf", 100, "GGUF file (magic or .gguf suffix)")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
 
 def _k_quant_note(spec: TensorSpec) -> str | None:
     for n in spec.notes:
@@ -582,7 +134,7 @@ def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
                   f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
 
 
-def check_target(spec: TensorSpec) -> str | None:
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """None if ``spec`` can be written to GGUF without requantizing, else the reason.
 
     Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
@@ -681,19 +233,19 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
             raise NotRepresentableError(f"tensor's scheme is {type_name}, not the requested {gguf_type}",
                                         tensor=spec.name, field="gguf_type", expected=gguf_type, found=type_name,
                                         hint="requantize with quantize_to_gguf to change the block type")
-    gguf = _gguf()
+    gguf = gguf_module()
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     perm = None
     if len(shape) <= 2 and permute_heads_key(gname, arch):
-        perm = _qk_permutation(gname, shape[0], arch, kv, ckpt.config, file=None, tensor=spec.name)
+        perm = qk_permutation(gname, shape[0], arch, kv, ckpt.config, file=None, tensor=spec.name)
     return _Plan(spec.name, gname, type_name, shape, n // block * size, perm)
 
 
 def _encode(t, p: _Plan) -> np.ndarray:
     """The bytes (numpy array) GGUFWriter writes for tensor ``t`` under plan ``p``."""
     if p.perm is not None:
-        t = _permute_rows(t, p.perm)
+        t = permute_rows(t, p.perm)
     if isinstance(t, DenseTensor):
         data = np.ascontiguousarray(t.data)
         if tuple(data.shape) != p.shape or data.dtype != DENSE_TYPES[p.type_name]:
@@ -735,7 +287,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         No architecture, over-long names, missing head counts for LLaMA q/k.
     """
     ckpt.refuse_opaque("gguf")
-    gguf = _gguf()
+    gguf = gguf_module()
     if gguf_type is not None and gguf_type not in LEGACY_TYPES:
         raise UnsupportedError("unsupported GGUF output type", field="gguf_type", expected=list(LEGACY_TYPES),
                                found=gguf_type)
@@ -745,7 +297,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         or ckpt.config.get("model_type")
     if not isinstance(arch, str) or not arch:
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
-                          file=dst, field="general.architecture", hint="pass arch=...")
+                          file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
     if not src_kv and ckpt.config:
         src_kv = _config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
@@ -770,7 +322,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             weight[p.type_name] += int(np.prod(p.shape, dtype=np.int64)) if len(p.shape) >= 2 else 0
         quant = [t for t in weight if t in LEGACY_TYPES]
         dom = max(quant, key=lambda t: weight[t]) if quant else (max(weight, key=lambda t: weight[t]) if weight else "F32")
-        file_type = int(gguf.LlamaFileType[_FILE_TYPE.get(dom, "ALL_F32")])
+        file_type = int(gguf.LlamaFileType[FILE_TYPES.get(dom, "ALL_F32")])
     alignment = int(ckpt.metadata.get("alignment") or src_kv.get("general.alignment") or 32) \
         if ckpt.format == "gguf" else 32
     notes = []
@@ -784,7 +336,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
                 if key in managed:
                     managed.pop(key)()
                     continue
-                if key in _MANAGED_KEYS or key.startswith("GGUF."):
+                if key in MANAGED_KEYS or key.startswith("GGUF."):
                     continue
                 vt = src_types.get(key) or _infer_type(value)
                 if vt is None or (isinstance(value, list) and not value):
@@ -845,11 +397,9 @@ from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requ
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
                                  "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
-                                 requant_targets=requant_targets))
-
-
-from converter.validate.hooks import register_hooks  # noqa: E402
-
-#: ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the signed value of largest
-#: magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``), so about half the scales are negative.
-register_hooks("gguf", negative_scales=True)
+                                 requant_targets=requant_targets,
+                                 # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
+                                 # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
+                                 # so about half the scales are negative.
+                                 validation=ValidationHooks(negative_scales=True),
+                                 output=OutputKind(suffix=".gguf")))

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from converter.errors import FormatError, UnsupportedError
+from converter.errors import ErrorKind, FormatError, UnsupportedError
 
 __all__ = ["hf_config_from_gguf", "ARCHITECTURES", "f32_decimal"]
 
@@ -77,11 +77,11 @@ def _int(kv: Mapping[str, Any], key: str, *, required: bool = True) -> int | Non
     if v is None:
         if required:
             raise FormatError("GGUF hyperparameter missing: cannot build config.json", field=key,
-                              expected="an integer", found=None)
+                              expected="an integer", found=None, kind=ErrorKind.CONFIG_MISMATCH)
         return None
     if isinstance(v, list):
         raise UnsupportedError("per-layer values cannot be written to a Hugging Face config", field=key,
-                               expected="one integer", found=f"a list of {len(v)}")
+                               expected="one integer", found=f"a list of {len(v)}", kind=ErrorKind.CONFIG_MISMATCH)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise FormatError("GGUF hyperparameter is not a non-negative integer", field=key,
                           expected="an integer >= 0", found=v)
@@ -134,7 +134,7 @@ def _bias_flag(names: set[str], stems: tuple[str, ...], layers: int, what: str) 
         return True
     raise UnsupportedError(f"{what} biases on only some projections: no Hugging Face config flag says so",
                            field=f"blk.*.{{{','.join(stems)}}}.bias", expected=f"all {layers * len(stems)} or none",
-                           found=count)
+                           found=count, kind=ErrorKind.CONFIG_MISMATCH)
 
 
 def _rope(kv: Mapping[str, Any], arch: str, types: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
@@ -212,12 +212,13 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
     arch = kv.get("general.architecture")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise UnsupportedError("no Hugging Face config mapping for this GGUF architecture",
-                               field="general.architecture", expected=sorted(ARCHITECTURES), found=arch)
+                               field="general.architecture", expected=sorted(ARCHITECTURES), found=arch,
+                               kind=ErrorKind.CONFIG_MISMATCH)
     model_type, cls = ARCHITECTURES[arch]
     a = f"{arch}."
     if kv.get(a + "expert_count"):
         raise UnsupportedError(f"mixture-of-experts '{arch}' GGUF files are not mapped to a Hugging Face config",
-                               field=a + "expert_count", found=kv[a + "expert_count"])
+                               field=a + "expert_count", found=kv[a + "expert_count"], kind=ErrorKind.CONFIG_MISMATCH)
     layers = _int(kv, a + "block_count")
     hidden = _int(kv, a + "embedding_length")
     heads = _int(kv, a + "attention.head_count")
@@ -251,7 +252,8 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
     eps = _float(kv, a + "attention.layer_norm_rms_epsilon", types)
     if eps is None:
         raise FormatError("GGUF hyperparameter missing: cannot build config.json",
-                          field=a + "attention.layer_norm_rms_epsilon", expected="a float", found=None)
+                          field=a + "attention.layer_norm_rms_epsilon", expected="a float", found=None,
+                          kind=ErrorKind.CONFIG_MISMATCH)
     cfg: dict[str, Any] = {
         "architectures": [cls],
         "model_type": model_type,

@@ -32,7 +32,7 @@ from converter.quant.format_quant import FormatQuantizer
 from converter.quant.recode import as_groups
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
-from converter.formats.gguf.format import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
+from converter.formats.gguf.schemes import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
 from converter.formats.ties import HEAD, embedding_name
 
 __all__ = ["GGUF_QUANTIZER", "legacy_type_for", "requant_adapt", "requant_targets", "output_head"]

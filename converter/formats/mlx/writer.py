@@ -1,0 +1,184 @@
+"""MLX affine writer: logical tensors -> ``weight`` / ``scales`` / ``biases`` and the ``quantization`` config.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converter.errors import NotRepresentableError
+from converter.groups import Granularity, GroupMap
+from converter.layout import EXPERT, IN, OUT
+from converter.quant.recode import as_float_bias, as_groups, as_unsigned
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.write.plan import TensorPlan, rows_plan
+from converter.formats.registry import NO_OPTIONS, TargetOptions
+from converter.formats.base import plan_tensors, write_directory
+from converter.formats.source import module_prefix
+
+from converter.formats.mlx.config import AFFINE_BITS, AFFINE_GROUPS, FLOAT_SCALE_DTYPES
+from converter.formats.mlx.reader import codes_map
+
+# -- writer -------------------------------------------------------------------------------------
+def target_group_size(spec: TensorSpec) -> int | None:
+    """The MLX ``group_size`` a quantized ``spec`` is written with, or None if there is none.
+
+    Groups along ``in`` keep their size. Per-tensor and per-output-channel parameters are written
+    as the largest MLX group size dividing ``in`` (128, 64, then 32), each group repeating its
+    row's scale and bias (:func:`converter.quant.recode.as_groups`): an exact re-expression.
+    """
+    gm = spec.group_map
+    if gm.granularity is Granularity.GROUP:
+        return gm.group_size
+    n_in = int(spec.shape[-1])
+    if gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT):
+        return next((g for g in sorted(AFFINE_GROUPS, reverse=True) if n_in % g == 0), None)
+    return None
+
+
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
+    """None if ``spec`` can be written as MLX affine exactly (up to bias rounding), else the reason."""
+    if spec.kind != "quantized":
+        return opaque_reason(spec)  # None for dense tensors
+    if not spec.name.endswith(".weight"):
+        return "MLX stores a quantized weight as '<module>.weight'"
+    if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
+        return f"MLX needs axes (out, in) or (expert, out, in), found {spec.axes}"
+    gm, s = spec.group_map, spec.scheme
+    if s.codebook is not None:
+        return "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
+    if gm.granularity is Granularity.GROUP and gm.axis != IN:
+        return f"MLX groups run along 'in'; found {gm.describe()}"
+    if gm.granularity not in (Granularity.GROUP, Granularity.TENSOR, Granularity.CHANNEL) or (
+            gm.granularity is Granularity.CHANNEL and gm.axis != OUT):
+        return f"MLX groups run along 'in'; found {gm.describe()}"
+    if spec.act_order:
+        return "MLX has no g_idx (act-order groups)"
+    g = target_group_size(spec)
+    if g is None:
+        return (f"{gm.describe()} parameters need a group size in {AFFINE_GROUPS} dividing "
+                f"in_features {spec.shape[-1]} (B15)")
+    if g not in AFFINE_GROUPS:
+        return f"MLX group_size must be one of {AFFINE_GROUPS}, found {g}"
+    if spec.shape[-1] % g:
+        return f"in_features {spec.shape[-1]} is not a multiple of group_size {g} (B15)"
+    if s.bits not in AFFINE_BITS:
+        return f"MLX affine bits must be one of {AFFINE_BITS}, found {s.bits}"
+    if s.scale_dtype not in FLOAT_SCALE_DTYPES:
+        return f"MLX affine scales must be F16/BF16/F32, found {s.scale_dtype}"
+    return None
+
+
+def as_affine(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Re-express ``t`` as MLX affine: unsigned codes, scales, additive biases (scale dtype).
+
+    Uses the shared exact re-expressions :func:`converter.quant.recode.as_unsigned` (signed codes
+    shift by ``2^(b-1)`` with their centre / zero point / bias) and
+    :func:`converter.quant.recode.as_float_bias` (``bias = -z*s`` in float32, exact for integer
+    ``z`` and fp16/bf16 ``s``, then cast to the scale dtype).
+
+    Returns
+    -------
+    codes : uint8, shape ``t.shape``
+    scales : shape ``param_shape``, scale dtype
+    biases : like ``scales``
+    exact : bool
+        False when casting a bias to the scale dtype rounded.
+
+    Raises
+    ------
+    NotRepresentableError
+        A bias overflows the scale dtype; signed codes with a float bias whose shift rounds.
+    """
+    u, exact = as_float_bias(as_unsigned(t))
+    biases = u.zero_points
+    if not np.isfinite(biases.astype(np.float32)).all():
+        raise NotRepresentableError("bias -z*s overflows the scale dtype", tensor=t.name, field="biases",
+                                    expected=f"finite {t.scheme.scale_dtype}", found="inf")
+    return u.codes, u.scales, biases, exact
+
+
+def _plan(spec: TensorSpec) -> TensorPlan:
+    p = module_prefix(spec.name)
+    sizes = dict(zip(spec.axes, spec.shape))
+    cmap = codes_map(tuple(spec.axes), spec.scheme.bits)
+    g = target_group_size(spec)
+    pshape = GroupMap.per_group(g, axis=IN).param_shape(spec.shape, spec.axes)
+    sd = spec.scheme.scale_dtype
+    outs = [(f"{p}.weight", "U32", cmap.stored_shape(sizes)), (f"{p}.scales", sd, pshape), (f"{p}.biases", sd, pshape)]
+    notes = []
+    if spec.scheme.zero_point is not ZeroPoint.FLOAT or spec.scheme.signed:
+        notes.append("exact up to scale-dtype rounding of biases (bias = -z*s)")
+    else:
+        notes.append("exact repack")
+    if spec.group_map.granularity is not Granularity.GROUP:
+        notes.append(f"{spec.group_map.describe()} scales repeated over groups of {g} along in (exact)")
+
+    def encode(t: QuantizedTensor) -> dict[str, np.ndarray]:
+        codes, scales, biases, _exact = as_affine(as_groups(t, g))
+        return {f"{p}.weight": cmap.to_stored(codes, t.axes), f"{p}.scales": np.ascontiguousarray(scales),
+                f"{p}.biases": np.ascontiguousarray(biases)}
+    plan = TensorPlan(spec.name, outs, encode, notes)
+    # weight [out, in*b/32], scales / biases [out, n_groups]: every array is a block of rows
+    return rows_plan(plan) if tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group" else plan
+
+
+def _flatten_rope(cfg: dict) -> None:
+    """Give ``cfg`` the top-level rope keys mlx-lm reads, from a transformers-5 ``rope_parameters``.
+
+    transformers 5 writes ``rope_parameters: {"rope_type", "rope_theta", ...}`` and no top-level
+    ``rope_theta``; mlx-lm 0.32's model arguments (``models/llama.py`` ``ModelArgs``) read
+    ``rope_theta`` (default 10000) and ``rope_scaling`` at top level, so without them a model with
+    another base frequency loads and computes wrong logits. Keys already present are kept.
+    """
+    rp = cfg.get("rope_parameters")
+    if not isinstance(rp, dict) or any(isinstance(v, dict) for v in rp.values()):
+        return  # absent, or per-layer-type parameters (models that read rope_parameters themselves)
+    if "rope_theta" in rp:
+        cfg.setdefault("rope_theta", rp["rope_theta"])
+    if rp.get("rope_type", "default") != "default" and not cfg.get("rope_scaling"):
+        cfg["rope_scaling"] = {k: copy.deepcopy(v) for k, v in rp.items() if k != "rope_theta"}
+
+
+def mlx_config(ckpt: Checkpoint) -> dict:
+    """``config.json`` for the written model: defaults = most common (group_size, bits), overrides per module."""
+    q = [s for s in ckpt.specs() if s.kind == "quantized"]
+    pairs = Counter((target_group_size(s), s.scheme.bits) for s in q)
+    g, b = pairs.most_common(1)[0][0] if pairs else (64, 4)
+    quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": "affine"}
+    for s in q:
+        if (target_group_size(s), s.scheme.bits) != (g, b):
+            quant[module_prefix(s.name)] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
+    cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")}
+    _flatten_rope(cfg)
+    cfg["quantization"] = quant
+    cfg["quantization_config"] = copy.deepcopy(quant)
+    return cfg
+
+
+def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard_bytes: int | None = None,
+              **_: Any) -> dict:
+    """Write ``ckpt`` as an MLX affine model directory (``model.safetensors`` + ``config.json``).
+
+    Raises
+    ------
+    NotRepresentableError
+        A quantized tensor :func:`check_target` refuses (nothing is written).
+    """
+    ckpt.refuse_opaque("mlx")
+
+    def encode(spec: TensorSpec) -> TensorPlan:
+        reason = check_target(spec)
+        if reason:
+            raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine",
+                                        found=f"{spec.scheme.describe()} {spec.group_map.describe()}",
+                                        hint="requantize to an MLX affine scheme")
+        return _plan(spec)
+    plans = plan_tensors(ckpt, encode)
+    return write_directory(ckpt, dst, plans, config=mlx_config(ckpt), metadata={"format": "mlx"},
+                           max_shard_bytes=max_shard_bytes, overwrite=overwrite)
