@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from converter.formats.safetensors_io import SafetensorsWriter  # noqa: E402
+from converter.write.safetensors import SafetensorsWriter  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ from converter.kernels.packing import AWQ_ORDER
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from converter.formats.modules import dense_linear_modules, hf_linear_policy
-from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.formats.model_dir import write_model_dir
+from converter.write.plan import TensorPlan, dense_plan
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source
 

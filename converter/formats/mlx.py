@@ -39,7 +39,8 @@ from converter.layout import EXPERT, IN, OUT, AxisMap
 from converter.quant.recode import as_float_bias, as_groups, as_unsigned
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.formats.model_dir import write_model_dir
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source, module_prefix
 

@@ -22,7 +22,8 @@ from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.scheme import QuantScheme
 from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec, opaque_reason
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_single_file
+from converter.write.files import write_single_file
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source
 

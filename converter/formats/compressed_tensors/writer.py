@@ -35,7 +35,8 @@ from converter.kernels.packing import packed_length
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
 from converter.formats.source import module_prefix
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir
+from converter.formats.model_dir import write_model_dir
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 

@@ -67,7 +67,8 @@ from converter.dtypes import DTYPES
 from converter.errors import ConverterError, CorruptFileError, FormatError, NotRepresentableError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.write.atomic import atomic_output
-from converter.write.parallel import drop_pages, write_at_offsets
+from converter.runtime import drop_pages
+from converter.write.files import write_at_offsets
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, QuantizedTensor, StoredArray, TensorSpec, opaque_reason

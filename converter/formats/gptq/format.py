@@ -55,7 +55,8 @@ from converter.layout import IN, OUT, AxisMap, PackedCodes
 from converter.quant.recode import as_integer_zero, as_unsigned, exact_cast
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpec, opaque_reason
-from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.formats.model_dir import write_model_dir
+from converter.write.plan import TensorPlan, dense_plan
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source, module_prefix
 
