@@ -30,7 +30,7 @@ from converter.errors import FormatError
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "auto_workers", "limit_blas_threads",
            "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process", "DEFAULT_MAX_MEMORY",
-           "AUTO_PARALLEL_BYTES"]
+           "AUTO_PARALLEL_BYTES", "blas_limit"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
 #: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
@@ -143,6 +143,15 @@ def limit_blas_threads(n: int = 1) -> bool:
     from threadpoolctl import threadpool_info, threadpool_limits
     threadpool_limits(limits=int(n), user_api="blas")
     return any(info.get("user_api") == "blas" for info in threadpool_info())
+
+
+@contextlib.contextmanager
+def blas_limit(n: int = 1) -> Iterator[None]:
+    """BLAS threads capped at ``n`` inside the block, restored after (:func:`limit_blas_threads`'
+    rule for library callers, who do not go through ``qckpt``'s one-time cap)."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=int(n), user_api="blas"):
+        yield
 
 
 def drop_pages(*arrays: Any) -> None:

@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterator
 
 from converter.errors import ConverterError
-from converter.runtime import limit_blas_threads, mark_worker_process
+from converter.runtime import blas_limit, limit_blas_threads, mark_worker_process
 
 __all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError",
            "prepare_fork"]
@@ -209,6 +209,8 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
         Runs in the worker (it sees the parent's state as of the fork); its small picklable
         return value is handed to ``on_result(i, result)`` in the parent, in completion order,
         and what it reported with :func:`task_result` to the open :func:`collect_results` blocks.
+        Inline and in the workers alike, BLAS runs one thread (:func:`converter.runtime.blas_limit`),
+        also for library callers.
     workers : int
     on_result : callable(i, result)
     meanwhile : callable(), optional
@@ -228,10 +230,11 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
     if workers == 1 or n_tasks <= 1 or not hasattr(os, "fork"):
         if meanwhile is not None:
             meanwhile()
-        for i in range(n_tasks):
-            res, results = _call(fn, i)
-            _deliver(results)
-            on_result(i, res)
+        with blas_limit(1):  # as in a worker (and under qckpt): the kernels' threads share the cores
+            for i in range(n_tasks):
+                res, results = _call(fn, i)
+                _deliver(results)
+                on_result(i, res)
         return
     import multiprocessing as mp
     prepare_fork()

@@ -136,3 +136,17 @@ def test_requantize_report_identical_for_one_and_two_workers(tmp_path):
     rows = docs[0]["tensors"]
     assert rows and all(r.get("readback_bit_exact") is True for r in rows)
     assert docs[0] == docs[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tasks_run_with_one_blas_thread_for_library_callers_too(workers):
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads(i):
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    with threadpool_limits(limits=2, user_api="blas"):  # a library caller's default (no qckpt cap)
+        outside = blas_threads(0)
+        got = {}
+        run_tasks(2, blas_threads, workers=workers, on_result=got.__setitem__)
+        assert blas_threads(0) == outside  # restored after the run
+    assert outside and outside == [2] * len(outside) and all(v == [1] * len(outside) for v in got.values())
