@@ -36,7 +36,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterator
 
 from converter.errors import ConverterError
+from converter.kernels.threads import forget_pool, shutdown_pool
 from converter.runtime import blas_limit, limit_blas_threads, mark_worker_process
+from converter.write.background import drain_process, pause_threads
 
 __all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError",
            "prepare_fork"]
@@ -163,7 +165,6 @@ _TASK_FN: Callable[[int], Any] | None = None
 
 def _run_one(i: int) -> tuple[int, bool, Any, dict]:
     """In a worker: task ``i``; its writes are in the file before the parent hears it is done."""
-    from converter.write.background import drain_process
     try:
         res, results = _call(_TASK_FN, i)  # type: ignore[arg-type]
         drain_process()
@@ -174,7 +175,6 @@ def _run_one(i: int) -> tuple[int, bool, Any, dict]:
 
 def _worker_init() -> None:
     """In each worker process: one BLAS thread, single-threaded kernels (the processes share the cores)."""
-    from converter.kernels.threads import forget_pool
     limit_blas_threads(1)
     mark_worker_process()
     forget_pool()
@@ -184,8 +184,6 @@ def prepare_fork() -> None:
     """Stop qckpt's threads in this process before it forks: the kernels' pool and the background
     writers' threads (each restarts on demand). A ``fork`` while they live could leave a lock
     held forever in the child."""
-    from converter.kernels.threads import shutdown_pool
-    from converter.write.background import pause_threads
     shutdown_pool()
     pause_threads()
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from converter.errors import ConverterError, FormatError
 from converter.runtime import auto_workers, current, drop_pages
+from converter import tensor
 from converter.write.atomic import atomic_output
 from converter.write.background import BackgroundWriter
 from converter.write.engine import run_tasks
@@ -55,12 +56,11 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
     nbytes : int
         The plan's bytes.
     """
-    from converter.tensor import row_splittable, source_arrays, take_rows
     try:
         spec = ckpt.spec(plan.source) if hasattr(ckpt, "spec") else None
         t = ckpt[plan.source]
         step = block_rows(plan, spec, budget)
-        if step is None or not row_splittable(t):
+        if step is None or not tensor.row_splittable(t):
             arrays = plan.encode(t)
             for name, arr in arrays.items():
                 w.write(name, arr)
@@ -68,7 +68,7 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         split = plan.row_split
         rows = int(t.shape[0])
         for r0 in range(0, rows, step):
-            arrays = plan.encode(take_rows(t, r0, min(rows, r0 + step)))
+            arrays = plan.encode(tensor.take_rows(t, r0, min(rows, r0 + step)))
             for name, arr in arrays.items():
                 if name in split.rows:
                     w.write_rows(name, arr, r0)
@@ -81,7 +81,7 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
                     raise FormatError("row block returned an output its plan does not list", tensor=plan.source,
                                       field=name, expected=list(split.rows) + list(split.once), found=name)
             del arrays
-            drop_pages(*source_arrays(t))
+            drop_pages(*tensor.source_arrays(t))
         for name, arr in split.fixed.items():
             w.write(name, arr)
         return _completed(w, plan), plan.nbytes
