@@ -46,7 +46,7 @@ def _handle_errors(fn):
 
 def run_options_flags(fn):
     """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
-    writes tensor data (see :mod:`converter.write.parallel`)."""
+    writes tensor data (see :mod:`converter.write.engine`)."""
     @click.option("--workers", type=click.IntRange(1), default=None,
                   help="Worker processes (default: the number of cores); output is identical for any N.")
     @click.option("--max-memory", default=None, metavar="SIZE",
@@ -139,18 +139,16 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
 def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dtype, include, exclude, overwrite,
              as_json):
     """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
-    from converter.formats.native import write_native
     from converter.formats.registry import load
     from converter.write.atomic import check_not_inside, refuse_existing
-    from converter.ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_checkpoint, summarize
+    from converter.ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_model, summarize
     granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
                            scale_dtype=float_dtype_name(scale_dtype),
                            include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
-    ckpt, stats = quantize_checkpoint(load(src), opts)
-    write_native(ckpt, dst, overwrite=overwrite)
+    stats = quantize_model(load(src), dst, opts, overwrite=overwrite)
     _emit(summarize(stats, opts, str(src), dst), as_json, render.render_quantize, "quantize-report")
 
 

@@ -8,16 +8,19 @@
     with run_options(workers=2, max_memory="256M"):
         converter.save(ckpt, "out", format="compressed-tensors")
 
-**Processes and threads.** Worker processes (:mod:`converter.write.parallel`) call
-:func:`mark_worker_process`: inside one, kernels stay single-threaded and BLAS runs one thread, so
-processes and threads never oversubscribe the cores (:func:`in_worker_process`,
-:func:`limit_blas_threads`).
+**Processes and threads.** Worker processes (:mod:`converter.write.engine`) are forked only while
+no qckpt thread lives (the kernels' pool and the background writers are stopped first), and call
+:func:`mark_worker_process`: inside one, kernels stay single-threaded and BLAS runs one thread
+(:func:`limit_blas_threads`, through ``threadpoolctl``), so processes and threads never
+oversubscribe the cores (:func:`in_worker_process`). :func:`drop_pages` releases the resident
+pages of memory-mapped arrays between blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import mmap
 import os
 import re
 from dataclasses import dataclass, replace
@@ -26,8 +29,8 @@ from typing import Any, Iterator
 from converter.errors import FormatError
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "auto_workers", "limit_blas_threads",
-           "fixed_mmap_threshold", "mark_worker_process", "in_worker_process", "DEFAULT_MAX_MEMORY",
-           "AUTO_PARALLEL_BYTES"]
+           "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process", "DEFAULT_MAX_MEMORY",
+           "AUTO_PARALLEL_BYTES", "blas_limit"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
 #: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
@@ -128,39 +131,50 @@ def parse_size(text: str | int) -> int:
     return value
 
 
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                 "openblas_set_num_threads64_", "openblas_set_num_threads", "MKL_Set_Num_Threads")
-
-
 def limit_blas_threads(n: int = 1) -> bool:
-    """Set the thread count of the BLAS numpy loaded (OpenBLAS / MKL), best effort.
+    """Cap the threads of the BLAS numpy loaded (OpenBLAS / MKL / BLIS) at ``n``, for this process.
 
     Worker processes are the parallelism here; a multi-threaded BLAS inside each of them (the
     error report's small GEMMs) oversubscribes the cores and its spinning threads slow every
     process down (measured: requantize 1.4x slower with 1 worker, no gain from 2 workers).
-    Returns True when a setter was found.
+    Uses :func:`threadpoolctl.threadpool_limits` (the limit stays in force). Returns True when a
+    BLAS library was found.
     """
-    import ctypes
-    try:
-        with open("/proc/self/maps") as fh:
-            libs = {line.split()[-1] for line in fh if "blas" in line.lower() or "mkl" in line.lower()}
-    except OSError:
-        return False
-    done = False
-    for path in sorted(libs):
-        if not path.startswith("/"):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(ctypes.c_int(n))
-                done = True
+    from threadpoolctl import threadpool_info, threadpool_limits
+    threadpool_limits(limits=int(n), user_api="blas")
+    return any(info.get("user_api") == "blas" for info in threadpool_info())
+
+
+@contextlib.contextmanager
+def blas_limit(n: int = 1) -> Iterator[None]:
+    """BLAS threads capped at ``n`` inside the block, restored after (:func:`limit_blas_threads`'
+    rule for library callers, who do not go through ``qckpt``'s one-time cap)."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=int(n), user_api="blas"):
+        yield
+
+
+def drop_pages(*arrays: Any) -> None:
+    """Release the resident pages of memory-mapped arrays (``madvise(MADV_DONTNEED)``).
+
+    The mapping stays valid: the next access faults the pages in again from the page cache.
+    Arrays that are not memory maps (or views of one) are ignored. Used between row blocks so a
+    huge tensor read through a map does not stay resident as a whole.
+    """
+    for a in arrays:
+        seen = 0
+        while a is not None and seen < 8:
+            if isinstance(a, mmap.mmap):
+                with contextlib.suppress(ValueError, OSError):
+                    a.madvise(mmap.MADV_DONTNEED)
                 break
-    return done
+            mm = getattr(a, "_mmap", None)
+            if isinstance(mm, mmap.mmap):
+                with contextlib.suppress(ValueError, OSError):
+                    mm.madvise(mmap.MADV_DONTNEED)
+                break
+            a = getattr(a, "base", None)
+            seen += 1
 
 
 def fixed_mmap_threshold(nbytes: int = 4 * 2**20) -> bool:

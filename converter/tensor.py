@@ -246,7 +246,7 @@ def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
 
 
 def source_arrays(t: Tensor) -> list:
-    """The (possibly memory-mapped) arrays a tensor reads lazily, for :func:`converter.write.parallel.drop_pages`."""
+    """The (possibly memory-mapped) arrays a tensor reads lazily, for :func:`converter.runtime.drop_pages`."""
     if isinstance(t, DenseTensor):
         return [t.data]
     raw = t.__dict__["_codes"]

@@ -78,7 +78,8 @@ def build_corpus(root: Path) -> list[Path]:
     """Small real cases under ``root``: each sample directory reduced to two layers (config and
     quantize_config kept), one of them also sharded with an index, a float single file, and the
     GGUF files. Returns the case paths (files or directories)."""
-    from converter.formats.safetensors_io import read_header, write_safetensors
+    from converter.formats.safetensors_io import read_header
+    from converter.write.safetensors import write_safetensors
     root.mkdir(parents=True, exist_ok=True)
     cases: list[Path] = []
     for d in sorted(p for p in SAMPLES.iterdir() if p.is_dir() and (p / "model.safetensors").exists()):

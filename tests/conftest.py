@@ -29,7 +29,7 @@ def write_native_as_is(path, tensors, config):
     import json
 
     from converter.formats import native
-    from converter.write.plan import write_single_file
+    from converter.write.files import write_single_file
     from converter.tensor import Checkpoint
     ck = Checkpoint.from_tensors(list(tensors), config=config)
     meta = {"format": "pt", native.FORMAT_KEY: "native", "qckpt.version": native.VERSION,

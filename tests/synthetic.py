@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from converter.formats.safetensors_io import SafetensorsWriter
+from converter.write.safetensors import SafetensorsWriter
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ from converter.errors import ConverterError, NotRepresentableError
 from converter.formats.registry import NO_OPTIONS, Detection, FormatHandler, TargetOptions, register
 from converter.formats.source import Source
 from converter.tensor import Checkpoint, QuantizedTensor, Tensor, TensorSpec
-from converter.write.plan import TensorPlan, dense_plan, write_model_dir
+from converter.write.plan import TensorPlan, dense_plan
+from converter.formats.model_dir import write_model_dir
 
 __all__ = ["source_checkpoint", "plan_tensors", "write_directory", "define_format"]
 

@@ -22,7 +22,8 @@ from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap
 from converter.scheme import QuantScheme
 from converter.tensor import Checkpoint, DoubleQuant, QuantizedTensor, TensorSpec
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_single_file
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
 

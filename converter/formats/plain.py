@@ -13,7 +13,9 @@ from typing import Any
 from converter.dtypes import float_dtype
 from converter.errors import FormatError
 from converter.tensor import Checkpoint
-from converter.write.plan import TensorPlan, dense_plan, rows_plan, write_model_dir, write_single_file
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.formats.model_dir import write_model_dir
+from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
 from converter.vocabulary import FLOAT_DTYPE_ALIASES

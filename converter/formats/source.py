@@ -20,9 +20,9 @@ import numpy as np
 from converter.errors import ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
+from converter.write.files import INDEX_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-INDEX_NAME = "model.safetensors.index.json"
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _KNOWN_JSON = ("config.json", "quantize_config.json", INDEX_NAME)
 

@@ -30,6 +30,18 @@ def forget_pool() -> None:
     _POOL = None
 
 
+def shutdown_pool() -> None:
+    """Stop this process's kernel threads (waiting for them); the next kernel starts a new pool.
+
+    Called before worker processes are forked (:mod:`converter.write.engine`): a fork while
+    these threads live could leave a lock held forever in the child.
+    """
+    global _POOL
+    if _POOL is not None and _POOL[0] == os.getpid():
+        _POOL[1].shutdown(wait=True)
+    _POOL = None
+
+
 def kernel_threads(elements: int) -> int:
     """Threads a kernel on ``elements`` values may use (1 in a pool worker or for small work)."""
     if in_worker_process():

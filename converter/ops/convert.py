@@ -152,7 +152,7 @@ def bytes_equal(a: np.ndarray, b: np.ndarray, block: int = 1 << 24) -> bool:
     goes (after every block when the arrays span more than four, else at the end), so comparing
     two large mapped tensors leaves neither resident. False when the byte lengths differ.
     """
-    from converter.write.parallel import drop_pages
+    from converter.runtime import drop_pages
     va = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     vb = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if va.size != vb.size:
@@ -232,7 +232,7 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
     in the worker processes of the options in force (:func:`converter.runtime.auto_workers`
     on the source's stored bytes; forked, each task reads one source tensor and its output
     counterpart from their files); ``meanwhile`` (no arguments) runs in this process while they
-    work (:func:`converter.write.parallel.run_tasks`).
+    work (:func:`converter.write.engine.run_tasks`).
 
     Raises
     ------
@@ -240,7 +240,7 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
         Whatever reading a tensor raises (the first failure, with its fields).
     """
     from converter.runtime import auto_workers
-    from converter.write.parallel import run_tasks
+    from converter.write.engine import run_tasks
     names = ckpt.names()
     total = sum(int(a.nbytes) for spec in ckpt.specs() for a in spec.stored)
     rows: list[dict[str, Any]] = [{} for _ in names]

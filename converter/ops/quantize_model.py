@@ -1,7 +1,9 @@
 """``qckpt quantize``: float checkpoint -> native quantized checkpoint, with an error report.
 
-Streams tensor by tensor: each selected weight is quantized when the writer asks for it, its
-error statistics recorded, and it is released before the next one.
+Streams tensor by tensor: each selected weight is quantized when the writer asks for it (in the
+write's worker task), its error statistics reported as that task's result
+(:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`), and it is released before
+the next one. :func:`quantize_model` collects the statistics the write returns.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
 from converter.errors import FormatError
 from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
-from converter.write.parallel import SharedDict
+from converter.write.engine import collect_results, task_result
 from converter.layout import IN, OUT
 from converter.kernels.metrics import error_stats
 from converter.quant.quantize import quantize
@@ -26,6 +28,8 @@ from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, spec_of
 from converter.vocabulary import group_map_for
 
 DEFAULT_EXCLUDE = r"(embed|norm|lm_head|wte|wpe)"
+#: The kind of the per-tensor results the quantizing loader reports (name -> statistics row).
+RESULT_KIND = "quantize"
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,13 @@ def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
     return not (opts.exclude and re.search(opts.exclude, spec.name))
 
 
-def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> tuple[Checkpoint, dict[str, dict]]:
-    """A lazily quantized view of ``src`` and the dict its per-tensor stats are recorded into."""
+def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
+    """A lazily quantized view of ``src``.
+
+    Loading a selected tensor quantizes it and reports its statistics row
+    (:func:`_tensor_stats`) as the running task's result ``(RESULT_KIND, name)``.
+    """
     scheme, gm = opts.scheme(), opts.group_map()
-    stats: dict[str, dict] = SharedDict()  # filled by the loader, possibly in worker processes
     specs: dict[str, TensorSpec] = {}
     for spec in src.specs():
         if selected(spec, opts):
@@ -85,12 +92,28 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> tuple[Checkpo
             return t
         values = t.dequantize()
         q = quantize(values, scheme, gm, name=name, axes=(OUT, IN))
-        stats[name] = _tensor_stats(values, q)
+        task_result(RESULT_KIND, name, _tensor_stats(values, q))
         return q
 
     return Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
                       metadata=dict(src.metadata), files=(), extra_files=src.extra_files,
-                      side_files=src.side_files), stats
+                      side_files=src.side_files)
+
+
+def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
+                   overwrite: bool = False) -> dict[str, dict]:
+    """Quantize ``src`` into a native file at ``dst``; return the per-tensor statistics rows.
+
+    Returns
+    -------
+    dict of tensor name -> statistics row
+        As the write's tasks returned them (the input of :func:`summarize`).
+    """
+    from converter.formats.native import write_native
+    view = quantize_checkpoint(src, opts)
+    with collect_results() as got:
+        write_native(view, dst, overwrite=overwrite)
+    return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
 
 
 def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:

@@ -6,8 +6,10 @@ adapts the target to its types first, :mod:`converter.quant.format_quant`) and t
 specs are checked against the target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store is
 refused before anything is written, naming the option to change. Then a lazy Checkpoint view
 requantizes tensor by tensor as the target's writer asks for them (one tensor in memory at a
-time), recording the error figures; dense tensors pass through. Finally the output is read back
-and each tensor's dequantized values compared with what was written.
+time), each loading task returning its report row and a digest of what it wrote as its result
+(:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`); dense tensors pass
+through. Finally the output is read back and each tensor's dequantized values compared with
+what was written.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import numpy as np
 
 from converter.errors import ConverterError, NotRepresentableError
 from converter.formats import registry
-from converter.write.parallel import SharedDict
+from converter.write.engine import collect_results, task_result
 from converter.quant.error_report import summarize, tensor_report
 from converter.quant.format_quant import FormatQuantizer
 from converter.quant.requant import Target, classify, requantize, target_probe
 from converter.tensor import Checkpoint, QuantizedTensor, spec_of
+
+#: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
+RESULT_KIND = "requantize"
 
 OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G, --bits B, --sym | --asym, "
                "--scale-dtype, or pick another --to format")
@@ -74,7 +79,7 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
     """
     from converter.runtime import auto_workers
-    from converter.write.parallel import run_tasks
+    from converter.write.engine import run_tasks
     names = list(rows)
     total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
 
@@ -113,8 +118,13 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
 
 def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
                           fmt: FormatQuantizer | None = None, overrides: Mapping[str, Target] | None = None
-                          ) -> tuple[Checkpoint, dict[str, dict], dict[str, tuple[str, str]]]:
-    """A lazily requantized view of ``src``, the dict its report rows go into, and the plan.
+                          ) -> tuple[Checkpoint, dict[str, tuple[str, str]]]:
+    """A lazily requantized view of ``src``, and the plan.
+
+    Loading a quantized tensor requantizes it and reports ``(report row, digest)`` as the running
+    task's result ``(RESULT_KIND, name)`` (:func:`requant_results` sorts them out): the row of
+    :func:`converter.quant.error_report.tensor_report` and the :func:`_digest` of the tensor the
+    target's reader should read back.
 
     ``fmt``: the target format's own quantizer (``FormatHandler.quantizer``, :mod:`converter.quant.format_quant`),
     which adapts every target and produces the types it defines (:func:`converter.quant.requant.requantize`).
@@ -126,10 +136,6 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     for spec in src.specs():
         specs[spec.name] = (spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
                             if spec.kind == "quantized" else spec)
-    # filled by the loader, which may run in worker processes (converter.write.parallel)
-    rows: dict[str, dict] = SharedDict()
-    written: dict[str, Any] = SharedDict()
-
     def load(name: str):
         t = src[name]
         if not isinstance(t, QuantizedTensor):
@@ -142,17 +148,24 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
             if tuple(ref.shape) != tuple(t.shape):
                 raise NotRepresentableError("reference tensor shape differs", file=reference.path, tensor=name,
                                             field="shape", expected=list(t.shape), found=list(ref.shape))
-        rows[name] = tensor_report(t, result, plans[name], reference=ref, src_spec=src.spec(name))
+        row = tensor_report(t, result, plans[name], reference=ref, src_spec=src.spec(name))
         # a digest, not the tensor: one tensor in memory at a time (in the form the target's
         # reader returns it, when the format stores it differently, e.g. GGUF's 32-element blocks)
-        written[name] = _digest(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)
+        task_result(RESULT_KIND, name,
+                    (row, _digest(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)))
         return out
 
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
                       metadata=dict(src.metadata), files=(), extra_files=src.extra_files,
                       side_files=src.side_files)
-    view._requant_written = written  # type: ignore[attr-defined]
-    return view, rows, plans
+    return view, plans
+
+
+def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict], dict[str, str]]:
+    """From collected task results (:func:`converter.write.engine.collect_results`): the report
+    rows and the digests of what was written, by tensor name."""
+    mine = {name: value for (kind, name), value in got.items() if kind == RESULT_KIND}
+    return {n: v[0] for n, v in mine.items()}, {n: v[1] for n, v in mine.items()}
 
 
 def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
@@ -187,24 +200,26 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         if d["tensor"] in chosen:
             d["reason"] = chosen[d["tensor"]][1]
     ref_ckpt = registry.load(reference) if reference is not None else None
-    view, rows, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
-                                          overrides=overrides)
+    view, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
+                                    overrides=overrides)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:
         exc.hint = (exc.hint + "; " if exc.hint and exc.field == "group_size" else "") + OPTION_HINT
         exc.args = (exc.render(),)
         raise
-    try:
-        written = handler.write(view, Path(dst), overwrite=overwrite) or {}
-    except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-        raise exc.with_context(file=ckpt.path)
-    for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
-        if name not in rows:
-            view[name]
+    with collect_results() as got:
+        try:
+            written = handler.write(view, Path(dst), overwrite=overwrite) or {}
+        except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
+            raise exc.with_context(file=ckpt.path)
+        for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
+            if (RESULT_KIND, name) not in got:
+                view[name]
+    rows, digests = requant_results(got)
     if verify:
         out = registry.load(dst, format=to)
-        verify_readback(out, rows, view._requant_written)
+        verify_readback(out, rows, digests)
         verify_dequantized(source, out, modules)
     passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized"]
     doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),

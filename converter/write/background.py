@@ -22,7 +22,7 @@ from collections import deque
 
 from converter.write.writeback import start_writeback
 
-__all__ = ["BackgroundWriter", "drain_process", "pwrite_all", "DEFAULT_LIMIT"]
+__all__ = ["BackgroundWriter", "drain_process", "pause_threads", "pwrite_all", "DEFAULT_LIMIT"]
 
 #: Bytes queued but not yet written, at most (besides one larger item alone).
 DEFAULT_LIMIT = 96 * 2**20
@@ -151,7 +151,9 @@ class BackgroundWriter:
         # a thread interrupted (Ctrl-C) between its creation and its start was never started
         if t is not None and t is not threading.current_thread() and t.ident is not None:
             t.join()
-        self._thread = None
+        with self._cv:
+            self._thread = None
+            self._stop = False  # a later submit starts a new thread
 
     def close(self) -> None:
         """:meth:`drain`, then stop the thread (the descriptor stays open)."""
@@ -169,6 +171,18 @@ class BackgroundWriter:
             while len(self._queue) > 1:
                 self._queue.pop()
         self._stop_thread()
+
+
+def pause_threads() -> None:
+    """Drain every writer of this process and stop its thread (the next submit starts a new one).
+
+    Called before worker processes are forked (:mod:`converter.write.engine`): a thread does not
+    survive ``fork``, and one holding a lock at that moment would leave it held in the child.
+    """
+    pid = os.getpid()
+    for w in list(_WRITERS):
+        if w._pid == pid and w._thread is not None:
+            w.close()
 
 
 def drain_process() -> None:

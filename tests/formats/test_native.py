@@ -70,7 +70,7 @@ def test_descriptors_validate_against_schema(tmp_path):
 
 
 def test_bad_descriptor_is_a_typed_error(tmp_path):
-    from converter.formats.safetensors_io import write_safetensors
+    from converter.write.safetensors import write_safetensors
     p = tmp_path / "bad.safetensors"
     write_safetensors(p, {"w.qcodes": np.zeros((2, 1), np.uint32), "w.scales": np.ones((2, 1), np.float16)},
                       {"qckpt.format": "native", "qckpt.version": "1", "qckpt.layout.w": json.dumps({"schema": "x"})})

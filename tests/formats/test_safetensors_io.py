@@ -21,9 +21,8 @@ from safetensors.numpy import load_file
 
 from converter.dtypes import DTYPES, name_for_numpy
 from converter.errors import ConverterError, CorruptFileError, FormatError, MissingTensorError
-from converter.formats.safetensors_io import (
-    MAX_HEADER_SIZE, SafetensorsWriter, open_safetensors, read_header, read_tensor, write_safetensors,
-)
+from converter.formats.safetensors_io import MAX_HEADER_SIZE, open_safetensors, read_header, read_tensor
+from converter.write.safetensors import SafetensorsWriter, write_safetensors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -318,7 +317,7 @@ def test_deterministic_across_runs_and_processes(tmp_path):
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from tests.formats.test_safetensors_io import sample_tensors;"
-        "from converter.formats.safetensors_io import write_safetensors;"
+        "from converter.write.safetensors import write_safetensors;"
         "write_safetensors(sys.argv[2], sample_tensors(), {'a': '1', 'b': '2'})"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")

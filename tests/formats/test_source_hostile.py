@@ -13,7 +13,7 @@ from converter.errors import (
     CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError,
 )
 from converter.formats.registry import load
-from converter.formats.safetensors_io import write_safetensors
+from converter.write.safetensors import write_safetensors
 from converter.formats.source import Source
 
 A = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -20,7 +20,8 @@ from converter.errors import FormatError, QuantizationError
 from converter.formats import registry
 from converter.groups import GroupMap
 from converter.runtime import parse_size, run_options
-from converter.write.parallel import Progress, SharedDict, run_tasks
+from converter.write.engine import collect_results, run_tasks, task_result
+from converter.write.progress import Progress
 from converter.layout import IN, OUT, AxisMap, PackedCodes, equal_transposed, transpose_2d
 from converter.quant import quantize as Q
 from converter.scheme import QuantScheme, ZeroPoint
@@ -140,14 +141,17 @@ def test_run_tasks_meanwhile_runs_once_in_the_parent(workers):
     assert (workers == 1) == all(pid == parent for _, pid in results.values())
 
 
-def test_shared_dict_collects_worker_items():
-    d = SharedDict()
-
+@pytest.mark.parametrize("workers", [1, 2])
+def test_task_results_come_back_to_the_collector(workers):
     def task(i):
-        d[f"k{i}"] = i * i
+        task_result("sq", f"k{i}", i * i)
         return i
-    run_tasks(5, task, workers=2, on_result=lambda i, r: None)
-    assert d == {f"k{i}": i * i for i in range(5)}
+    with collect_results() as got:
+        run_tasks(5, task, workers=workers, on_result=lambda i, r: None)
+        task_result("sq", "outside", -1)  # outside a task: delivered at once
+    assert got == {**{("sq", f"k{i}"): i * i for i in range(5)}, ("sq", "outside"): -1}
+    task_result("sq", "late", 0)  # no collector open: dropped
+    assert ("sq", "late") not in got
 
 
 def test_parse_size():
@@ -274,12 +278,12 @@ def test_gguf_write_identical_for_any_workers(gptq_dir, tmp_path):
 def test_gguf_write_in_chunks_gives_the_same_bytes(gptq_dir, tmp_path, monkeypatch):
     """Large arrays go to write_at_offsets' background writer in chunks, their mapped pages
     released after each: the file is the same as when every array goes whole."""
-    from converter.write import parallel
+    from converter.write import files
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     outs = []
     for chunk in (1 << 40, 4096):
-        monkeypatch.setattr(parallel, "_MAPPED_CHUNK", chunk)
+        monkeypatch.setattr(files, "_MAPPED_CHUNK", chunk)
         with run_options(workers=1):
             requantize_model(gptq_dir, tmp_path / f"c{chunk}.gguf", Target(bits=4, granularity="group", group_size=32),
                              to="gguf", overwrite=True)

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from converter.formats.safetensors_io import SafetensorsWriter, read_header, read_tensor
+from converter.formats.safetensors_io import read_header, read_tensor
+from converter.write.safetensors import SafetensorsWriter
 from converter.write import writeback
 from converter.write.writeback import MIN_BYTES, PAGE, start_writeback
 

@@ -66,7 +66,7 @@ from converter.quant.recode import as_groups, exact_cast
 from converter.errors import ErrorKind, ConverterError, FormatError, NotRepresentableError, UnsupportedError
 from converter.groups import Granularity
 from converter.write.atomic import atomic_output
-from converter.write.parallel import write_at_offsets
+from converter.write.files import write_at_offsets
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, opaque_reason

@@ -13,7 +13,7 @@ import numpy as np
 
 from converter.errors import ConverterError, CorruptFileError, FormatError, UnsupportedError
 from converter.groups import GroupMap
-from converter.write.parallel import drop_pages
+from converter.runtime import drop_pages
 from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, StoredArray, TensorSpec
 from converter.formats.gguf.blocks import LegacyCodec, codec_for, CODECS

@@ -1,0 +1,257 @@
+"""The task runner: ``n`` tasks run inline or in forked worker processes, results returned explicitly.
+
+Every write (a safetensors file from plans, a GGUF file of fixed offsets) and every read-back
+proof is a list of tasks numbered ``0 .. n - 1``. :func:`run_tasks` runs them inline (one worker)
+or in a :class:`concurrent.futures.ProcessPoolExecutor` of ``fork``\\ ed processes, which inherit
+the lazily opened checkpoint and the planned output; only task numbers and small results cross a
+process boundary.
+
+**Results.** What a task produces comes back as its return value, handed to the caller's
+``on_result(i, result)`` in the parent. What the *loading* of a tensor computes along the way
+(``qckpt quantize``'s error figures, ``requantize``'s report rows, while a format's encoder asks
+the checkpoint for the tensor) is reported with :func:`task_result` into the running task's own
+results, which travel back with the task's return value and are delivered to the
+:func:`collect_results` block of the caller in the parent. Nothing is shared between processes.
+
+**Process start.** A ``fork`` copies only the calling thread; a lock held by another thread at that
+moment stays locked forever in the child. So before the workers are forked, the kernels' thread
+pool is shut down (:func:`converter.kernels.threads.shutdown_pool`) and the background writers'
+threads are stopped (:func:`converter.write.background.pause_threads`); both restart on demand.
+The executor forks its workers on the first submission, before it starts its own thread.
+
+**Errors.** The first failing task stops the pool and its exception is raised in the parent with
+its own type and fields (a :class:`ConverterError` keeps its class and every field), chained to
+a :class:`RemoteTraceback` holding the worker's traceback text, as :mod:`concurrent.futures` does.
+An exception that cannot be pickled arrives as a :class:`WorkerError` naming its type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import pickle
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any, Callable, Iterator
+
+from converter.errors import ConverterError
+from converter.kernels.threads import forget_pool, shutdown_pool
+from converter.runtime import blas_limit, limit_blas_threads, mark_worker_process
+from converter.write.background import drain_process, pause_threads
+
+__all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError",
+           "prepare_fork"]
+
+
+class RemoteTraceback(Exception):
+    """The traceback text of an exception raised in a worker process (set as its ``__cause__``)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class WorkerError(RuntimeError):
+    """A worker's exception that could not be pickled: its type name, message and traceback text.
+
+    Attributes
+    ----------
+    type_name : str
+        ``module.qualname`` of the original exception.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"worker failed: {type_name}: {message}")
+        self.type_name = type_name
+
+
+# --------------------------------------------------------------------------------------------- results
+
+#: Results reported by the task running in this thread (None outside a task).
+_SINK: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qckpt_task_sink", default=None)
+#: The caller's open :func:`collect_results` blocks, innermost last.
+_COLLECTORS: contextvars.ContextVar[tuple[dict, ...]] = contextvars.ContextVar("qckpt_collectors", default=())
+
+
+def task_result(kind: str, name: str, value: Any) -> None:
+    """Report ``value`` (picklable) as the result ``(kind, name)`` of the running task.
+
+    Inside a task (inline or in a worker process) it joins the task's results, which come back
+    with the task's return value; outside one it is delivered at once. Either way it ends up in
+    every :func:`collect_results` block open in the parent (a later value for the same key wins).
+    """
+    sink = _SINK.get()
+    if sink is not None:
+        sink[(kind, name)] = value
+    else:
+        _deliver({(kind, name): value})
+
+
+def _deliver(results: dict) -> None:
+    for got in _COLLECTORS.get():
+        got.update(results)
+
+
+@contextlib.contextmanager
+def collect_results() -> Iterator[dict[tuple[str, str], Any]]:
+    """Collect the :func:`task_result`\\ s of the tasks run inside the block.
+
+    Yields
+    ------
+    dict of (kind, name) -> value
+        Filled in the parent as tasks complete (in completion order; a key keeps the position of
+        its first value).
+    """
+    got: dict[tuple[str, str], Any] = {}
+    token = _COLLECTORS.set(_COLLECTORS.get() + (got,))
+    try:
+        yield got
+    finally:
+        _COLLECTORS.reset(token)
+
+
+def _call(fn: Callable[[int], Any], i: int) -> tuple[Any, dict]:
+    """``fn(i)`` with its own result sink: returns ``(return value, reported results)``."""
+    sink: dict = {}
+    token = _SINK.set(sink)
+    try:
+        return fn(i), sink
+    finally:
+        _SINK.reset(token)
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+def _pack_error(exc: BaseException) -> tuple:
+    """A worker's exception in a form that survives pickling with its fields and traceback text."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if isinstance(exc, ConverterError):
+        return ("converter", type(exc), dict(exc.__dict__), tb)
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return ("pickled", data, tb)
+    except Exception:  # noqa: BLE001 - an exception that does not survive the trip
+        cls = type(exc)
+        return ("other", f"{cls.__module__}.{cls.__qualname__}", str(exc), tb)
+
+
+def _unpack_error(packed: tuple) -> BaseException:
+    """The exception :func:`_pack_error` packed, its ``__cause__`` the remote traceback."""
+    kind, tb = packed[0], packed[-1]
+    if kind == "converter":
+        cls, fields = packed[1], packed[2]
+        exc = cls.__new__(cls)
+        exc.__dict__.update(fields)
+        Exception.__init__(exc, exc.render())
+        if isinstance(exc, OSError) and "_errno" in fields:
+            exc.errno = fields["_errno"]
+    elif kind == "pickled":
+        exc = pickle.loads(packed[1])
+    else:
+        exc = WorkerError(packed[1], packed[2])
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+    return exc
+
+
+# --------------------------------------------------------------------------------------------- workers
+
+_TASK_FN: Callable[[int], Any] | None = None
+
+
+def _run_one(i: int) -> tuple[int, bool, Any, dict]:
+    """In a worker: task ``i``; its writes are in the file before the parent hears it is done."""
+    try:
+        res, results = _call(_TASK_FN, i)  # type: ignore[arg-type]
+        drain_process()
+        return i, True, res, results
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        return i, False, _pack_error(exc), {}
+
+
+def _worker_init() -> None:
+    """In each worker process: one BLAS thread, single-threaded kernels (the processes share the cores)."""
+    limit_blas_threads(1)
+    mark_worker_process()
+    forget_pool()
+
+
+def prepare_fork() -> None:
+    """Stop qckpt's threads in this process before it forks: the kernels' pool and the background
+    writers' threads (each restarts on demand). A ``fork`` while they live could leave a lock
+    held forever in the child."""
+    shutdown_pool()
+    pause_threads()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool at once (after a failure): cancel what has not started, end the workers."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
+              on_result: Callable[[int, Any], None], meanwhile: Callable[[], None] | None = None) -> None:
+    """Run ``fn(0) .. fn(n_tasks - 1)``, in ``workers`` forked processes when more than one.
+
+    Parameters
+    ----------
+    n_tasks : int
+    fn : callable(i) -> result
+        Runs in the worker (it sees the parent's state as of the fork); its small picklable
+        return value is handed to ``on_result(i, result)`` in the parent, in completion order,
+        and what it reported with :func:`task_result` to the open :func:`collect_results` blocks.
+        Inline and in the workers alike, BLAS runs one thread (:func:`converter.runtime.blas_limit`),
+        also for library callers.
+    workers : int
+    on_result : callable(i, result)
+    meanwhile : callable(), optional
+        Runs once in the parent while the workers work (after they are forked, so never in a
+        worker): I/O-bound housekeeping such as deleting a replaced output overlaps the tasks.
+        Inline (one worker) it runs before the first task. Its exception propagates after the
+        pool is stopped.
+
+    Raises
+    ------
+    BaseException
+        The first failure, with its type and fields, its cause the worker's traceback text
+        (:class:`RemoteTraceback`), after the pool is stopped.
+    """
+    global _TASK_FN
+    workers = max(1, min(int(workers), n_tasks))
+    if workers == 1 or n_tasks <= 1 or not hasattr(os, "fork"):
+        if meanwhile is not None:
+            meanwhile()
+        with blas_limit(1):  # as in a worker (and under qckpt): the kernels' threads share the cores
+            for i in range(n_tasks):
+                res, results = _call(fn, i)
+                _deliver(results)
+                on_result(i, res)
+        return
+    import multiprocessing as mp
+    prepare_fork()
+    _TASK_FN = fn
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_init)
+    try:
+        futures = [pool.submit(_run_one, i) for i in range(n_tasks)]  # (the workers fork at the first)
+        if meanwhile is not None:
+            meanwhile()  # results queue up in the meantime
+        for fut in as_completed(futures):
+            i, ok, res, results = fut.result()
+            if not ok:
+                raise _unpack_error(res)
+            _deliver(results)
+            on_result(i, res)
+    except BaseException:
+        _stop(pool)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        _TASK_FN = None

@@ -1,0 +1,262 @@
+"""Output files: one safetensors file from plans, a model directory (shards with an index), a file
+of fixed offsets (GGUF). Every one is a list of tasks for :func:`converter.write.engine.run_tasks`.
+
+Each task loads one source tensor, encodes it (whole, or in row blocks when it is larger than
+the per-worker memory budget and its plan allows, :class:`converter.write.plan.RowSplit`) and
+writes its bytes at their planned offsets through the background writer; the task returns what
+it wrote. The bytes do not depend on the number of workers. Outputs are committed atomically
+(:func:`converter.write.atomic.atomic_output`); progress is one :class:`Progress` per output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from converter.errors import ConverterError, FormatError
+from converter.runtime import auto_workers, current, drop_pages
+from converter import tensor
+from converter.write.atomic import atomic_output
+from converter.write.background import BackgroundWriter
+from converter.write.engine import run_tasks
+from converter.write.plan import TensorPlan, block_rows, shard_plans
+from converter.write.progress import Progress
+from converter.write.safetensors import SafetensorsWriter
+
+__all__ = ["INDEX_NAME", "write_plans", "write_single_file", "write_model_dir", "write_at_offsets", "shard_name"]
+
+#: The shard index of a sharded model directory (huggingface_hub naming).
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def shard_name(i: int, n: int) -> str:
+    """``model-0000i-of-0000N.safetensors`` (1-based ``i``; huggingface_hub naming)."""
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
+def _completed(w: SafetensorsWriter, plan: TensorPlan) -> list[str]:
+    """The outputs of ``plan`` that ``w`` has complete (in this process)."""
+    return sorted(name for name, _, _ in plan.outputs if w.complete(name))
+
+
+def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> tuple[list[str], int]:
+    """Load, encode and write one plan (whole, or in row blocks).
+
+    Returns
+    -------
+    written : list of str
+        The output arrays of ``plan`` now complete (all of them, unless the encoder left one out:
+        then the writer's close names it).
+    nbytes : int
+        The plan's bytes.
+    """
+    try:
+        spec = ckpt.spec(plan.source) if hasattr(ckpt, "spec") else None
+        t = ckpt[plan.source]
+        step = block_rows(plan, spec, budget)
+        if step is None or not tensor.row_splittable(t):
+            arrays = plan.encode(t)
+            for name, arr in arrays.items():
+                w.write(name, arr)
+            return _completed(w, plan), plan.nbytes
+        split = plan.row_split
+        rows = int(t.shape[0])
+        for r0 in range(0, rows, step):
+            arrays = plan.encode(tensor.take_rows(t, r0, min(rows, r0 + step)))
+            for name, arr in arrays.items():
+                if name in split.rows:
+                    w.write_rows(name, arr, r0)
+                elif name in split.fixed:
+                    continue
+                elif name in split.once:
+                    if r0 == 0:
+                        w.write(name, arr)
+                else:
+                    raise FormatError("row block returned an output its plan does not list", tensor=plan.source,
+                                      field=name, expected=list(split.rows) + list(split.once), found=name)
+            del arrays
+            drop_pages(*tensor.source_arrays(t))
+        for name, arr in split.fixed.items():
+            w.write(name, arr)
+        return _completed(w, plan), plan.nbytes
+    except ConverterError as exc:
+        raise exc.with_context(tensor=plan.source)
+
+
+def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping[str, str] | None,
+                progress: Progress | None = None) -> None:
+    """Stream the planned arrays of ``plans`` into one safetensors file at ``path`` (not atomic itself).
+
+    One task per plan, in the worker processes and memory budget in force
+    (:func:`converter.runtime.auto_workers`; the default forks a pool only when the work repays
+    it). Each task's return value names the arrays it wrote; the parent counts them as written.
+    """
+    entries = [o for p in plans for o in p.outputs]
+    names = [e[0] for e in entries]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise FormatError("two output arrays share a name", file=path, tensor=dup[0])
+    total = sum(p.nbytes for p in plans)
+    workers = auto_workers(total, len(plans))
+    budget = max(1, current().memory // workers)
+    own = progress is None
+    if own:
+        progress = Progress("writing", len(plans), total)
+    try:
+        with SafetensorsWriter(path, entries, metadata) as w:
+            def done(i: int, res: tuple[list[str], int]) -> None:
+                written, nbytes = res
+                w.adopt(written)
+                progress.advance(1, nbytes)
+            run_tasks(len(plans), lambda i: _encode_into(w, plans[i], ckpt, budget), workers=workers,
+                      on_result=done)
+    finally:
+        if own:
+            progress.close()
+
+
+def _test_shard_delay() -> None:
+    """Test-only hook: sleep ``$QCKPT_TEST_SHARD_DELAY`` seconds after each shard, so a test can
+    kill a multi-shard write mid-way deterministically (tests/io/test_kill.py). Unset: no effect."""
+    delay = os.environ.get("QCKPT_TEST_SHARD_DELAY")
+    if delay:
+        time.sleep(float(delay))
+
+
+def _dump(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,
+                    config: Mapping[str, Any] | None, extra_json: Mapping[str, Any] | None = None,
+                    extra_files: Sequence[str | Path] = (), max_shard_bytes: int | None = None,
+                    overwrite: bool = False, tied_head: Mapping[str, Any] | None = None) -> dict:
+    """Write a Hugging Face style model directory atomically.
+
+    ``model.safetensors`` (or :func:`shard_name` shards with :data:`INDEX_NAME`), ``config.json``
+    (when given), other JSON files (``extra_json``: file name -> object), copied ``extra_files``
+    and the checkpoint's generated ``side_files`` (a GGUF's tokenizer; a copied file of the same
+    name wins). ``tied_head``: the tied-embedding decision already applied to ``plans`` and
+    ``config`` by the caller (:func:`converter.formats.model_dir.write_model_dir`), reported as is.
+
+    Returns
+    -------
+    dict with ``files`` (names written), ``tensors`` (count), ``tied_head`` when given, and
+    ``side_files_skipped`` (file name -> reason) for the side files the source could not make
+    (``metadata["side_files_skipped"]``).
+    """
+    shards = shard_plans(plans, max_shard_bytes)
+    written: list[str] = []
+    with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp, \
+            Progress("writing", len(plans), sum(p.nbytes for p in plans)) as progress:
+        tmp.mkdir(parents=True, exist_ok=True)
+        if len(shards) == 1:
+            write_plans(tmp / "model.safetensors", shards[0], ckpt, metadata, progress)
+            written.append("model.safetensors")
+        else:
+            weight_map: dict[str, str] = {}
+            total = 0
+            for i, shard in enumerate(shards, 1):
+                fname = shard_name(i, len(shards))
+                write_plans(tmp / fname, shard, ckpt, metadata, progress)
+                written.append(fname)
+                _test_shard_delay()
+                for p in shard:
+                    total += p.nbytes
+                    for o in p.outputs:
+                        weight_map[o[0]] = fname
+            _dump(tmp / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+            written.append(INDEX_NAME)
+        if config is not None:
+            _dump(tmp / "config.json", config)
+            written.append("config.json")
+        for fname, obj in (extra_json or {}).items():
+            _dump(tmp / fname, obj)
+            written.append(fname)
+        for f in extra_files:
+            f = Path(f)
+            if f.name not in written:
+                shutil.copyfile(f, tmp / f.name)
+                written.append(f.name)
+        failed: dict[str, str] = {}
+        for fname, make in getattr(ckpt, "side_files", {}).items():
+            if fname not in written:
+                try:
+                    data = make()
+                except ConverterError as exc:  # a side file the source cannot make: the tensors still go
+                    failed[fname] = exc.render()
+                    continue
+                (tmp / fname).write_bytes(data)
+                written.append(fname)
+    result: dict[str, Any] = {"files": written, "tensors": len(plans)}
+    if tied_head is not None:
+        result["tied_head"] = tied_head
+    skipped = {k: (v if k not in written else f"written without the model's hyperparameters: {v}")
+               for k, v in (getattr(ckpt, "metadata", {}) or {}).get("side_files_skipped", {}).items()
+               if k not in written or k == "config.json"}
+    skipped.update(failed)
+    if skipped:
+        result["side_files_skipped"] = skipped
+    return result
+
+
+def write_single_file(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,
+                      overwrite: bool = False) -> dict:
+    """Write one safetensors file atomically."""
+    with atomic_output(dst, overwrite=overwrite) as tmp:
+        write_plans(tmp, plans, ckpt, metadata)
+    return {"files": [Path(dst).name], "tensors": len(plans)}
+
+
+#: Bytes of one large array written before its (mapped) pages are released.
+_MAPPED_CHUNK = 32 * 2**20
+
+
+def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tuple[int, Any]], *,
+                     label: str = "writing", total_bytes: int | None = None) -> None:
+    """Fill a file of ``size`` bytes whose layout is fixed: item ``i`` is ``produce(i) -> (offset,
+    array)``, written at ``offset`` by whichever worker runs it.
+
+    For formats whose header is written first by their own library (GGUF): every offset is known,
+    so the items are tasks of the same engine as :func:`write_plans` (workers and progress from
+    the options in force) and the bytes are the same for any number of workers. Gaps are zero
+    (``ftruncate``). ``produce`` must return an array nobody modifies afterwards; arrays over
+    32 MiB go in chunks, their (mapped) pages released after each. The file is fsynced.
+    """
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        bg = BackgroundWriter(fd, path=path)
+
+        def task(i: int) -> int:
+            offset, arr = produce(i)
+            data = np.ascontiguousarray(arr)
+            view = memoryview(data.reshape(-1).view(np.uint8))
+            if view.nbytes <= _MAPPED_CHUNK:
+                bg.submit(view, offset)
+                return view.nbytes
+            # a large array (often a memory map of the source: a dense pass-through) goes in
+            # chunks, its pages released after each, so it is never resident whole
+            for start in range(0, view.nbytes, _MAPPED_CHUNK):
+                bg.submit(view[start:start + _MAPPED_CHUNK], offset + start)
+                bg.drain()
+                drop_pages(data, arr)
+            return view.nbytes
+
+        try:
+            with Progress(label, n_items, total_bytes if total_bytes is not None else size) as progress:
+                run_tasks(n_items, task, workers=auto_workers(size, n_items),
+                          on_result=lambda i, n: progress.advance(1, n))
+            bg.close()
+        except BaseException:
+            bg.abandon()
+            raise
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,152 @@
+"""The task runner (converter.write.engine): worker errors keep their type and traceback, no fork
+while a qckpt thread lives, and results come back explicitly (same report for 1 or 2 workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from converter.cli import main
+from converter.errors import QuantizationError
+from converter.kernels import threads as kthreads
+from converter.runtime import run_options
+from converter.write.background import BackgroundWriter
+from converter.write.engine import RemoteTraceback, WorkerError, run_tasks
+from tests.conftest import SAMPLES
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.handle = threading.Lock()  # a lock cannot be pickled
+
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def _raise_value_error_in_task(i: int) -> int:
+    if i == 2:
+        raise ValueError(f"bad value in task {i}")
+    return i
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_value_error_arrives_as_value_error_with_the_remote_traceback(workers):
+    with pytest.raises(ValueError, match="bad value in task 2") as ei:
+        run_tasks(4, _raise_value_error_in_task, workers=workers, on_result=lambda i, r: None)
+    if workers > 1:
+        cause = ei.value.__cause__
+        assert isinstance(cause, RemoteTraceback)
+        assert "_raise_value_error_in_task" in cause.tb and "ValueError: bad value in task 2" in cause.tb
+        assert "Traceback (most recent call last)" in str(cause)
+
+
+def test_a_converter_error_keeps_its_fields_and_the_remote_traceback():
+    def boom(i):
+        if i == 1:
+            raise QuantizationError("bad scale", tensor="t1", field="scales", expected=1, found=2)
+        return i
+    with pytest.raises(QuantizationError) as ei:
+        run_tasks(3, boom, workers=2, on_result=lambda i, r: None)
+    assert (ei.value.tensor, ei.value.field, ei.value.expected, ei.value.found) == ("t1", "scales", 1, 2)
+    assert isinstance(ei.value.__cause__, RemoteTraceback) and "in boom" in ei.value.__cause__.tb
+
+
+def test_an_unpicklable_worker_error_names_its_type():
+    def boom(i):
+        raise _Unpicklable("cannot travel")
+    with pytest.raises(WorkerError, match="_Unpicklable: cannot travel") as ei:
+        run_tasks(2, boom, workers=2, on_result=lambda i, r: None)
+    assert ei.value.type_name.endswith("_Unpicklable")
+    assert isinstance(ei.value.__cause__, RemoteTraceback) and "cannot travel" in ei.value.__cause__.tb
+
+
+def test_the_pool_is_usable_after_a_failure():
+    with pytest.raises(ValueError):
+        run_tasks(4, _raise_value_error_in_task, workers=2, on_result=lambda i, r: None)
+    got = {}
+    run_tasks(4, lambda i: i * 10, workers=2, on_result=got.__setitem__)
+    assert got == {0: 0, 1: 10, 2: 20, 3: 30}
+
+
+_AT_FORK: list[list[str]] | None = None
+
+
+def _record_threads() -> None:
+    if _AT_FORK is not None:
+        _AT_FORK.append(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))
+
+
+os.register_at_fork(before=_record_threads)
+
+
+def test_no_fork_while_a_kernel_pool_or_a_background_writer_lives(tmp_path):
+    """A threaded kernel and a background write leave threads behind; the workers are forked only
+    after both are stopped (a fork with a live thread can deadlock the child)."""
+    global _AT_FORK
+    with run_options(workers=2):
+        kthreads.run_rows(lambda a, b: a, rows=4, step=1, threads=2)  # starts the kernel pool
+    assert any(t.name.startswith("qckpt-kernel") for t in threading.enumerate())
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    bg = BackgroundWriter(fd, path=tmp_path / "f")
+    bg.submit(memoryview(np.arange(16, dtype=np.uint8)), 0)
+    bg.drain()
+    assert any(t.name == "qckpt-pwrite" for t in threading.enumerate())
+    _AT_FORK = []
+    try:
+        got = {}
+        run_tasks(3, lambda i: os.getpid(), workers=2, on_result=got.__setitem__)
+    finally:
+        forks, _AT_FORK = _AT_FORK, None
+    assert forks and all(names == [] for names in forks), forks
+    assert len(set(got.values()) - {os.getpid()}) >= 1  # really ran in forked workers
+    # both restart on demand afterwards
+    bg.submit(memoryview(np.arange(16, dtype=np.uint8)[::-1].copy()), 16)
+    bg.close()
+    os.close(fd)
+    assert (tmp_path / "f").read_bytes() == bytes(range(16)) + bytes(range(15, -1, -1))
+    with run_options(workers=2):
+        assert kthreads.run_rows(lambda a, b: (a, b), rows=4, step=1, threads=2) == [(0, 2), (2, 4)]
+
+
+def _report(args, dst):
+    r = CliRunner().invoke(main, [*map(str, args), str(dst), "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    doc.pop("destination")
+    return doc
+
+
+def test_quantize_stats_identical_for_one_and_two_workers(tmp_path):
+    src = SAMPLES / "minilm_fp16.safetensors"
+    docs = [_report(["quantize", src, "--bits", 4, "--group-size", 32, "--workers", w], tmp_path / f"q{w}.safetensors")
+            for w in (1, 2)]
+    assert docs[0]["tensors"] and docs[0] == docs[1]
+    assert (tmp_path / "q1.safetensors").read_bytes() == (tmp_path / "q2.safetensors").read_bytes()
+
+
+def test_requantize_report_identical_for_one_and_two_workers(tmp_path):
+    src = SAMPLES / "ct_pack_w4a16_group128_sym"
+    docs = [_report(["convert", src, "--per-channel", "--workers", w], tmp_path / f"r{w}") for w in (1, 2)]
+    rows = docs[0]["tensors"]
+    assert rows and all(r.get("readback_bit_exact") is True for r in rows)
+    assert docs[0] == docs[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tasks_run_with_one_blas_thread_for_library_callers_too(workers):
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads(i):
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    with threadpool_limits(limits=2, user_api="blas"):  # a library caller's default (no qckpt cap)
+        outside = blas_threads(0)
+        got = {}
+        run_tasks(2, blas_threads, workers=workers, on_result=got.__setitem__)
+        assert blas_threads(0) == outside  # restored after the run
+    assert outside and outside == [2] * len(outside) and all(v == [1] * len(outside) for v in got.values())
