@@ -39,7 +39,9 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 class FormatConformance:
-    """Subclass with ``FORMAT = "<registered name>"`` and ``SAMPLES = ((checkpoint, reference), ...)``."""
+    """Subclass with ``FORMAT = "<registered name>"``; a format with tool-decoded samples subclasses
+    :class:`ToolDecodeConformance` too (``SAMPLES = ((checkpoint, reference), ...)``), one written as a
+    model directory :class:`ModelDirConformance`, so no test of the suite is skipped."""
 
     FORMAT: str = ""
     SAMPLES: tuple[tuple[Path, Path], ...] = ()
@@ -86,20 +88,6 @@ class FormatConformance:
             res = run_probe(self.handler, t, tmp_path)
             assert res.passed, res.to_json()
 
-    # -- real samples -----------------------------------------------------------------------------
-    def test_samples_decode_like_their_tool(self):
-        if not self.SAMPLES:
-            pytest.skip(f"no sample of {self.FORMAT} with a recorded tool decode")
-        for path, reference in self.SAMPLES:
-            ck = registry.load(path)
-            assert ck.format == self.FORMAT
-            ref = load_file(str(reference))
-            assert ref
-            for name, want in ref.items():
-                got = np.asarray(self.decode_like_tool(ck[name])).astype(want.dtype)
-                assert got.shape == want.shape, (path.name, name)
-                assert np.array_equal(_bits(got), _bits(want)), (path.name, name)
-
     # -- hostile inputs ---------------------------------------------------------------------------
     def _written(self, tmp_path: Path) -> Path:
         probes = self._probes()
@@ -129,10 +117,30 @@ class FormatConformance:
             with pytest.raises(ConverterError):
                 self._read_all(dst, self.handler)
 
+
+class ToolDecodeConformance(FormatConformance):
+    """For a format whose real samples (``SAMPLES``) carry the producing tool's own decode."""
+
+    # -- real samples -----------------------------------------------------------------------------
+    def test_samples_decode_like_their_tool(self):
+        assert self.SAMPLES, f"{type(self).__name__} names no sample of {self.FORMAT}"
+        for path, reference in self.SAMPLES:
+            ck = registry.load(path)
+            assert ck.format == self.FORMAT
+            ref = load_file(str(reference))
+            assert ref
+            for name, want in ref.items():
+                got = np.asarray(self.decode_like_tool(ck[name])).astype(want.dtype)
+                assert got.shape == want.shape, (path.name, name)
+                assert np.array_equal(_bits(got), _bits(want)), (path.name, name)
+
+
+class ModelDirConformance(FormatConformance):
+    """For a format written as a model directory with a ``config.json``."""
+
     def test_config_that_is_not_an_object_raises_a_typed_error(self, tmp_path):
         dst = self._written(tmp_path)
-        if dst.is_file() or not (dst / "config.json").exists():
-            pytest.skip(f"{self.FORMAT} writes no config.json")
+        assert dst.is_dir() and (dst / "config.json").exists(), f"{self.FORMAT} wrote no config.json"
         (dst / "config.json").write_text(json.dumps(["not", "an", "object"]))
         with pytest.raises(ConverterError):
             self._read_all(dst, self.handler)

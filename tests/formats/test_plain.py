@@ -54,8 +54,8 @@ def test_dequantize_config_states_the_written_dtype(tmp_path):
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.formats.conformance import ModelDirConformance  # noqa: E402
 
 
-class TestPlainConformance(FormatConformance):
+class TestPlainConformance(ModelDirConformance):
     FORMAT = "plain"
