@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +42,12 @@ def main() -> None:
         codec, qtype = codec_for(name), GGMLQuantizationType[name]
         raw = gguf.quants.quantize(x, qtype)
         assert np.array_equal(codec.encode(x), raw)
+        # the lambdas run within this iteration; the defaults bind its codec / raw / qtype all the same
         rows = [
-            ("encode", lambda: codec.encode(x), lambda: gguf.quants.quantize(x, qtype)),
-            ("decode", lambda: tensor_from_fields("t", codec.decode(raw), x.shape).dequantize(),
-             lambda: gguf.quants.dequantize(raw, qtype)),
-            ("fields", lambda: codec.decode(raw), None),
+            ("encode", lambda codec=codec: codec.encode(x), lambda qtype=qtype: gguf.quants.quantize(x, qtype)),
+            ("decode", lambda codec=codec, raw=raw: tensor_from_fields("t", codec.decode(raw), x.shape).dequantize(),
+             lambda raw=raw, qtype=qtype: gguf.quants.dequantize(raw, qtype)),
+            ("fields", lambda codec=codec, raw=raw: codec.decode(raw), None),
         ]
         for op, ours_fn, ref_fn in rows:
             ours = best_time(ours_fn, args.repeat)

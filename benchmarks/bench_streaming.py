@@ -290,9 +290,10 @@ def kernel_table(src: Path, repeat: int) -> dict:
         res[tname] = {
             "bit_exact_encode": exact_enc, "bit_exact_decode": exact_dec,
             "ours_decode_gbs": out_bytes / median_time(decode, r) / 1e9,
-            "gguf_decode_gbs": out_bytes / median_time(lambda: gguf.quants.dequantize(raw, qt), r) / 1e9,
-            "ours_encode_gbs": out_bytes / median_time(lambda: codec.encode(x), r) / 1e9,
-            "gguf_encode_gbs": out_bytes / median_time(lambda: gguf.quants.quantize(x, qt), r) / 1e9,
+            "gguf_decode_gbs": out_bytes / median_time(lambda raw=raw, qt=qt: gguf.quants.dequantize(raw, qt), r)
+            / 1e9,
+            "ours_encode_gbs": out_bytes / median_time(lambda codec=codec: codec.encode(x), r) / 1e9,
+            "gguf_encode_gbs": out_bytes / median_time(lambda qt=qt: gguf.quants.quantize(x, qt), r) / 1e9,
         }
     # compressed-tensors' own layout of the same codes (our writer's weight_packed / weight_scale),
     # and our kernels on it as compressed-tensors' are run on it (see _ct_rates)
@@ -410,11 +411,13 @@ def check(ok: bool) -> str:
 
 def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict, k: dict,
            rss2: dict | None) -> list[str]:
-    lines = [f"qckpt streaming benchmark: --size {size} ({shape.layers} layers, hidden {shape.hidden}, MLP {shape.mlp}, "
+    lines = [f"qckpt streaming benchmark: --size {size} ({shape.layers} layers, hidden {shape.hidden}, "
+             f"MLP {shape.mlp}, "
              f"vocab {shape.vocab}; GPTQ {shape.bits}-bit g{shape.group}, {gb(in_bytes)} GB), "
              f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, numpy {np.__version__}",
              "",
-             f"{'command':<18s} {'wall s':>8s} {'GB/s':>6s} {'in GB':>6s} {'out GB':>7s} {'peak RSS MiB (tree / largest)':>30s}"]
+             f"{'command':<18s} {'wall s':>8s} {'GB/s':>6s} {'in GB':>6s} {'out GB':>7s} "
+             f"{'peak RSS MiB (tree / largest)':>30s}"]
     for r in rows:
         moved = r["in_bytes"] + r["out_bytes"]
         rate = f"{moved / r['wall_s'] / 1e9:6.2f}" if moved else "     -"
@@ -422,7 +425,8 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
                      f"{mib(r['peak_rss_tree']):>22s} / {mib(r['peak_rss_max_process'])}")
     lines.append("(GB/s: bytes read + bytes written per second of wall time)")
     lines.append("")
-    lines.append(f"baseline copy (read + write + fsync of the {gb(base['copy_bytes'])} GB input): median {base['copy_s']:.2f} s "
+    lines.append(f"baseline copy (read + write + fsync of the {gb(base['copy_bytes'])} GB input): "
+                 f"median {base['copy_s']:.2f} s "
                  f"({2 * base['copy_bytes'] / base['copy_s'] / 1e9:.2f} GB/s)")
     lines.append(f"baseline requant I/O (read input, write {gb(base['io_requant_out_bytes'])} GB, fsync): "
                  f"median {base['io_requant_s']:.2f} s")
@@ -449,9 +453,11 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
         d = g["ours_decode_gbs"] / g["gguf_decode_gbs"]
         e = g["ours_encode_gbs"] / g["gguf_encode_gbs"]
         lines += [f"  GGUF {t} decode ours / gguf           {d:6.2f}x   >= 1.5x   {check(d >= 1.5)}"
-                  f"  ({g['ours_decode_gbs']:.2f} vs {g['gguf_decode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_decode']})",
+                  f"  ({g['ours_decode_gbs']:.2f} vs {g['gguf_decode_gbs']:.2f} GB/s, "
+                  f"bit-exact {g['bit_exact_decode']})",
                   f"  GGUF {t} encode ours / gguf           {e:6.2f}x   >= 1.0x   {check(e >= 1.0)}"
-                  f"  ({g['ours_encode_gbs']:.2f} vs {g['gguf_encode_gbs']:.2f} GB/s, bit-exact {g['bit_exact_encode']})"]
+                  f"  ({g['ours_encode_gbs']:.2f} vs {g['gguf_encode_gbs']:.2f} GB/s, "
+                  f"bit-exact {g['bit_exact_encode']})"]
     c = k.get("compressed_tensors")
     if c:
         o = k["ct_layout_ours"]
@@ -474,7 +480,8 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
             lines.append(f"    unpack+dequant from the packed words   {ratio:6.2f}x             "
                          f"({o['decompress_gbs']:.2f} vs {tr['decompress_gbs']:.2f})")
             ratio = ours["dequant"] / tr["dequant_fp16_gbs"]
-            lines.append(f"    dequant vs its default fp16 output     {ratio:6.2f}x             ({ours['dequant']:.2f} vs "
+            lines.append(f"    dequant vs its default fp16 output     {ratio:6.2f}x             "
+                         f"({ours['dequant']:.2f} vs "
                          f"{tr['dequant_fp16_gbs']:.2f}; max |diff| {c['dequant_fp16_max_abs_diff']:.2g}, "
                          f"rel {c['dequant_fp16_max_rel_diff']:.2g}: fp16 rounding)")
     else:

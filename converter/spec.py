@@ -42,8 +42,8 @@ class TensorSpec:
     ``g_idx`` is stored); ``stored`` lists the arrays that hold it, with roles and byte sizes.
     An ``opaque`` spec is a tensor the source lists in a storage type qckpt cannot decode (GGUF
     IQ*/TQ* ...): ``dtype`` names that type, inspect and audit show its stored arrays, every
-    writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the tensor loads
-    with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
+    writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the
+    tensor loads with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
     ``sym: true`` with stored zero points off the centre), for validators to report.
     """
 

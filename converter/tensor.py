@@ -137,7 +137,8 @@ class QuantizedTensor:
         try:
             self._check()
         except LayoutError as exc:
-            raise exc.with_context(tensor=self.name)
+            exc.with_context(tensor=self.name)
+            raise
 
     def _check(self) -> None:
         axes = check_axes(self.axes)

@@ -4,8 +4,8 @@
 row-local tensor (:meth:`converter.groups.GroupMap.row_local`) the parameters as stored, one set
 per row block, and the codes straight from their packed words when those decode bytewise; for
 any other grouping (``expert`` axes, ``g_idx``, flat blocks ...) the whole tensor as one block
-(:func:`~converter.kernels.dequant.dequantize_block`), its parameters expanded to every element. Either way the arithmetic is the
-formula of :func:`dequantize_parts`, operand for operand.
+(:func:`~converter.kernels.dequant.dequantize_block`), its parameters expanded to every element. Either way the
+arithmetic is the formula of :func:`dequantize_parts`, operand for operand.
 """
 
 from __future__ import annotations

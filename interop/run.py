@@ -100,7 +100,8 @@ class Runner:
                 "seconds": round(time.time() - t, 1)}
 
     def has_module(self, mod: str) -> bool:
-        p = subprocess.run([self.py, "-c", f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
+        p = subprocess.run([self.py, "-c",
+                            f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
         return p.returncode == 0
 
     def convert_once(self, src: Path, out_name: str, cmd: list[str], timeout: float) -> tuple[dict, Path]:
@@ -387,10 +388,12 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     L = ["# qckpt interop results", "",
-         f"Run {meta['started']} ({meta['mode']}, {meta['seconds']:.0f} s) on qckpt commit `{meta['versions'].get('qckpt_commit')}`.",
+         f"Run {meta['started']} ({meta['mode']}, {meta['seconds']:.0f} s) "
+         f"on qckpt commit `{meta['versions'].get('qckpt_commit')}`.",
          "Verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".", "",
          "Tool versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()
-                                        if k not in ("qckpt_commit", "platform")) + f"; {meta['versions'].get('platform')}.",
+                                        if k not in ("qckpt_commit", "platform"))
+         + f"; {meta['versions'].get('platform')}.",
          ""]
     ref = meta.get("reference")
     if ref:
@@ -401,9 +404,11 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
               f"Logits compared at every position of {len(ref['prompts'])} prompts "
               f"({sum(len(p['ids']) for p in ref['prompts'])} positions: "
               + ", ".join(f"{p['name']} {len(p['ids'])}" for p in ref["prompts"]) + ").", "",
-              f"Pass rule. Exact targets: greedy identical and max |logit diff| <= {V.EXACT_REL_TOL:g} x max |reference logit| "
+              f"Pass rule. Exact targets: greedy identical and max |logit diff| <= {V.EXACT_REL_TOL:g} "
+              "x max |reference logit| "
               "(float32 rounding through another framework's kernels; a wrong tensor moves logits by whole units), "
-              f"{V.EXACT_REL_TOL_BY_DEQUANT['float16']:.3g} x when the loader rebuilds the weights in float16 (MLX computes "
+              f"{V.EXACT_REL_TOL_BY_DEQUANT['float16']:.3g} x when the loader rebuilds the weights in float16 "
+              "(MLX computes "
               "scale * q + bias in the scales' dtype, float16 here: 4 float16 units in the last place; the same file "
               "with its scales cast to float32 is within 1.2e-4); "
               "for llama.cpp the comparison is with llama.cpp on the source (it quantizes activations, so it "
@@ -411,7 +416,8 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
               "Lossy targets: top-1 after 'The capital of France is' is ' Paris'. Every loader that loads a "
               "tokenizer must encode the prompts to the reference ids. "
               f"GARBAGE: top-1 agreement < {V.GARBAGE_TOP1_PCT:.0f}% over all positions.", "",
-              "| source | target (case) | command | loader | load | max \\|dlogit\\| | mean \\|dlogit\\| | top-1 % | greedy equal | greedy text | verdict |",
+              "| source | target (case) | command | loader | load | max \\|dlogit\\| | mean \\|dlogit\\| | top-1 % "
+              "| greedy equal | greedy text | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["group"] != "smollm2":
@@ -432,14 +438,18 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
             else:
                 load = "-"
             m = res.get("vs_loader_source") or {}
-            mx = fmt(res.get("max_abs_logit_diff")) + (f" (vs llama.cpp src {fmt(m.get('max_abs_logit_diff'))})" if m else "")
+            mx = fmt(res.get("max_abs_logit_diff"))
+            if m:
+                mx += f" (vs llama.cpp src {fmt(m.get('max_abs_logit_diff'))})"
             ge = fmt(res.get("greedy_equal"), "") + (f" (vs llama.cpp src {m.get('greedy_equal')})" if m else "")
             cmd = r.get("command") or "-"
             reason = f"**{r['verdict']}**" + (f": {md_escape(r['reason'])}" if r.get("reason") else "")
-            L.append(f"| {r['source']} | {r['id']} | `{md_escape(cmd)}` | {LOADER_NAMES.get(r['loader'], r['loader'])} | "
+            L.append(f"| {r['source']} | {r['id']} | `{md_escape(cmd)}` "
+                     f"| {LOADER_NAMES.get(r['loader'], r['loader'])} | "
                      f"{md_escape(load)} | {mx} | {fmt(res.get('mean_abs_logit_diff'))} | "
                      f"{fmt(res.get('top1_agree_pct'), '.1f')} | {ge} | "
-                     f"{md_escape(repr(res['greedy_text'])) if res.get('greedy_text') is not None else '-'} | {reason} |")
+                     f"{md_escape(repr(res['greedy_text'])) if res.get('greedy_text') is not None else '-'} "
+                     f"| {reason} |")
         L.append("")
     lrows = [r for r in rows if r["group"] == "minilm"]
     if lrows:
@@ -448,11 +458,13 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
               "written tensors are decoded by the target library (loader column), and its weights and its "
               "Linear output on a seeded random batch are compared with qckpt's float32 dequantize of the "
               "source (exact repack) or of the written file (requantize; the error vs the source is shown "
-              f"as well). Pass: |dW| <= {V.LAYER_WEIGHT_REL_TOL:g} x max|W| and |dy| <= {V.LAYER_OUTPUT_REL_TOL:g} x max|y| "
+              f"as well). Pass: |dW| <= {V.LAYER_WEIGHT_REL_TOL:g} x max|W| "
+              f"and |dy| <= {V.LAYER_OUTPUT_REL_TOL:g} x max|y| "
               "per tensor (two float16 roundings). REFUSED: qckpt declines the exact repack and names the "
               f"requantize options (then the requantize row follows). GARBAGE: requantized output error > "
               f"{V.LAYER_GARBAGE_REL:g} of max|y|.", "",
-              "| source | target | command | loader | load | tensors | max \\|dW\\| | max \\|dy\\| | rel. err vs source | verdict |",
+              "| source | target | command | loader | load | tensors | max \\|dW\\| | max \\|dy\\| "
+              "| rel. err vs source | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|"]
         for r in lrows:
             res = r.get("result") or {}

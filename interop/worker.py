@@ -364,7 +364,7 @@ def _compare_layers(decoded: dict, source_path: str, loader: str, orig_path: str
     src = load_file(source_path)
     rows, worst_w, worst_y = [], 0.0, 0.0
     missing = [n for n in src if n.endswith(".weight") and src[n].ndim == 2 and n not in decoded]
-    for name, (w, y, bias) in sorted(decoded.items()):
+    for name, (w, y, _bias) in sorted(decoded.items()):
         if name not in src:
             rows.append({"tensor": name, "error": "not in source"})
             continue
@@ -502,7 +502,6 @@ def _gptq_like_layers(spec, kind):
     prefixes = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     for prefix in prefixes:
         qweight = state[prefix + ".qweight"]
-        scales = state[prefix + ".scales"]
         if kind == "gptq":
             in_f, out_f = qweight.shape[0] * 32 // bits, qweight.shape[1]
         else:

@@ -97,7 +97,8 @@ def test_ctrl_c_mid_write_leaves_nothing(src, tmp_path):
     assert hashes(src) == before
 
 
-@pytest.mark.parametrize("cmd", [["dequantize"], ["convert", "--to", "gptq"], ["quantize", "--bits", "4", "--per-channel"]])
+@pytest.mark.parametrize("cmd",
+                         [["dequantize"], ["convert", "--to", "gptq"], ["quantize", "--bits", "4", "--per-channel"]])
 @pytest.mark.parametrize("where", ["same", "inside"])
 def test_dst_equal_or_inside_src_refused(src, cmd, where):
     before = hashes(src)
@@ -135,7 +136,8 @@ def test_convert_report_respects_overwrite_and_src(src, tmp_path):
 def test_outputs_are_deterministic(src, tmp_path):
     for i in (1, 2):
         assert run("dequantize", src, tmp_path / f"d{i}", "--max-shard-size", SHARD).exit_code == 0
-        assert run("convert", src, tmp_path / f"c{i}", "--to", "gptq", "--report", tmp_path / f"r{i}.json").exit_code == 0
+        assert run("convert", src, tmp_path / f"c{i}", "--to", "gptq", "--report",
+                   tmp_path / f"r{i}.json").exit_code == 0
         assert run("quantize", SAMPLES / "minilm_fp16.safetensors", tmp_path / f"q{i}.safetensors", "--bits", 4,
                    "--group-size", 128).exit_code == 0
     assert hashes(tmp_path / "d1") == hashes(tmp_path / "d2")

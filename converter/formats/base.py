@@ -143,7 +143,8 @@ def define_format(name: str, description: str, *, detect: Callable[[Source], Opt
             try:
                 return encode(spec)
             except ConverterError as exc:
-                raise exc.with_context(file=ckpt.path, tensor=spec.name)
+                exc.with_context(file=ckpt.path, tensor=spec.name)
+                raise
         plans = plan_tensors(ckpt, plan)
         return write_directory(ckpt, dst, plans, config=config(ckpt) if config is not None else ckpt.config,
                                max_shard_bytes=max_shard_bytes, overwrite=overwrite)

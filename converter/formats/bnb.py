@@ -97,7 +97,8 @@ def _load_int8(src: Source, spec: TensorSpec) -> QuantizedTensor:
     if src.has(f"{p}.weight_format"):
         fmt = np.array(src.read(f"{p}.weight_format")).reshape(-1)
         if fmt.size != 1 or int(fmt[0]) != 0:
-            raise UnsupportedError("only the 'row' int8 weight format is supported", file=src.file_of(f"{p}.weight_format"),
+            raise UnsupportedError("only the 'row' int8 weight format is supported",
+                                   file=src.file_of(f"{p}.weight_format"),
                                    tensor=f"{p}.weight_format", field="weight_format", expected=0,
                                    found=fmt.tolist(), hint="1/2/3 are legacy col32/col_turing/col_ampere tiles")
     codes = np.array(src.read(spec.name))
@@ -117,7 +118,8 @@ def _spec_4bit(src: Source, p: str) -> tuple[TensorSpec, dict]:
     w = src.info(wname)
     if w.nbytes != -(-n // 2):
         raise FormatError("packed 4-bit weight size contradicts quant_state shape", file=file, tensor=wname,
-                          field="shape", expected=f"{-(-n // 2)} bytes for {qs['shape']}", found=f"{w.nbytes} bytes {list(w.shape)}")
+                          field="shape", expected=f"{-(-n // 2)} bytes for {qs['shape']}",
+                          found=f"{w.nbytes} bytes {list(w.shape)}")
     for part in ("absmax", "quant_map"):
         if not src.has(f"{wname}.{part}"):
             raise MissingTensorError("4-bit weight lacks a partner", file=file, tensor=f"{wname}.{part}",
@@ -194,7 +196,8 @@ def _load_4bit(src: Source, spec: TensorSpec, qs: dict) -> QuantizedTensor:
         return QuantizedTensor(wname, spec.axes, codes, absmax.astype(np.float32), spec.scheme, spec.group_map,
                                stored={"codes": NIBBLE_MAP})
     except LayoutError as exc:
-        raise exc.with_context(file=src.file_of(wname), tensor=wname)
+        exc.with_context(file=src.file_of(wname), tensor=wname)
+        raise
 
 
 def read_bnb(src: Source) -> Checkpoint:
@@ -222,7 +225,8 @@ def read_bnb(src: Source) -> Checkpoint:
         elif QS_PREFIX in n:
             p = n.split(QS_PREFIX)[0]
             if not src.has(f"{p}.weight"):
-                raise MissingTensorError("quant_state without a packed weight", file=src.file_of(n), tensor=f"{p}.weight",
+                raise MissingTensorError("quant_state without a packed weight", file=src.file_of(n),
+                                         tensor=f"{p}.weight",
                                          expected="present", found="absent")
             spec, qs = _spec_4bit(src, p)
             specs[spec.name], states[spec.name] = spec, qs

@@ -14,10 +14,10 @@ Roles are recognised from Hugging Face module names (after a reader's renaming, 
 
 - ``embedding``: the input token embedding (:func:`token_embedding_name`: ``*.embed_tokens``,
   ``wte``, ``word_embeddings``, ``embed_in``, ``tok_embeddings``, ``embeddings`` (Mamba), GGUF's
-  ``token_embd``, T5's top-level ``shared``) and the other ``nn.Embedding`` modules: ``*.embed_tokens``, ``wte`` / ``wpe``, ``word_embeddings``, ``position_embeddings``,
-  ``token_type_embeddings``, ``embed_in``, ``tok_embeddings``, ``embed_positions``, ``embeddings``
-  (Mamba), ``embed_tokens_per_layer`` (Gemma 3n), ``relative_attention_bias`` (T5, an
-  ``nn.Embedding``), T5's top-level ``shared``;
+  ``token_embd``, T5's top-level ``shared``) and the other ``nn.Embedding`` modules: ``*.embed_tokens``, ``wte`` /
+  ``wpe``, ``word_embeddings``, ``position_embeddings``, ``token_type_embeddings``, ``embed_in``,
+  ``tok_embeddings``, ``embed_positions``, ``embeddings`` (Mamba), ``embed_tokens_per_layer`` (Gemma
+  3n), ``relative_attention_bias`` (T5, an ``nn.Embedding``), T5's top-level ``shared``;
 - ``head``: ``lm_head``, ``embed_out`` (GPT-NeoX), ``output`` at top level, BERT's tied
   ``cls.predictions.decoder``;
 - ``router``: MoE gates (``*.mlp.gate`` — DeepSeek, Qwen-MoE, Mixtral's ``block_sparse_moe.gate`` —

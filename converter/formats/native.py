@@ -174,7 +174,8 @@ def _check_codes_dtype(src: Source, name: str, d: dict[str, Any]) -> None:
     try:
         cmap, scheme = AxisMap.from_json(d["codes"]), QuantScheme.from_json(d["scheme"])
     except LayoutError as exc:
-        raise exc.with_context(file=src.path, tensor=name)
+        exc.with_context(file=src.path, tensor=name)
+        raise
     stored = d["codes"]["tensor"]
     if not src.has(stored):
         return  # reported as a missing tensor when loaded
@@ -220,7 +221,8 @@ def _load_quantized(src: Source, name: str, d: dict[str, Any]) -> QuantizedTenso
                                scheme=scheme, group_map=GroupMap.from_json(d["group_map"], g_idx=g_idx),
                                zero_points=zp, double_quant=dq)
     except LayoutError as exc:
-        raise exc.with_context(file=src.file_of(d["codes"]["tensor"]), tensor=name)
+        exc.with_context(file=src.file_of(d["codes"]["tensor"]), tensor=name)
+        raise
 
 
 def read_native(src: Source) -> Checkpoint:

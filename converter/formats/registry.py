@@ -290,7 +290,8 @@ def guarded(fn, path: Path, fmt: str):
         try:
             return fn(*args, **kwargs)
         except ConverterError as exc:
-            raise exc.with_context(file=path)
+            exc.with_context(file=path)
+            raise
         except _FOREIGN_DATA_ERRORS as exc:
             tensor = args[0] if args and isinstance(args[0], str) else None
             raise MalformedInputError(f"the {fmt} reader failed on input it did not validate "

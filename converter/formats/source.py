@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError, UnsafeFormatError
+from converter.errors import (ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
+                              UnsafeFormatError)
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from converter.write.files import INDEX_NAME
@@ -176,7 +177,8 @@ class Source:
         if missing:
             first = sorted(missing)[0]
             raise InputNotFoundError(
-                f"missing shard {first} ({missing[first]} tensors)" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
+                f"missing shard {first} ({missing[first]} tensors)"
+                + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
                 file=ipath, field="weight_map", expected="every shard named by the index on disk",
                 found=", ".join(f"{k} absent" for k in sorted(missing)))
         return idx
@@ -222,8 +224,9 @@ class Source:
             ipath = self.path / INDEX_NAME
             for tname, fname in wm.items():
                 if tname not in where:
-                    raise MissingTensorError("tensor named by the index is absent from its shard", file=self.path / fname,
-                                             tensor=tname, field="weight_map", expected=f"present in {fname}", found="absent")
+                    raise MissingTensorError("tensor named by the index is absent from its shard",
+                                             file=self.path / fname, tensor=tname, field="weight_map",
+                                             expected=f"present in {fname}", found="absent")
                 if where[tname].name != fname:
                     raise FormatError("index names the wrong shard", file=ipath, tensor=tname, field="weight_map",
                                       expected=where[tname].name, found=fname)

@@ -1,12 +1,13 @@
 """Row-parallel kernels: one matrix split into contiguous row ranges, one thread per range.
 
-numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.kernels.dequant`, :mod:`converter.kernels.rtn`)
-run on several cores when each thread works on its own rows with its own buffers. The thread
-count follows the parallelism the user allowed: ``--workers N`` (the cores by default) in a
-process that is not itself one of the workers of a pool; inside a pool worker, or with
-``--workers 1``, kernels run in the calling thread, so processes and threads never oversubscribe
-the cores. Codes, scales and values do not depend on the thread count (every row is computed
-the same way); error-report sums are kept per row and added in row order, so they do not either.
+numpy releases the GIL inside its loops, so the blocked kernels (:mod:`converter.kernels.dequant`,
+:mod:`converter.kernels.rtn`) run on several cores when each thread works on its own rows with its
+own buffers. The thread count follows the parallelism the user allowed: ``--workers N`` (the cores
+by default) in a process that is not itself one of the workers of a pool; inside a pool worker, or
+with ``--workers 1``, kernels run in the calling thread, so processes and threads never
+oversubscribe the cores. Codes, scales and values do not depend on the thread count (every row is
+computed the same way); error-report sums are kept per row and added in row order, so they do not
+either.
 """
 
 from __future__ import annotations

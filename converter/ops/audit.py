@@ -109,7 +109,8 @@ class Layout:
 
 
 def _layouts(spec: TensorSpec) -> list[Layout]:
-    gms = [("per-channel", GroupMap.per_channel("out"))] + [(f"group {g}", GroupMap.per_group(g)) for g in (32, 64, 128)]
+    gms = ([("per-channel", GroupMap.per_channel("out"))]
+           + [(f"group {g}", GroupMap.per_group(g)) for g in (32, 64, 128)])
     out = []
     for gl, gm in gms:
         for sd in ("F16", "BF16", "F32"):

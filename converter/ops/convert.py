@@ -4,8 +4,9 @@ Per tensor ``mode``: ``exact`` (codes identical in the unsigned domain and dequa
 bit-identical in float32), ``exact_up_to_rounding`` (codes identical, values differ only by the
 target's rounding of a derived parameter, e.g. an MLX bias ``-z*s`` cast to fp16),
 ``passthrough`` (dense, bytes identical), ``tied`` (an ``lm_head`` identical to the embedding
-under ``tie_word_embeddings``, stored once: the embedding read back holds its values), ``dequantized`` (target ``plain``: float32 values equal
-the source's dequantization bit-for-bit), ``changed`` / ``missing`` (a failure).
+under ``tie_word_embeddings``, stored once: the embedding read back holds its values), ``dequantized`` (target
+``plain``: float32 values equal the source's dequantization bit-for-bit), ``changed`` / ``missing`` (a
+failure).
 
 Before any data moves, every quantized tensor's scheme is checked against the target
 (``FormatHandler.check_target``); if one is not representable, nothing is written and the error
@@ -37,9 +38,9 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
     """Per quantized tensor: None (representable) or the reason it is not. Raises if any is not.
 
     ``options`` are the writer's options; those the target understands (its
-    ``FormatHandler.target_options``) are passed to its ``check_target`` (a compressed-tensors ``ct_version`` that still stores ``weight_g_idx``, ...).
-    ``allow_partial_groups=True`` writes partial final groups to a target whose common loaders
-    cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
+    ``FormatHandler.target_options``) are passed to its ``check_target`` (a compressed-tensors ``ct_version`` that still
+    stores ``weight_g_idx``, ...). ``allow_partial_groups=True`` writes partial final groups to a target whose common
+    loaders cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
     """
     handler = registry.check_writable(to)
     if not handler.output.dense_source and not ckpt.quantized_names():
@@ -286,7 +287,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     return {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "target_format": to,
             "mode": "repack", "written": written, "tensors": rows, "modules": modules,
             "module_summary": summarize_decisions(modules),
-            **({"side_files_skipped": written["side_files_skipped"]} if (written or {}).get("side_files_skipped") else {}),
+            **({"side_files_skipped": written["side_files_skipped"]}
+               if (written or {}).get("side_files_skipped") else {}),
             "summary": summarize_rows(rows)}
 
 

@@ -3,8 +3,8 @@
 Plan first, from headers only: every quantized tensor is classified exact or lossy
 (:func:`converter.quant.requant.classify`; a target format with its own quantizer, e.g. GGUF,
 adapts the target to its types first, :mod:`converter.quant.format_quant`) and the requantized
-specs are checked against the target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store is
-refused before anything is written, naming the option to change. Then a lazy Checkpoint view
+specs are checked against the target format (:func:`converter.ops.convert.plan_exact`); a scheme the target cannot store
+is refused before anything is written, naming the option to change. Then a lazy Checkpoint view
 requantizes tensor by tensor as the target's writer asks for them (one tensor in memory at a
 time), each loading task returning its report row and a digest of what it wrote as its result
 (:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`); dense tensors pass
@@ -112,7 +112,8 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
         try:
             out[s.name] = classify(s, (overrides or {}).get(s.name, target), fmt)
         except ConverterError as exc:
-            raise exc.with_context(file=ckpt.path, tensor=s.name)
+            exc.with_context(file=ckpt.path, tensor=s.name)
+            raise
     return out
 
 
@@ -212,7 +213,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            raise exc.with_context(file=ckpt.path)
+            exc.with_context(file=ckpt.path)
+            raise
         for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:
                 view[name]

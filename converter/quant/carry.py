@@ -15,7 +15,8 @@ import numpy as np
 from converter.errors import NotRepresentableError, QuantizationError
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
-from converter.quant.recode import as_float_bias, as_integer_zero, as_positive_scales, as_signed, as_unsigned, exact_cast
+from converter.quant.recode import (as_float_bias, as_integer_zero, as_positive_scales, as_signed, as_unsigned,
+                                    exact_cast)
 from converter.quant.target import _WIDER, Target, resolve
 from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
@@ -79,7 +80,8 @@ def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> Quant
     if scheme.scale_dtype not in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
         # a narrower scale dtype: carried only when every scale (and float bias) is representable
         dt = scheme.scale_np_dtype
-        for field, arr in (("scales", t.scales), ("zero_points", t.zero_points if s.zero_point is ZeroPoint.FLOAT else None)):
+        for field, arr in (("scales", t.scales),
+                           ("zero_points", t.zero_points if s.zero_point is ZeroPoint.FLOAT else None)):
             if arr is not None:
                 try:
                     exact_cast(arr, dt, tensor=t.name, field=field, nan_exact=False)

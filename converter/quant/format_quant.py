@@ -2,9 +2,10 @@
 
 Some formats define a quantized type by its reference quantizer, not only by its layout: a GGUF
 ``Q4_0`` tensor is what llama.cpp's ``quantize_row_q4_0_ref`` makes of the float values (gguf-py
-``gguf.quants.quantize``), with its own scale rule and rounding. Such a format's handler carries a :class:`FormatQuantizer`
-(``FormatHandler.quantizer``, made in its module in ``converter/formats/``); the requantize
-operation takes it from the ``--to`` format's handler and passes it to
+``gguf.quants.quantize``), with its own scale rule and rounding. Such a format's handler carries a
+:class:`FormatQuantizer` (``FormatHandler.quantizer``, made in its module in
+``converter/formats/``); the requantize operation takes it from the ``--to`` format's handler and
+passes it to
 :func:`converter.quant.requant.requantize`, which then
 
 1. lets it ``adapt`` every resolved target scheme / group map to the format's own conventions

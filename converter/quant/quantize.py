@@ -196,7 +196,8 @@ def quantize_codes(values: np.ndarray, scales: np.ndarray, *, axis: str, zero_po
     if zero_points is not None:
         z = np.asarray(zero_points).reshape(-1)
         if z.shape != s.shape:
-            raise LayoutError("zero points must match scales", field="zero_points", expected=s.shape[0], found=z.shape[0])
+            raise LayoutError("zero points must match scales", field="zero_points", expected=s.shape[0],
+                              found=z.shape[0])
         q = q + z.astype(np.float32).reshape(bshape)
     if bits is not None:
         lo, hi = (0, (1 << bits) - 1) if zero_points is not None else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)

@@ -146,7 +146,8 @@ def as_integer_zero(t: QuantizedTensor) -> QuantizedTensor:
     if s.zero_point is ZeroPoint.INTEGER:
         return t
     if s.codebook is not None:
-        raise NotRepresentableError("a codebook scheme has no integer zero point", tensor=t.name, field="scheme.codebook")
+        raise NotRepresentableError("a codebook scheme has no integer zero point", tensor=t.name,
+                                    field="scheme.codebook")
     if s.zero_point is ZeroPoint.NONE:
         zp = np.full(t.scales.shape, s.center, dtype=s.code_dtype)
         return t.replace(zero_points=zp, scheme=s.replace(zero_point=ZeroPoint.INTEGER))

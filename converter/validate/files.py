@@ -15,7 +15,8 @@ from converter.validate.findings import Finding, finding
 
 LFS_MAGIC = b"version https://git-lfs"
 #: File names that look like weight shards (others, e.g. ``reference_dequant.safetensors``, are ignored).
-SHARD_LIKE = re.compile(r"^(model|pytorch_model|diffusion_pytorch_model|adapter_model).*\.safetensors$|-of-\d+\.safetensors$")
+SHARD_LIKE = re.compile(r"^(model|pytorch_model|diffusion_pytorch_model|adapter_model).*\.safetensors$"
+                        r"|-of-\d+\.safetensors$")
 
 # -- files and shards ------------------------------------------------------------------------------
 def _is_lfs(path: Path) -> bool:
@@ -53,7 +54,8 @@ def check_files(path: str | Path) -> list[Finding]:
     ipath = path / INDEX_NAME
     out: list[Finding] = []
     if not ipath.exists():
-        cands = [path / "model.safetensors"] if (path / "model.safetensors").exists() else sorted(path.glob("*.safetensors"))
+        single = path / "model.safetensors"
+        cands = [single] if single.exists() else sorted(path.glob("*.safetensors"))
         if len(cands) == 1:
             try:
                 read_header(cands[0])

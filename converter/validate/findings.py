@@ -39,8 +39,11 @@ CODES: dict[str, tuple[str, str, str]] = {
     "code-range": ("error", "structure", "codes outside the scheme's range"),
     "zero-range": ("error", "structure", "zero points outside the code range, or non-finite biases"),
     "scale-nonfinite": ("error", "scales", "a scale is NaN or infinite"),
-    "scale-zero": ("error", "scales", "more than half of a tensor's scales are zero (misread scales); info for a few (an all-zero group, a K-quant sub-block scale quantized to 0)"),
-    "scale-negative": ("info", "scales", "negative scales in a format whose own quantizers write positive ones; s*(q-z) decodes either sign (exact repacks of GGUF / MLX keep theirs): --reference rules out negated weights"),
+    "scale-zero": ("error", "scales", "more than half of a tensor's scales are zero (misread scales); info for a "
+                   "few (an all-zero group, a K-quant sub-block scale quantized to 0)"),
+    "scale-negative": ("info", "scales", "negative scales in a format whose own quantizers write positive ones; "
+                       "s*(q-z) decodes either sign (exact repacks of GGUF / MLX keep theirs): --reference rules "
+                       "out negated weights"),
     "scale-subnormal": ("warning", "scales", "a scale is subnormal in its dtype (precision loss, kernel "
                                              "underflow)"),
     "degenerate": ("error", "structure", "every weight of the tensor decodes to the same value (B17)"),

@@ -99,7 +99,8 @@ def _param_alternatives(t: QuantizedTensor) -> dict[str, tuple[np.ndarray, np.nd
     O, I = t.shape
     if gm.granularity is Granularity.GROUP and O == I and gm.g_idx is None:
         other = [x for x in axes if x != gm.axis][0]
-        out[f"groups along {other}"] = (*both(lambda x: np.ascontiguousarray(x.T)), GroupMap.per_group(gm.group_size, other))
+        out[f"groups along {other}"] = (*both(lambda x: np.ascontiguousarray(x.T)),
+                                        GroupMap.per_group(gm.group_size, other))
     if gm.granularity is Granularity.CHANNEL and O == I:
         other = [x for x in axes if x != gm.axis][0]
         shape = (1, I) if gm.axis == axes[0] else (O, 1)

@@ -169,7 +169,8 @@ def _nibble_round(names: list[str], profs: dict[str, dict[str, Any]]) -> dict[st
     best = found[0]
     # ... unless the pair is all the evidence: then the partner re-read the other way explains it as well
     rival = next((c for c in found[1:] if c["name"] == best["alt_sibling"]), None)
-    if rival is not None and rival["alt_sibling"] == best["name"] and rival["excess"] >= AMBIGUOUS_RATIO * best["excess"]:
+    if (rival is not None and rival["alt_sibling"] == best["name"]
+            and rival["excess"] >= AMBIGUOUS_RATIO * best["excess"]):
         best["or_tensor"] = rival["name"]
         best["or_order"] = rival["label"]
     return best

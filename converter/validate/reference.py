@@ -69,7 +69,8 @@ def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[st
     step = step_rms(t)
     steps = rms / step if step else (0.0 if rms == 0 else float("inf"))
     rel = _rel(deq, ref32, ref_norm)
-    stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps, "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0}
+    stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps,
+                             "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0}
     findings: list[Finding] = []
     if t.codes.ndim == 2:
         rng = np.random.default_rng(SEED)
@@ -90,12 +91,14 @@ def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[st
         findings.append(finding("layout-mismatch", t.name,
                                 f"'{best[0]}' reproduces the reference (relative error {best[1]:.3g}) far better than "
                                 f"the declared interpretation ({rel:.3g}): the stored arrays are laid out differently "
-                                f"than declared", declared_rel_rms=rel, declared_rms_steps=steps, best_alternative=best[0],
+                                f"than declared", declared_rel_rms=rel, declared_rms_steps=steps,
+                                best_alternative=best[0],
                                 alternative_rel_rms=best[1], alternatives=stats["alternatives_rel_rms"]))
     elif steps > STEP_LIMIT or (mm is not None and mm > mm_limit):
         findings.append(finding("reference-mismatch", t.name,
                                 f"the dequantized weights differ from the reference by {steps:.2f} quantization steps "
-                                f"RMS (relative {rel:.3g}); dequant(W) @ x differs by {mm if mm is not None else 0:.3g} "
+                                f"RMS (relative {rel:.3g}); dequant(W) @ x differs by "
+                                f"{mm if mm is not None else 0:.3g} "
                                 f"relative: the decode is wrong", rms_steps=steps, step_limit=STEP_LIMIT, rel_rms=rel,
                                 matmul_rel_error=mm, matmul_limit=mm_limit, best_alternative=best[0] if best else None,
                                 alternative_rel_rms=best[1] if best else None))

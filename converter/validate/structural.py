@@ -150,7 +150,8 @@ def check_padding(source: Source, spec: TensorSpec, t: QuantizedTensor) -> list[
             continue
         tail = np.take(fields, np.arange(n, cap), axis=dim)
         if np.any(tail != 0):
-            out.append(finding("padding", t.name, f"{int(np.count_nonzero(tail))} padding fields past {amap.packed_axis} "
+            out.append(finding("padding", t.name,
+                               f"{int(np.count_nonzero(tail))} padding fields past {amap.packed_axis} "
                                f"index {n} of {by_role[role].name} are not zero", stored_tensor=by_role[role].name,
                                role=role, logical_length=n, capacity=cap, nonzero=int(np.count_nonzero(tail))))
     return out
@@ -198,7 +199,8 @@ def check_shape_config(ckpt: Checkpoint) -> list[Finding]:
         dims = {a: int(n) for a, n in zip(spec.axes, spec.shape) if a != EXPERT}
         unknown = {a: n for a, n in dims.items() if n not in (fused if a == "out" else known)}
         if unknown:
-            out.append(finding("shape-config", spec.name, f"logical {', '.join(f'{a}={n}' for a, n in unknown.items())} "
+            out.append(finding("shape-config", spec.name,
+                               f"logical {', '.join(f'{a}={n}' for a, n in unknown.items())} "
                                f"is not a width named by config.json or the dense tensors: bits or group size may be "
                                f"misread from packed shapes (B27)", shape=list(spec.shape), axes=list(spec.axes),
                                unexplained=unknown, known_widths=sorted(known)[:16]))

@@ -226,7 +226,8 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
         _fsync(dst.parent)
     except ConverterError as exc:
         _remove(tmp)
-        raise _retarget(exc, tmp, dst)
+        _retarget(exc, tmp, dst)
+        raise
     except BaseException:
         _remove(tmp)
         raise

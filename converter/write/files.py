@@ -86,7 +86,8 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
             w.write(name, arr)
         return _completed(w, plan), plan.nbytes
     except ConverterError as exc:
-        raise exc.with_context(tensor=plan.source)
+        exc.with_context(tensor=plan.source)
+        raise
 
 
 def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping[str, str] | None,

@@ -80,7 +80,8 @@ class Progress:
         if self._bar is None:
             from rich.console import Console
             from rich.progress import BarColumn, Progress as Bar, TextColumn
-            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[line]}"),
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24),
+                            TextColumn("{task.fields[line]}"),
                             console=Console(file=self.stream), auto_refresh=False,
                             redirect_stdout=False, redirect_stderr=False)  # sys.stdout stays as it is
             self._bar.start()

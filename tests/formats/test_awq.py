@@ -247,7 +247,7 @@ def test_rectangular_orientation(tmp_path):
 
 # -- symmetric (zero_point false), signed and float-bias sources ---------------------------------
 def _sym_arrays(with_zeros: bool, zero_value: int = 8):
-    O, I, G = 8, 32, 16
+    O, I = 8, 32
     codes = (np.arange(O * I) % 16).reshape(O, I).astype(np.uint8)
     scales = np.full((O, 2), 0.25, np.float16)
     arr = gemm_arrays(codes, np.full((O, 2), zero_value), scales)
@@ -380,7 +380,8 @@ def test_bits_other_than_4_refused(tmp_path):
     assert ei.value.field == "quantization_config.bits" and ei.value.found == 8
 
 
-@pytest.mark.parametrize("drop,missing", [("l.scales", "l.scales"), ("l.qzeros", "l.qzeros"), ("l.qweight", "l.qweight")])
+@pytest.mark.parametrize("drop,missing",
+                         [("l.scales", "l.scales"), ("l.qzeros", "l.qzeros"), ("l.qweight", "l.qweight")])
 def test_missing_partner(tmp_path, drop, missing):
     arr = _good_gemm()
     del arr[drop]

@@ -47,7 +47,8 @@ def _toy(monkeypatch):
         return TensorPlan(spec.name, outs, lambda t: {m + ".q": t.codes, m + ".s": t.scales})
 
     def check(spec, options):
-        return None if spec.scheme == SCHEME and spec.group_map.describe() == GroupMap.per_channel(OUT).describe() else "not toy"
+        toy = spec.scheme == SCHEME and spec.group_map.describe() == GroupMap.per_channel(OUT).describe()
+        return None if toy else "not toy"
 
     return define_format("toy", "toy format", detect=detect, layers=layers, decode=decode, encode=encode,
                          check_target=check)

@@ -234,7 +234,8 @@ def test_int_quantized_write_and_read(tmp_path):
 def test_unsigned_schemes_accepted_exactly(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(8, 64)).astype(np.float32)
-    gptq = quantize(x, QuantScheme(4, signed=False, zero_point=ZeroPoint.INTEGER), GroupMap.per_group(32), name="a.weight")
+    gptq = quantize(x, QuantScheme(4, signed=False, zero_point=ZeroPoint.INTEGER), GroupMap.per_group(32),
+                    name="a.weight")
     sym = quantize(x, QuantScheme(4, signed=False), GroupMap.per_group(32), name="b.weight")
     # MLX-style float bias that is exactly -z*s with integer z
     s = np.full((8, 2), 0.25, np.float16)
@@ -338,7 +339,8 @@ def test_ignored_module_with_quantized_tensors(tmp_path):
 @pytest.mark.parametrize("zp", [ZeroPoint.NONE, ZeroPoint.INTEGER])
 def test_tensor_strategy_round_trip(tmp_path, fmt, zp):
     x = np.random.default_rng(5).normal(size=(5, 12)).astype(np.float32) + 0.2
-    t = quantize(x, QuantScheme(8, signed=True, zero_point=zp, scale_dtype="BF16"), GroupMap.per_tensor(), name="l.weight")
+    t = quantize(x, QuantScheme(8, signed=True, zero_point=zp, scale_dtype="BF16"), GroupMap.per_tensor(),
+                 name="l.weight")
     CT.write(Checkpoint.from_tensors([t]), tmp_path / "w", ct_format=fmt)
     arrays = load_file(str(tmp_path / "w" / "model.safetensors")) if zp is ZeroPoint.NONE else None
     back = load(tmp_path / "w")["l.weight"]

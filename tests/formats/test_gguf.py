@@ -126,7 +126,10 @@ def _raw_kquant_file(tmp_path, type_name, rows=4, row_len=512, seed=0):
     raw = raw.reshape(rows, -1)
     w = gguf.GGUFWriter(tmp_path / f"{type_name}.gguf", "unknownarch")
     w.add_tensor("w.weight", raw, raw_dtype=qt)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return tmp_path / f"{type_name}.gguf", raw
 
 
@@ -400,7 +403,10 @@ def test_key_values_kept_with_types(tmp_path):
     w.add_int64("custom.big", -5)
     w.add_tensor("output_norm.weight", np.ones(32, np.float32))
     w.add_tensor("token_embd.weight", np.arange(96, dtype=np.float16).reshape(3, 32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     ck = load(path)
     kv, types = ck.metadata["gguf_kv"], ck.metadata["gguf_kv_types"]
     assert kv["tokenizer.ggml.tokens"] == ["<s>", "</s>", "héllo"]
@@ -443,7 +449,10 @@ def _opaque_file(tmp_path):
     w.add_tensor("blk.0.ffn_gate.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     w.add_tensor("output_norm.weight", np.ones(256, np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path
 
 

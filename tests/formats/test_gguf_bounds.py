@@ -142,7 +142,8 @@ def test_tensor_name_not_utf8(tmp_path):
 
 
 def test_string_value_bytes_are_not_judged(tmp_path):
-    check_gguf_bounds(write(tmp_path, build([kv("tokenizer.ggml.tokens", ARR, struct.pack("<IQ", STR, 1) + s(b"\xff"))])))
+    check_gguf_bounds(write(tmp_path,
+                            build([kv("tokenizer.ggml.tokens", ARR, struct.pack("<IQ", STR, 1) + s(b"\xff"))])))
 
 
 def test_array_length_past_end(tmp_path):

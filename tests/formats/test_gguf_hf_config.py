@@ -45,7 +45,8 @@ TF_QWEN2 = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864
 
 
 def _qwen2_names(layers=24, extra=()):
-    return [f"blk.{b}.{s}.{p}" for b in range(layers) for s in ("attn_q", "attn_k", "attn_v") for p in ("weight", "bias")] \
+    return [f"blk.{b}.{s}.{p}" for b in range(layers) for s in ("attn_q", "attn_k", "attn_v")
+            for p in ("weight", "bias")] \
         + ["token_embd.weight", *extra]
 
 

@@ -268,7 +268,8 @@ def test_b06_scales_orientation_and_v1_offset(tmp_path):
     get("gptq").write(load(d), tmp_path / "w")
     assert load_file(str(tmp_path / "w" / "model.safetensors"))["l.scales"].tolist() == [[1, 10], [2, 20]]
     # v1-stored 7 is zero point 8
-    d1 = make_dir(tmp_path, layer(np.array([[0], [8], [15]]), [[7]], [[0.1]], 4, g_idx=[0] * 3), qcfg(fmt="gptq", group_size=-1),
+    d1 = make_dir(tmp_path, layer(np.array([[0], [8], [15]]), [[7]], [[0.1]], 4, g_idx=[0] * 3),
+                  qcfg(fmt="gptq", group_size=-1),
                   name="v1")
     s = np.float32(np.float16(0.1))
     got = load(d1)["l.weight"].dequantize()[0]
@@ -458,7 +459,8 @@ def test_float_bias_written_as_integer_zero_or_refused(tmp_path):
     back = get("gptq").read(Source(tmp_path / "ok"))[base.name]
     assert np.array_equal(back.codes, base.codes) and np.array_equal(back.zero_points, base.zero_points)
     assert np.array_equal(back.scales, base.scales) and not res["quantization_config"]["sym"]
-    off = fb.replace(zero_points=(fb.zero_points.astype(np.float32) + 0.25 * fb.scales.astype(np.float32)).astype(np.float16))
+    shifted = fb.zero_points.astype(np.float32) + 0.25 * fb.scales.astype(np.float32)
+    off = fb.replace(zero_points=shifted.astype(np.float16))
     with pytest.raises(NotRepresentableError, match="float bias is not an integer zero point"):
         get("gptq").write(Checkpoint.from_tensors([off]), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
@@ -492,7 +494,8 @@ def test_qweight_without_partner_is_missing_tensor(tmp_path):
         d = make_dir(tmp_path, t, qcfg(), name=partner)
         with pytest.raises(MissingTensorError) as e:
             load(d)
-        assert e.value.tensor == "l.qweight" and e.value.expected == f"l.{partner}" and "model.safetensors" in str(e.value)
+        assert e.value.tensor == "l.qweight" and e.value.expected == f"l.{partner}"
+        assert "model.safetensors" in str(e.value)
     t = layer(B01_Q, [[8, 8]], B01_S, 4)
     del t["l.qweight"]
     d = make_dir(tmp_path, t, qcfg(), name="orphan")

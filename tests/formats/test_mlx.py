@@ -256,8 +256,10 @@ def test_per_layer_overrides_read_and_write(tmp_path):
     rng = np.random.default_rng(1)
     c4 = rng.integers(0, 16, (4, 128), dtype=np.uint8)
     c8 = rng.integers(0, 256, (4, 128), dtype=np.uint8)
-    t = {"a.weight": pack_stream(c4, 4), "a.scales": np.ones((4, 2), np.float16), "a.biases": np.zeros((4, 2), np.float16),
-         "b.weight": pack_stream(c8, 8), "b.scales": np.ones((4, 4), np.float16), "b.biases": np.zeros((4, 4), np.float16)}
+    t = {"a.weight": pack_stream(c4, 4), "a.scales": np.ones((4, 2), np.float16),
+         "a.biases": np.zeros((4, 2), np.float16),
+         "b.weight": pack_stream(c8, 8), "b.scales": np.ones((4, 4), np.float16),
+         "b.biases": np.zeros((4, 4), np.float16)}
     d = make_dir(tmp_path / "m", t, {"group_size": 64, "bits": 4, "mode": "affine", "b": {"group_size": 32, "bits": 8}})
     ck = read_mlx(Source(d))
     assert np.array_equal(ck["a.weight"].codes, c4) and np.array_equal(ck["b.weight"].codes, c8)
@@ -294,7 +296,8 @@ def test_check_target_reasons():
         codes = np.zeros(shape, np.int8 if scheme.signed else np.uint8)
         scales = np.ones(gm.param_shape(shape, (OUT, IN)), scheme.scale_np_dtype)
         zp = np.zeros_like(scales) if scheme.zero_point is ZeroPoint.FLOAT else None
-        return Checkpoint.from_tensors([QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp)]).spec(name)
+        return Checkpoint.from_tensors([QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm,
+                                                        zero_points=zp)]).spec(name)
     ok = QuantScheme(4, False, ZeroPoint.FLOAT, "F16")
     assert check_target(spec((2, 128), GroupMap.per_group(64), ok)) is None
     assert "B15" in check_target(spec((2, 4304), GroupMap.per_group(64), ok))
@@ -319,7 +322,8 @@ def test_transformers5_rope_parameters_become_the_top_level_keys_mlx_lm_reads(tm
     from converter.scheme import QuantScheme, ZeroPoint
     from converter.tensor import Checkpoint, QuantizedTensor
     t = QuantizedTensor("model.layers.0.mlp.up_proj.weight", (OUT, IN), np.zeros((4, 64), np.uint8),
-                        np.ones((4, 2), np.float16), QuantScheme(4, False, ZeroPoint.NONE, "F16"), GroupMap.per_group(32))
+                        np.ones((4, 2), np.float16), QuantScheme(4, False, ZeroPoint.NONE, "F16"),
+                        GroupMap.per_group(32))
     plain = {"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}
     cfg = mlx_config(Checkpoint.from_tensors([t], config=plain))
     assert cfg["rope_theta"] == 100000.0 and "rope_scaling" not in cfg

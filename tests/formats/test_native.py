@@ -103,7 +103,8 @@ def test_float_codes_are_refused_not_reinterpreted(tmp_path):
     save_file(arrays, str(bad), metadata=meta)
     with pytest.raises(FormatError) as e:
         converter.load(bad)
-    assert (e.value.tensor, e.value.field, e.value.expected, e.value.found) == ("a.weight.qcodes", "dtype", "U32", "F32")
+    assert (e.value.tensor, e.value.field, e.value.expected, e.value.found) == \
+        ("a.weight.qcodes", "dtype", "U32", "F32")
     # an int32 view of the same words is the container's signed twin, also refused by the native reader
     arrays["a.weight.qcodes"] = arrays["a.weight.qcodes"].view(np.int32)
     save_file(arrays, str(bad), metadata=meta)

@@ -126,7 +126,8 @@ def test_stale_index_unlisted_tensor(tmp_path):
 
 
 def test_tensor_in_two_shards(tmp_path):
-    d = sharded(tmp_path, shards={"s1.safetensors": ["a.weight", "b.weight"], "s2.safetensors": ["a.weight", "c.weight"]},
+    d = sharded(tmp_path,
+                shards={"s1.safetensors": ["a.weight", "b.weight"], "s2.safetensors": ["a.weight", "c.weight"]},
                 weight_map={"a.weight": "s1.safetensors", "b.weight": "s1.safetensors", "c.weight": "s2.safetensors"})
     with pytest.raises(FormatError) as ei:
         load(d)

@@ -10,8 +10,9 @@ from converter.errors import LayoutError
 from converter.formats.gguf import block_legacy as gguf_blocks
 from converter.kernels.rounding import round_half_away, round_values
 
-NEAR_TIES = [0.49999997, 0.49999999999999994, 2.0 ** 52 + 1, 0.5, 0.50000006, 1.5, 2.5, -2.5, -0.5, -0.49999997, 3.4999998, 8388607.5,
-             8388609.0, -8388609.0, 2.0 ** 24 + 2, 2.0 ** 24 + 1, 1e30, -3.4e38, 0.0, -0.0, 1e-45, 7.0]
+NEAR_TIES = [0.49999997, 0.49999999999999994, 2.0 ** 52 + 1, 0.5, 0.50000006, 1.5, 2.5, -2.5, -0.5, -0.49999997,
+             3.4999998, 8388607.5, 8388609.0, -8388609.0, 2.0 ** 24 + 2, 2.0 ** 24 + 1, 1e30, -3.4e38, 0.0, -0.0,
+             1e-45, 7.0]
 
 
 def ref_half_up(values: np.ndarray, mode=ROUND_HALF_UP) -> list[float]:

@@ -49,8 +49,9 @@ def test_blocked_quantize_is_bit_exact(bits, signed, zp):
             assert got.codes.dtype == want[2].dtype and np.array_equal(got.codes, want[2])
 
 
-@pytest.mark.parametrize("signed,zp,rounding", [(True, ZeroPoint.NONE, "half_even"), (False, ZeroPoint.NONE, "half_away"),
-                                                 (False, ZeroPoint.INTEGER, "half_even"), (True, ZeroPoint.INTEGER, "half_away")])
+@pytest.mark.parametrize("signed,zp,rounding",
+                         [(True, ZeroPoint.NONE, "half_even"), (False, ZeroPoint.NONE, "half_away"),
+                          (False, ZeroPoint.INTEGER, "half_even"), (True, ZeroPoint.INTEGER, "half_away")])
 def test_blocked_quantize_clips_where_a_rounded_scale_is_too_small(signed, zp, rounding):
     """Scales in fp16's subnormal range can round well below max/qmax: codes then exceed the range
     and must be clipped, in the blocks (rows) that need it and only there."""

@@ -33,7 +33,8 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "t
     ("model.layers.3.mlp.gate_proj.weight", 2, LINEAR), ("encoder.layer.0.output.dense.weight", 2, LINEAR),
     ("model.layers.0.input_layernorm.weight", 1, OTHER), ("model.layers.0.self_attn.q_proj.bias", 1, OTHER),
     # review of issue 12: names from Qwen2-MoE, DBRX / GraniteMoE, T5, Gemma 3n, Mamba, BERT heads
-    ("model.layers.0.mlp.shared_expert_gate.weight", 2, ROUTER), ("transformer.blocks.0.ffn.router.layer.weight", 2, ROUTER),
+    ("model.layers.0.mlp.shared_expert_gate.weight", 2, ROUTER),
+    ("transformer.blocks.0.ffn.router.layer.weight", 2, ROUTER),
     ("model.layers.0.block_sparse_moe.router.layer.weight", 2, ROUTER),
     ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 2, EMBEDDING),
     ("shared.weight", 2, EMBEDDING), ("model.layers.0.mlp.shared.weight", 2, LINEAR),

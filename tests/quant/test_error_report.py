@@ -25,7 +25,6 @@ def test_hand_computed_rows():
     pc = quantize(w, QuantScheme(8, True, scale_dtype="F32"), GroupMap.per_channel("out"))
     tgt = Target(granularity="tensor")
     info = requantize(pc, tgt)
-    out = info.tensor
     row = tensor_report(pc, info, classify(pc, tgt))
     v = row["vs_source"]
     e = np.float32(0.1) - np.float32(10) / np.float32(127)  # small row: 0.1 -> code 1 * 10/127
@@ -91,7 +90,6 @@ def test_exact_rows_worst_first_and_schema():
     rows = []
     for t, tgt in ((t1, Target(group_size=32)), (t2, Target(bits=2)), (t1, Target(bits=3, scale_search="mse"))):
         info = requantize(t, tgt)
-        out = info.tensor
         rows.append(tensor_report(t, info, classify(t, tgt)))
     rows[2]["name"] = "c"
     doc = _doc(rows)

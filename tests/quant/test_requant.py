@@ -214,7 +214,6 @@ def test_mse_search_never_worse_and_vectorized():
     assert z2.shape == (16, 8) and info2.search_sse <= info2.absmax_sse
     t = quantize(x, QuantScheme(8, True, scale_dtype="F32"), GroupMap.per_group(32))
     info3 = requantize(t, Target(bits=3, scale_search="mse"))
-    out = info3.tensor
     assert info3.scale_search.search_sse <= info3.scale_search.absmax_sse
 
 

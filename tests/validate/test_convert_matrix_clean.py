@@ -27,7 +27,8 @@ from converter.validate import validate
 from tests.conftest import SAMPLES
 from tests.test_repack_matrix import EXPECTED, REFUSE
 
-SOURCES = sorted(p.name for p in SAMPLES.iterdir() if p.name not in ("MANIFEST.json", "README.md", "SHA256SUMS", "gguf")) \
+SOURCES = sorted(p.name for p in SAMPLES.iterdir()
+                 if p.name not in ("MANIFEST.json", "README.md", "SHA256SUMS", "gguf")) \
     + sorted(f"gguf/{p.name}" for p in (SAMPLES / "gguf").glob("*.gguf"))
 TARGETS = registry.writable()
 SUFFIX = {"native": ".safetensors", "plain": ".safetensors", "gguf": ".gguf"}

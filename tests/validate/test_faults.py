@@ -158,7 +158,8 @@ def test_nibble_order_flipped_needs_the_reference(tmp_path):
     d = copy_sample(GPTQ, tmp_path)
     t = _logical(OUTPUT)
     flipped = replace(gptq.codes_map(4), order=(7, 6, 5, 4, 3, 2, 1, 0))
-    edit_tensors(d, lambda s: s.__setitem__("encoder.layer.0.output.dense.qweight", flipped.to_stored(t.codes, (OUT, IN))))
+    edit_tensors(d,
+                 lambda s: s.__setitem__("encoder.layer.0.output.dense.qweight", flipped.to_stored(t.codes, (OUT, IN))))
     f = assert_finding(validate(d, reference=FP16), "layout-mismatch", OUTPUT)
     assert f.evidence["best_alternative"] == "nibble order reversed"
     assert f.evidence["alternative_rel_rms"] < 0.2 < f.evidence["declared_rel_rms"]

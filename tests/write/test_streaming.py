@@ -6,7 +6,6 @@ Functional only (no timings): every fast path must give the bytes / values the p
 from __future__ import annotations
 
 import io
-import itertools
 
 import numpy as np
 import pytest
@@ -18,13 +17,10 @@ from converter import load
 from converter.cli import main
 from converter.errors import FormatError, QuantizationError
 from converter.formats import registry
-from converter.groups import GroupMap
 from converter.runtime import parse_size, run_options
 from converter.write.engine import collect_results, run_tasks, task_result
 from converter.write.progress import Progress
 from converter.layout import IN, OUT, AxisMap, PackedCodes, equal_transposed, transpose_2d
-from converter.quant import quantize as Q
-from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
 from ..conftest import TINY
@@ -234,7 +230,9 @@ def test_equal_transposed_compares_bits():
         assert not equal_transposed(a, bad)
     nan = np.full((3, 2), np.nan, np.float32)
     assert equal_transposed(nan, np.ascontiguousarray(nan.T))  # bits, not float equality
-    assert not equal_transposed(a, b[:, :-1]) and not equal_transposed(a, b.view(np.uint8)) and not equal_transposed(a, a)
+    assert not equal_transposed(a, b[:, :-1])
+    assert not equal_transposed(a, b.view(np.uint8))
+    assert not equal_transposed(a, a)
 
 
 # -- GGUF legacy fast paths ---------------------------------------------------------------------------

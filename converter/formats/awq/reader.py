@@ -141,7 +141,8 @@ def _load(src: Source, layer: _Layer, zero_point: bool) -> QuantizedTensor:
                 _check_padding(src, qz, zeros_p, layer.n_groups)
                 zeros = zeros_p[:, :layer.n_groups]
     except LayoutError as exc:
-        raise exc.with_context(file=src.file_of(qw), tensor=qw)
+        exc.with_context(file=src.file_of(qw), tensor=qw)
+        raise
     if zero_point:
         zp = zeros.astype(np.int16)
     else:
@@ -149,7 +150,8 @@ def _load(src: Source, layer: _Layer, zero_point: bool) -> QuantizedTensor:
             bad = np.unravel_index(int(np.argmax(zeros != 8)), zeros.shape)
             raise FormatError("config says zero_point false (symmetric) but qzeros are not all 8",
                               file=src.file_of(qz), tensor=qz, field="quantization_config.zero_point",
-                              expected="every zero = 8", found=f"{int(zeros[bad])} at (out, group) {list(map(int, bad))}",
+                              expected="every zero = 8",
+                              found=f"{int(zeros[bad])} at (out, group) {list(map(int, bad))}",
                               hint="the config contradicts the tensors; fix zero_point in config.json")
         zp = None
     stored = {role: m for role, m in maps.items() if role != "zero_points" or layer.has_zeros}
@@ -250,7 +252,8 @@ def read_awq(src: Source) -> Checkpoint:
         specs[n] = src.dense_spec(n)
     for name, layer in layers.items():
         specs[name] = _spec(src, layer, zero_point)
-    meta = {"version": version, "config_version": layout_version(src.quantization_config or {}), "group_size": group_size, "zero_point": zero_point,
+    meta = {"version": version, "config_version": layout_version(src.quantization_config or {}),
+            "group_size": group_size, "zero_point": zero_point,
             "quantization_config": copy.deepcopy(src.quantization_config or {})}
     return source_checkpoint(src, FORMAT, specs, lambda name: _load(src, layers[name], zero_point), layers, meta)
 

@@ -204,6 +204,7 @@ def write_awq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, version: 
         try:
             plans.append(_plan(spec, group_size))
         except ConverterError as exc:
-            raise exc.with_context(file=ckpt.path, tensor=spec.name)
+            exc.with_context(file=ckpt.path, tensor=spec.name)
+            raise
     config = awq_config(ckpt, group_size, modules_to_not_convert)
     return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite)

@@ -18,6 +18,8 @@ from converter.formats.compressed_tensors.writer import CTTargetOptions, check_t
 
 HANDLER = register(FormatHandler("compressed-tensors",
                                  "compressed-tensors pack-quantized / int-quantized (Neural Magic, vLLM)",
-                                 detect_ct, read_ct, write_ct, check_target=check_target, target_options=CTTargetOptions,
-                                 keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True), partial_groups=False,
+                                 detect_ct, read_ct, write_ct, check_target=check_target,
+                                 target_options=CTTargetOptions,
+                                 keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True),
+                                 partial_groups=False,
                                  float_bias="symmetric"))

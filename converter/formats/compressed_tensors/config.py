@@ -211,7 +211,8 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
                           expected="object", found=type(qc["sparsity_config"]).__name__)
     if qc.get("sparsity_config") and qc["sparsity_config"].get("format") not in (None, "dense"):
         raise UnsupportedError("sparse compressed-tensors checkpoints are not supported", file=file,
-                               field="quantization_config.sparsity_config.format", found=qc["sparsity_config"]["format"])
+                               field="quantization_config.sparsity_config.format",
+                               found=qc["sparsity_config"]["format"])
     groups_obj = qc.get("config_groups") or {}
     if not isinstance(groups_obj, Mapping):
         raise FormatError("config_groups must be an object", file=file, field="quantization_config.config_groups")

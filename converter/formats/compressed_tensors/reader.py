@@ -128,8 +128,10 @@ def _choose_packing(src: Source, cfg: CTConfig, prefix: str, bits: int, in_featu
     expected = dense if packing == "stream" else padded
     if width != expected:
         other = padded if packing == "stream" else dense
-        hint = (f"{width} words is the {'padded (<= 0.17)' if packing == 'stream' else 'dense (>= 0.18)'} "
-                f"layout: quantization_config.version {cfg.version!r} contradicts the tensor") if width == other else None
+        hint = None
+        if width == other:
+            hint = (f"{width} words is the {'padded (<= 0.17)' if packing == 'stream' else 'dense (>= 0.18)'} "
+                    f"layout: quantization_config.version {cfg.version!r} contradicts the tensor")
         raise FormatError("weight_packed width does not match weight_shape", file=src.file_of(name), tensor=name,
                           field="shape[1]", expected=f"{expected} ({packing}, version {cfg.version}, I={in_features}, "
                           f"{bits} bits)", found=width, hint=hint,
@@ -145,7 +147,8 @@ def _read_shape(src: Source, prefix: str) -> tuple[int, int]:
         if info.dtype in ("I64", "I32") and len(info.shape) == 1 and info.shape[0] == 3:
             from converter.errors import UnsupportedError
             raise UnsupportedError("3-D (stacked expert) compressed-tensors weights are not supported yet",
-                                   file=src.file_of(name), tensor=name, field="shape", expected=[2], found=list(info.shape))
+                                   file=src.file_of(name), tensor=name, field="shape", expected=[2],
+                                   found=list(info.shape))
         raise FormatError("weight_shape must be int64 [2] = [O, I]", file=src.file_of(name), tensor=name,
                           field="dtype/shape", expected="I64 [2]", found=f"{info.dtype} {list(info.shape)}")
     o, i = (int(v) for v in np.asarray(src.read(name)))
@@ -180,7 +183,8 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
         raise FormatError(f"config format {fmt!r} contradicts the tensors: module stores {stored_kind} "
                           f"({tensor_fmt} layout)", file=src.path,
                           tensor=prefix + (".weight_packed" if packed else ".weight"),
-                          field=f"quantization_config.config_groups.{group.name}.format", expected=tensor_fmt, found=fmt)
+                          field=f"quantization_config.config_groups.{group.name}.format", expected=tensor_fmt,
+                          found=fmt)
     stored: list[StoredArray] = []
     if packed:
         out_f, in_f = _read_shape(src, prefix)
@@ -309,7 +313,8 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
         return QuantizedTensor(name=m.name, axes=AXES, codes=codes, scales=scales, scheme=m.scheme, group_map=gm,
                                zero_points=zeros, stored=stored_maps)
     except LayoutError as exc:
-        raise exc.with_context(file=src.file_of(m.stored[0].name), tensor=m.name)
+        exc.with_context(file=src.file_of(m.stored[0].name), tensor=m.name)
+        raise
 
 
 def quantized_prefixes(src: Source) -> list[str]:

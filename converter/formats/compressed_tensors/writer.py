@@ -39,7 +39,8 @@ from converter.formats.base import write_directory
 from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
-from converter.formats.compressed_tensors.config import DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs, emit_config, packing_for, parse_version
+from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs,
+                                                         emit_config, packing_for, parse_version)
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 
 
@@ -106,7 +107,8 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
 
 def _args_of(t: QuantizedTensor | TensorSpec, g_idx: bool) -> WeightArgs:
     gm = t.group_map
-    strategy = {Granularity.TENSOR: "tensor", Granularity.CHANNEL: "channel", Granularity.GROUP: "group"}[gm.granularity]
+    strategy = {Granularity.TENSOR: "tensor", Granularity.CHANNEL: "channel",
+                Granularity.GROUP: "group"}[gm.granularity]
     return WeightArgs(bits=t.scheme.bits, symmetric=t.scheme.zero_point is ZeroPoint.NONE, strategy=strategy,
                       group_size=gm.group_size if strategy == "group" else None,
                       actorder="group" if g_idx else None)
@@ -149,7 +151,6 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     b = t.scheme.bits
     off = 1 << (b - 1)
     o, i = t.shape
-    pshape = t.group_map.param_shape(t.shape, t.axes)
     strategy = t.group_map.granularity
     out: dict[str, np.ndarray] = {}
     if fmt == "pack-quantized":

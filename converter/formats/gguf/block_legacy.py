@@ -257,7 +257,8 @@ class LegacyCodec:
         for name, arr in wanted.items():
             if (name == "scales" or self.affine) and (arr is None or arr.shape != (rows, n_blocks)):
                 raise QuantizationError(f"{self.name} {name} has the wrong shape", field=name,
-                                        expected=(rows, n_blocks), found=getattr(arr, "shape", None), kind=ErrorKind.SHAPE)
+                                        expected=(rows, n_blocks), found=getattr(arr, "shape", None),
+                                        kind=ErrorKind.SHAPE)
         return rows, n_blocks
 
     def pack(self, fields: BlockFields) -> np.ndarray:

@@ -143,7 +143,8 @@ class _Cursor:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CorruptFileError("string is not valid UTF-8", file=self.path, tensor=tensor, field=field,
-                                   expected="UTF-8", found=f"invalid byte at offset {self.pos - n + exc.start}") from None
+                                   expected="UTF-8",
+                                   found=f"invalid byte at offset {self.pos - n + exc.start}") from None
 
 
 def _value(cur: _Cursor, vtype: int, field: str, depth: int = 0) -> object:

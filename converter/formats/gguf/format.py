@@ -44,8 +44,8 @@ K-quants cannot be written (no K-quant encoder in gguf-py; ``d*sc`` is generally
 scale). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp reference rounding).
 
 Requantizing to GGUF (``qckpt convert --to gguf`` with requantize options) goes through
-:data:`converter.formats.gguf.requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in GGUF's form
-(:func:`requant_adapt`: fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy
+:data:`converter.formats.gguf.requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in
+GGUF's form (:func:`requant_adapt`: fp16 block scales, asymmetric = float minimum as in Q4_1/Q5_1, a legacy
 type's exact scheme at groups of 32 along ``in``), and a tensor that is not carried exactly is
 quantized to its legacy type by :func:`quantize_to_gguf`, i.e. byte for byte what
 ``gguf.quants.quantize`` makes of the source's float32 dequantized values. The writer's LLaMA q/k
@@ -163,7 +163,10 @@ def _legacy_fields(t: QuantizedTensor, type_name: str) -> BlockFields:
     if type_name == "Q8_0":
         codes = t.codes if s.signed else (t.codes.astype(np.int16) - np.int16(128)).astype(np.int8)
     elif not codec.affine:
-        codes = t.codes if not s.signed else (t.codes.astype(np.int16) + np.int16(s.center or (1 << (s.bits - 1)))).astype(np.uint8)
+        if s.signed:
+            codes = (t.codes.astype(np.int16) + np.int16(s.center or (1 << (s.bits - 1)))).astype(np.uint8)
+        else:
+            codes = t.codes
     else:
         codes = t.codes
     scales = _exact_f16(t.scales, tensor=t.name, field="scales").reshape(rows, -1)
@@ -321,7 +324,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         for p in plans:
             weight[p.type_name] += int(np.prod(p.shape, dtype=np.int64)) if len(p.shape) >= 2 else 0
         quant = [t for t in weight if t in LEGACY_TYPES]
-        dom = max(quant, key=lambda t: weight[t]) if quant else (max(weight, key=lambda t: weight[t]) if weight else "F32")
+        dom = (max(quant, key=lambda t: weight[t]) if quant
+               else max(weight, key=lambda t: weight[t]) if weight else "F32")
         file_type = int(gguf.LlamaFileType[FILE_TYPES.get(dom, "ALL_F32")])
     alignment = int(ckpt.metadata.get("alignment") or src_kv.get("general.alignment") or 32) \
         if ckpt.format == "gguf" else 32
@@ -379,7 +383,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             try:
                 data = _encode(ckpt[p.name], p)
             except ConverterError as exc:
-                raise exc.with_context(tensor=p.name)
+                exc.with_context(tensor=p.name)
+                raise
             if data.nbytes != p.nbytes:
                 raise FormatError("encoded size differs from the plan", tensor=p.name, field="nbytes",
                                   expected=p.nbytes, found=data.nbytes)

@@ -125,7 +125,8 @@ def check_tokenizer(kv: Mapping[str, Any]) -> None:
 @lru_cache(maxsize=1)
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's ``bytes_to_unicode``: printable Latin-1 bytes map to themselves, the rest to U+0100.."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
     out, n = {}, 0
     for b in range(256):
         if b in keep:

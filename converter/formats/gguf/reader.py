@@ -276,7 +276,8 @@ def read_gguf(src: Source) -> Checkpoint:
             drop_pages(reader.data)
             return out
         except ConverterError as exc:
-            raise exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
+            exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
+            raise
 
     metadata = {
         "gguf_kv": kv, "gguf_kv_types": kv_types, "architecture": arch,

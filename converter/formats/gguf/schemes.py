@@ -22,7 +22,8 @@ LEGACY_TYPES: tuple[str, ...] = SUPPORTED_WRITE
 """Quantized ggml types this module writes (bit-exact repack or reference quantization): the
 legacy block codecs of :mod:`gguf_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
 
-DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
+DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy
+                                   for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
 """ggml types read as plain arrays (:class:`DenseTensor`), with their numpy dtypes."""
 
 MAX_DIMS = 4
@@ -153,7 +154,8 @@ def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor"
         raw = codec.encode(values.reshape(-1, values.shape[-1]))
         return tensor_from_fields(name, codec.decode(raw), values.shape)
     except ConverterError as exc:
-        raise exc.with_context(tensor=name)
+        exc.with_context(tensor=name)
+        raise
 
 
 #: The requantize options that give each legacy type (named in refusals).

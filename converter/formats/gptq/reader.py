@@ -17,7 +17,8 @@ from converter.formats.registry import Detection
 from converter.formats.base import source_checkpoint
 from converter.formats.source import Source
 
-from converter.formats.gptq.layout import (FORMAT, V1, V2, PARTS, SCALES_MAP, SCALE_DTYPES, SUPPORTED_BITS, codes_map, decode_qzeros,
+from converter.formats.gptq.layout import (FORMAT, V1, V2, PARTS, SCALES_MAP, SCALE_DTYPES, SUPPORTED_BITS, codes_map,
+                                           decode_qzeros,
                                            packed_rows, zeros_map)
 from converter.formats.gptq.config import as_bool, dynamic_rule, checkpoint_format_of
 

@@ -22,7 +22,8 @@ from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.formats.source import module_prefix
 from converter.formats.modules import dense_linear_modules
 
-from converter.formats.gptq.layout import (V1, V2, QCKPT_QUANTIZER, SCALES_MAP, SUPPORTED_BITS, codes_map, encode_qzeros,
+from converter.formats.gptq.layout import (V1, V2, QCKPT_QUANTIZER, SCALES_MAP, SUPPORTED_BITS, codes_map,
+                                           encode_qzeros,
                                            packed_rows)
 
 
@@ -32,10 +33,10 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
 
     Accepted: 2/3/4/8-bit codes (signed codes are shifted to unsigned, an exact re-expression),
     symmetric or integer zero points (a float bias is accepted here and checked per group at write
-    time: exact only when ``-bias/scale`` is an integer in range, :func:`as_integer_zero`), groups along ``in`` (any size, act-order ``g_idx``) or one
-    scale per output channel (or per tensor, broadcast), F16 scales, or BF16 / F8_E4M3 scales whose
-    cast to fp16 is checked exact at write time. F32 scales are refused here: GPTQ stores fp16 and
-    the cast is exact only for fp16-representable values (write with ``allow_scale_rounding=True``).
+    time: exact only when ``-bias/scale`` is an integer in range, :func:`as_integer_zero`), groups along ``in`` (any
+    size, act-order ``g_idx``) or one scale per output channel (or per tensor, broadcast), F16 scales, or BF16 /
+    F8_E4M3 scales whose cast to fp16 is checked exact at write time. F32 scales are refused here: GPTQ stores
+    fp16 and the cast is exact only for fp16-representable values (write with ``allow_scale_rounding=True``).
     """
     if spec.kind != "quantized":
         return opaque_reason(spec)  # None for dense tensors
@@ -53,7 +54,8 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     if gm.granularity is Granularity.FLAT_BLOCK:
         return "flat blocks over the flattened tensor (bitsandbytes) do not map onto GPTQ groups; requantize"
     if s.scale_dtype == "F32":
-        return "GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable (requantize with --scale-dtype f16)"
+        return ("GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable "
+                "(requantize with --scale-dtype f16)")
     if s.scale_dtype == "F8_E8M0":
         return "E8M0 (power-of-two) scales exceed the fp16 range; requantize"
     return None
@@ -81,7 +83,8 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
     try:
         return exact_cast(s32, np.float16, tensor=name, field="scales", message="scale not representable in fp16",
                           expected="fp16-representable scales",
-                          hint="requantize with --scale-dtype f16 to round scales to fp16", nan_exact=False), "scales cast to fp16 (exact)"
+                          hint="requantize with --scale-dtype f16 to round scales to fp16",
+                          nan_exact=False), "scales cast to fp16 (exact)"
     except NotRepresentableError:
         if not allow_rounding:
             raise
@@ -117,7 +120,6 @@ def _encode(t: QuantizedTensor, *, v1: bool, allow_rounding: bool, notes: list[s
     s16, note = _scales_fp16(np.asarray(scales), t.name, allow_rounding)
     if note and note not in notes:
         notes.append(note)
-    nG = s16.shape[1]
     if gm.granularity is Granularity.GROUP:
         g_idx = gm.g_idx if gm.g_idx is not None else (np.arange(I, dtype=np.int32) // gm.group_size)
     else:
@@ -247,7 +249,8 @@ def _not_converted(ckpt: Checkpoint, src_q: Mapping[str, Any] | None) -> dict[st
     out: dict[str, Any] = {"dynamic": rules} if rules else {}
     in_block = [m for m in dense if _BLOCK_RE.match(m)]
     if in_block:
-        quantized = sorted({mt.group("rel") for n in ckpt.quantized_names() if (mt := _BLOCK_RE.match(module_prefix(n)))})
+        quantized = sorted({mt.group("rel") for n in ckpt.quantized_names()
+                            if (mt := _BLOCK_RE.match(module_prefix(n)))})
         clash = next(((m, q) for m in in_block for q in quantized if m.endswith(q)), None)
         if clash:
             raise NotRepresentableError("a module is dense in one decoder block and quantized in another: "

@@ -117,7 +117,8 @@ def _load(src: Source, spec: TensorSpec, mode: str) -> QuantizedTensor:
                                stored={"codes": cmap, "scales": AxisMap(spec.axes), "zero_points": AxisMap(spec.axes)}
                                if mode == "affine" else {"codes": cmap, "scales": AxisMap(spec.axes)})
     except LayoutError as exc:
-        raise exc.with_context(file=src.file_of(spec.name), tensor=spec.name)
+        exc.with_context(file=src.file_of(spec.name), tensor=spec.name)
+        raise
 
 
 def read_mlx(src: Source) -> Checkpoint:
@@ -152,7 +153,8 @@ def read_mlx(src: Source) -> Checkpoint:
         if n in specs or (n.endswith((".scales", ".biases")) and n.rsplit(".", 1)[0] in qset):
             continue
         if n.endswith(".biases"):
-            raise MissingTensorError("biases without scales", file=src.file_of(n), tensor=n.rsplit(".", 1)[0] + ".scales",
+            raise MissingTensorError("biases without scales", file=src.file_of(n),
+                                     tensor=n.rsplit(".", 1)[0] + ".scales",
                                      expected="present", found="absent")
         info = src.info(n)
         if n.endswith(".weight") and info.dtype == "U32":

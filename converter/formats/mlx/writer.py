@@ -125,7 +125,8 @@ def _plan(spec: TensorSpec) -> TensorPlan:
                 f"{p}.biases": np.ascontiguousarray(biases)}
     plan = TensorPlan(spec.name, outs, encode, notes)
     # weight [out, in*b/32], scales / biases [out, n_groups]: every array is a block of rows
-    return rows_plan(plan) if tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group" else plan
+    row_blocks = tuple(spec.axes) == ("out", "in") and spec.group_map.granularity.value == "group"
+    return rows_plan(plan) if row_blocks else plan
 
 
 def _flatten_rope(cfg: dict) -> None:
@@ -154,7 +155,8 @@ def mlx_config(ckpt: Checkpoint) -> dict:
     for s in q:
         if (target_group_size(s), s.scheme.bits) != (g, b):
             quant[module_prefix(s.name)] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
-    cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items() if k not in ("quantization", "quantization_config")}
+    cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items()
+           if k not in ("quantization", "quantization_config")}
     _flatten_rope(cfg)
     cfg["quantization"] = quant
     cfg["quantization_config"] = copy.deepcopy(quant)
