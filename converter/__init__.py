@@ -35,6 +35,8 @@ def load(path: str | Path, *, format: str | None = None) -> Checkpoint:
     ConverterError
         Missing, corrupt, unknown/ambiguous or inconsistent input (a typed subclass).
     """
+    # lazy: `import converter` runs for every converter.* import (worker processes, the model layer alone)
+    # and must not load the formats and ops layers
     from converter.formats.registry import load as _load
     return _load(path, format=format)
 
@@ -48,8 +50,8 @@ def save(ckpt: Checkpoint, path: str | Path, *, format: str = "native", overwrit
     ConverterError
         Unknown format, a tensor the format cannot hold, or an existing ``path`` without ``overwrite``.
     """
-    from converter.formats.registry import get
-    from converter.ops.convert import plan_exact
+    from converter.formats.registry import get  # lazy: as in load()
+    from converter.ops.convert import plan_exact  # lazy: as in load()
     handler = get(format)
     plan_exact(ckpt, format)
     return handler.write(ckpt, Path(path), overwrite=overwrite, **options)

@@ -26,6 +26,7 @@ from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
+from converter.formats.ties import resolve_tied_head
 
 FORMAT = "native"
 FORMAT_KEY = "qckpt.format"
@@ -124,7 +125,6 @@ def plan_native(ckpt: Checkpoint) -> tuple[list[TensorPlan], dict[str, str], dic
 
     The tied-embedding rule of every writer applies (:func:`converter.formats.ties.resolve_tied_head`).
     """
-    from converter.formats.ties import resolve_tied_head
     drop, config, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans, meta = [], {"format": "pt", FORMAT_KEY: "native", "qckpt.version": VERSION,
                        "qckpt.source_format": ckpt.format}
@@ -157,7 +157,7 @@ def _parse_descriptor(src: Source, name: str, text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise FormatError(f"layout descriptor is not JSON: {exc}", file=src.path, tensor=name,
                           field=LAYOUT_PREFIX + name) from None
-    from converter.schemas import validate_document
+    from converter.schemas import validate_document  # lazy: jsonschema loads only when a native file is read
     validate_document(d, "layout", file=src.path, tensor=name)
     return d
 

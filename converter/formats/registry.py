@@ -193,6 +193,7 @@ def register(handler: FormatHandler) -> FormatHandler:
 
 
 def _ensure_loaded() -> None:
+    # lazy: each format module imports this one (register); importing them here at module level would be a cycle
     from converter.formats import _builtin  # noqa: F401  (registers the built-in formats)
 
 

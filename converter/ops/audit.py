@@ -17,6 +17,7 @@ from typing import Any
 from converter.groups import GroupMap
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes  # (re-exported for callers)
 from converter.tensor import Checkpoint, TensorSpec
+from converter.formats.safetensors_io import read_header
 
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
 
@@ -35,7 +36,6 @@ def tensor_roles(spec: TensorSpec) -> dict[str, int]:
 
 
 def _file_overheads(ckpt: Checkpoint, claimed: dict[str, int]) -> list[dict[str, Any]]:
-    from converter.formats.safetensors_io import read_header
     files = []
     for f in ckpt.files:
         p = Path(f)

@@ -14,6 +14,7 @@ from typing import Any
 
 from converter.formats.modules import OTHER, module_role
 from converter.formats.source import module_prefix
+from converter.ops.compare import compare_tensors
 from converter.tensor import Checkpoint, DenseTensor, StoredArray, TensorSpec
 
 QUANTIZED = "quantized"
@@ -94,9 +95,8 @@ def apply_module_policy(ckpt: Checkpoint, handler: Any) -> tuple[Checkpoint, lis
 def verify_dequantized(source: Checkpoint, out: Checkpoint, decisions: list[dict[str, Any]]) -> None:
     """Set ``readback_bit_exact`` on each ``dequantized`` decision: the dense tensor read back from
     ``out`` (the committed output, through the target's reader) holds float32 values equal to the
-    source tensor's dequantization, bit for bit (:func:`converter.ops.convert.compare_tensors`;
+    source tensor's dequantization, bit for bit (:func:`converter.ops.compare.compare_tensors`;
     one tensor in memory at a time)."""
-    from converter.ops.convert import compare_tensors
     for d in decisions:
         if d["decision"] != DEQUANTIZED:
             continue

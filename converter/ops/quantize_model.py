@@ -17,7 +17,7 @@ import numpy as np
 
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
 from converter.errors import FormatError
-from converter.formats.native import FORMAT as NATIVE
+from converter.formats.native import FORMAT as NATIVE, write_native
 from converter.groups import GroupMap
 from converter.write.engine import collect_results, task_result
 from converter.layout import IN, OUT
@@ -109,7 +109,6 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     dict of tensor name -> statistics row
         As the write's tasks returned them (the input of :func:`summarize`).
     """
-    from converter.formats.native import write_native
     view = quantize_checkpoint(src, opts)
     with collect_results() as got:
         write_native(view, dst, overwrite=overwrite)

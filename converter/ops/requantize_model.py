@@ -22,11 +22,16 @@ import numpy as np
 
 from converter.errors import ConverterError, NotRepresentableError
 from converter.formats import registry
-from converter.write.engine import collect_results, task_result
+from converter.write.engine import collect_results, task_result, run_tasks
 from converter.quant.error_report import summarize, tensor_report
 from converter.quant.format_quant import FormatQuantizer
 from converter.quant.requant import Target, classify, requantize, target_probe
 from converter.tensor import Checkpoint, QuantizedTensor, spec_of
+from converter.quant.recode import as_integer_zero, as_unsigned
+from converter.runtime import auto_workers
+from converter.write.atomic import check_not_inside
+from converter.ops.convert import plan_exact
+from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
 RESULT_KIND = "requantize"
@@ -48,7 +53,6 @@ def _digest(t: QuantizedTensor) -> str:
     is digested by its values instead.
     """
     import zlib
-    from converter.quant.recode import as_integer_zero, as_unsigned
 
     def crc(parts) -> str:
         c = 0
@@ -78,8 +82,6 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     The tensors are read and digested in the worker processes of the options in force
     (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
     """
-    from converter.runtime import auto_workers
-    from converter.write.engine import run_tasks
     names = list(rows)
     total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
 
@@ -181,10 +183,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     QuantizationError
         A scale that overflows the target scale dtype (names tensor and group).
     """
-    from converter.write.atomic import check_not_inside
-    from converter.ops.convert import plan_exact
     check_not_inside(src, dst)
-    from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
     source = registry.load(src)
     to = to or source.format
     handler = registry.check_writable(to)

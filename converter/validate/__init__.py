@@ -12,24 +12,20 @@ tests a format's name.
 from __future__ import annotations
 
 from converter.validate.findings import CODES, Finding
+from converter.validate.report import ValidationReport
 
 __all__ = ["validate", "self_test", "ValidationReport", "Finding", "CODES"]
 
 
 def validate(path, reference=None, strict: bool = False):
     """Validate a checkpoint; see :func:`converter.validate.run.validate`."""
+    # lazy: the CLI imports this package at start-up (validate.findings, for --help); run pulls in every format
     from converter.validate.run import validate as _validate
     return _validate(path, reference=reference, strict=strict)
 
 
 def self_test(**kwargs):
     """Run the axis probes on every registered format with a writer; see :func:`converter.validate.probes.self_test`."""
-    from converter.validate.probes import self_test as _self_test
+    from converter.validate.probes import self_test as _self_test  # lazy: pulls in every format (as above)
     return _self_test(**kwargs)
 
-
-def __getattr__(name: str):
-    if name == "ValidationReport":
-        from converter.validate.report import ValidationReport
-        return ValidationReport
-    raise AttributeError(name)

@@ -26,6 +26,8 @@ from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate.data_checks import MIN_ELEMENTS
 from converter.validate.findings import Finding, finding
+from converter.validate.interpretations import _orders, nibble_alternatives
+from converter.rows import Rows
 
 #: An alternative in-word order is reported when the tensor's within-word detail, read in that order,
 #: correlates with a sibling's at least this well (|r| of ranks; chance level 1/sqrt(dof)) ...
@@ -49,7 +51,6 @@ AMBIGUOUS_RATIO = 0.8
 
 def _word_perms(t: QuantizedTensor) -> tuple[str, int, int, dict[str, np.ndarray]] | None:
     """(packed axis, its length, fields per word, {alternative order name: index permutation along it})."""
-    from converter.validate.interpretations import _orders
     amap = (t.stored or {}).get("codes")
     if amap is None or amap.packed_axis is None or amap.packed_axis not in t.axes or amap.word_bits % amap.bits:
         return None
@@ -80,7 +81,6 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
     axis, length, word, perms = wp
     if tuple(t.axes) == ("out", "in"):
         # the same mean of squares accumulated over row blocks of values (never the whole float64 matrix)
-        from converter.rows import Rows
         rows = Rows(t)
         n_rows = t.shape[0]
         acc = np.zeros(length, dtype=np.float64) if axis == "in" else np.empty(length, dtype=np.float64)
@@ -280,7 +280,6 @@ def check_zero_pairing(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any
     sample, at least twice the declared spread on SmolLM2). Reported when another order brings the
     spread below :data:`PAIRING_RATIO` times the declared one. Skipped when every word lies inside one
     group (GPTQ, compressed-tensors: packed along their groups), where no order changes a group mean."""
-    from converter.validate.interpretations import nibble_alternatives
     if t.scheme.zero_point is not ZeroPoint.INTEGER or t.numel < MIN_ELEMENTS or _words_within_groups(t):
         return [], None
     alts = nibble_alternatives(t)

@@ -23,6 +23,7 @@ from converter.tensor import QuantizedTensor
 from converter.validate import data_checks, files, nibble_order, reader_errors, structural
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
+from converter.validate.reference import compare
 
 
 def _zero_convention(hook, source: Source, spec, report: ValidationReport) -> None:
@@ -129,7 +130,6 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
             report.add(finding("reference-missing", t.name, "no tensor of the same name and shape in the reference",
                                expected=list(t.shape), found=found))
         else:
-            from converter.validate.reference import compare
             ref = np.asarray(ref_ckpt[spec.name].dequantize(), dtype=np.float32)
             ref_findings, stats["reference"] = compare(t, ref)
             report.add(*ref_findings)

@@ -21,6 +21,7 @@ import weakref
 from collections import deque
 
 from converter.write.writeback import start_writeback
+from converter.errors import OutputWriteError
 
 __all__ = ["BackgroundWriter", "drain_process", "pause_threads", "pwrite_all", "DEFAULT_LIMIT"]
 
@@ -112,7 +113,6 @@ class BackgroundWriter:
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
                 err = exc
                 if isinstance(exc, OSError):  # one of qckpt's errors, naming the file (CLI: no traceback)
-                    from converter.errors import OutputWriteError
                     err = OutputWriteError("cannot write the output", file=self.path,
                                            field=f"{view.nbytes} bytes at offset {offset}",
                                            expected="all bytes written", found=exc.strerror or str(exc),

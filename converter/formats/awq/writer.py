@@ -11,7 +11,7 @@ from converter.errors import ConverterError, NotRepresentableError, UnsupportedE
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
 from converter.scheme import ZeroPoint
-from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason, spec_of
 from converter.formats.modules import dense_linear_modules
 from converter.write.plan import TensorPlan, dense_plan
 from converter.formats.base import write_directory
@@ -103,7 +103,6 @@ def encode_gemm(t: QuantizedTensor, group_size: int) -> dict[str, np.ndarray]:
         When :func:`check_target` refuses the tensor's spec, or a float bias is not an exact
         integer zero.
     """
-    from converter.tensor import spec_of
     gm = t.group_map
     if gm.g_idx is not None and gm.is_trivial_g_idx(t.shape[1]):  # sequential g_idx: plain groups
         t = t.replace(group_map=GroupMap(gm.granularity, gm.axis, gm.group_size))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError
+from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError, UnsupportedError
 from converter.groups import GroupMap
 from converter.layout import IN, OUT, AxisMap, PackedCodes
 from converter.kernels.packing import packed_length
@@ -145,7 +145,6 @@ def _read_shape(src: Source, prefix: str) -> tuple[int, int]:
     info = src.info(name)
     if info.dtype not in ("I64", "I32") or tuple(info.shape) != (2,):
         if info.dtype in ("I64", "I32") and len(info.shape) == 1 and info.shape[0] == 3:
-            from converter.errors import UnsupportedError
             raise UnsupportedError("3-D (stacked expert) compressed-tensors weights are not supported yet",
                                    file=src.file_of(name), tensor=name, field="shape", expected=[2],
                                    found=list(info.shape))

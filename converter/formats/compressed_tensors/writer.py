@@ -42,11 +42,11 @@ from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs,
                                                          emit_config, packing_for, parse_version)
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
+from converter.quant import recode
 
 
 def _recode():
     """``as_signed`` / ``as_integer_zero`` (converter.quant.recode)."""
-    from converter.quant import recode
     return recode.as_signed, recode.as_integer_zero
 
 

@@ -78,6 +78,7 @@ from converter.formats.gguf.schemes import (DENSE_TYPES, LEGACY_TYPES, MAX_DIMS,
                                             REQUANT_OPTIONS, FILE_TYPES, MANAGED_KEYS, gguf_module, quantize_to_gguf,
                                             scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
+from converter.formats.ties import resolve_tied_head
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
@@ -306,7 +307,6 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
-    from converter.formats.ties import resolve_tied_head
     drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
     seen: dict[str, str] = {}

@@ -23,6 +23,9 @@ from converter.formats.source import Source
 
 from converter.formats.gguf.schemes import (DENSE_TYPES, MAX_DIMS, axes_for, gguf_module, group_size_of, scheme_for,
                                             tensor_from_fields)
+from converter.formats.gguf.bounds import check_gguf_bounds
+from converter.formats.gguf.hf_config import hf_config_from_gguf
+from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
 
 @dataclass(frozen=True)
 class _Entry:
@@ -55,7 +58,6 @@ def _open_reader(path: Path):
     (every structural check: counts, alignment, dims, block multiples, offsets, overlap, padding),
     so GGUFReader never sees huge counts or lengths (it memory-maps and trusts them).
     """
-    from converter.formats.gguf.bounds import check_gguf_bounds
     bounds = check_gguf_bounds(path)
     gguf = gguf_module()
     try:
@@ -297,8 +299,6 @@ def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_name
     """``(config, side_files, skipped)``: the Hugging Face ``config.json`` dict (:mod:`.gguf_hf_config`;
     ``{}`` when the architecture is not mapped), the tokenizer files made on demand
     (:mod:`.gguf_hf_tokenizer`) and, per file not made, the reason."""
-    from converter.formats.gguf.hf_config import hf_config_from_gguf
-    from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
     skipped: dict[str, str] = {}
     try:
         config = hf_config_from_gguf(kv, gguf_names, kv_types=kv_types)

@@ -34,6 +34,7 @@ from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.formats.gguf.schemes import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
 from converter.formats.ties import HEAD, embedding_name
+from converter.quant.requant import Target
 
 __all__ = ["GGUF_QUANTIZER", "legacy_type_for", "requant_adapt", "requant_targets", "output_head"]
 
@@ -136,7 +137,6 @@ def output_head(ckpt) -> str | None:
 def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
     """``{name: (Target, reason)}``: the output head (or tied embedding) at Q8_0 when ``target``
     asks for fewer than 8 bits; empty when there is no quantized head or it gets 8 bits anyway."""
-    from converter.quant.requant import Target  # the quant layer builds targets; formats only name them
     name = output_head(ckpt)
     if name is None or ckpt.spec(name).kind != "quantized":
         return {}
