@@ -158,6 +158,10 @@ class OutputWriteError(ConverterError, OSError):
     """Writing the output failed (disk full, I/O error ...): names the file and the OS error."""
 
 
+class WorkerDiedError(ConverterError, RuntimeError):
+    """A worker process ended without reporting (killed by a signal, e.g. by the kernel for memory)."""
+
+
 class OutputExistsError(ConverterError, FileExistsError):
     """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
 

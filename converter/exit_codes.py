@@ -9,7 +9,8 @@ INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 TABLE = ((OK, "success; validate: no findings"),
          (FINDINGS, "validate: findings reported (errors, or warnings with --strict)"),
          (USAGE, "usage error: bad option, destination exists without --overwrite, DST inside SRC"),
-         (UNREADABLE, "input cannot be read or converted: missing, corrupt, unsupported or not representable"),
+         (UNREADABLE, "input cannot be read or converted: missing, corrupt, unsupported or not representable;"
+                       " or the work failed (output not writable, a worker process died)"),
          (INTERRUPTED, "interrupted (Ctrl-C); no partial output left"))
 
 

@@ -8,11 +8,17 @@
     with run_options(workers=2, max_memory="256M"):
         converter.save(ckpt, "out", format="compressed-tensors")
 
+Being a context variable, the options hold in the block's own thread (and in the kernels' row
+threads, which run in a copy of the caller's context); a thread the caller starts inside the
+block begins with the defaults, as :mod:`contextvars` does: set the options in that thread.
+
 **Processes and threads.** Worker processes (:mod:`converter.write.engine`) are forked only while
 no qckpt thread lives (the kernels' pool and the background writers are stopped first), and call
 :func:`mark_worker_process`: inside one, kernels stay single-threaded and BLAS runs one thread
 (:func:`limit_blas_threads`, through ``threadpoolctl``), so processes and threads never
-oversubscribe the cores (:func:`in_worker_process`). :func:`drop_pages` releases the resident
+oversubscribe the cores (:func:`in_worker_process`). "No qckpt thread" is what qckpt controls: a
+BLAS library's own worker threads may live at a fork (OpenBLAS and MKL register fork handlers
+for that). :func:`drop_pages` releases the resident
 pages of memory-mapped arrays between blocks.
 """
 
@@ -30,7 +36,7 @@ from converter.errors import FormatError
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "auto_workers", "limit_blas_threads",
            "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process", "DEFAULT_MAX_MEMORY",
-           "AUTO_PARALLEL_BYTES", "blas_limit"]
+           "AUTO_PARALLEL_BYTES"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
 #: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
@@ -143,15 +149,6 @@ def limit_blas_threads(n: int = 1) -> bool:
     from threadpoolctl import threadpool_info, threadpool_limits
     threadpool_limits(limits=int(n), user_api="blas")
     return any(info.get("user_api") == "blas" for info in threadpool_info())
-
-
-@contextlib.contextmanager
-def blas_limit(n: int = 1) -> Iterator[None]:
-    """BLAS threads capped at ``n`` inside the block, restored after (:func:`limit_blas_threads`'
-    rule for library callers, who do not go through ``qckpt``'s one-time cap)."""
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=int(n), user_api="blas"):
-        yield
 
 
 def drop_pages(*arrays: Any) -> None:

@@ -39,8 +39,11 @@ from converter.formats.source import Source, module_prefix
 FORMAT = "bitsandbytes"
 QS_PREFIX = ".weight.quant_state.bitsandbytes__"
 INT8_SCHEME = QuantScheme(8, True, ZeroPoint.NONE, scale_dtype="F32")
-#: Flattened 4-bit codes: one axis, high nibble first (``(q[0::2] << 4) | q[1::2]``).
-NIBBLE_MAP = AxisMap(stored_axes=(IN,), packed_axis=IN, bits=4, container="U8", order=(1, 0), packing="stream")
+#: bitsandbytes ``quantize_4bit`` into uint8: element ``2k`` in the high nibble (``(q[0::2] << 4) | q[1::2]``).
+NIBBLE_ORDER = (1, 0)
+#: Flattened 4-bit codes: one axis, high nibble first.
+NIBBLE_MAP = AxisMap(stored_axes=(IN,), packed_axis=IN, bits=4, container="U8", order=NIBBLE_ORDER,
+                     packing="stream")
 _4BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
 

@@ -34,12 +34,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from converter.errors import LayoutError
-from converter.kernels.word_layout import (BNB_NIBBLE_ORDER, LAYOUTS, _as_words, _check_axis,
+from converter.kernels.word_layout import (LAYOUTS, _as_words, _check_axis,
                                            _check_bits, _check_codes, _check_layout, _check_length, _check_order,
                                            _container_dtype, _slots, _unit, packed_length, padding_bits)
 
 # (the geometry's public names are re-exported: callers import them from here)
-__all__ = ["pack_codes", "unpack_codes", "packed_length", "padding_bits", "LAYOUTS", "BNB_NIBBLE_ORDER"]
+__all__ = ["pack_codes", "unpack_codes", "packed_length", "padding_bits", "LAYOUTS"]
 
 
 
@@ -114,8 +114,9 @@ def pack_codes(codes: np.ndarray, bits: int, *, axis: int, container: np.dtype =
         See the module docstring; identical when ``bits`` divides ``W``.
     order : sequence of int, optional
         In-word permutation: slot ``k`` holds element ``order[k]`` of the word's group of
-        ``W // bits`` elements. ``converter.formats.awq.ORDER`` for AutoAWQ GEMM, ``BNB_NIBBLE_ORDER`` for
-        bitsandbytes 4-bit in uint8. Only where words hold whole codes.
+        ``W // bits`` elements. ``converter.formats.awq.ORDER`` for AutoAWQ GEMM,
+        ``converter.formats.bnb.NIBBLE_ORDER`` for bitsandbytes 4-bit in uint8. Only where words
+        hold whole codes.
 
     Returns
     -------

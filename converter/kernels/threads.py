@@ -12,6 +12,7 @@ either.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -83,14 +84,17 @@ def split_rows(rows: int, step: int, n: int) -> list[tuple[int, int]]:
 
 def run_rows(fn: Callable[[int, int], Any], rows: int, step: int, threads: int) -> list[Any]:
     """``[fn(a, b) for each range of split_rows(rows, step, threads)]``, the ranges in parallel
-    (the first in the calling thread). An exception in any range is raised after all finish."""
+    (the first in the calling thread), each in a copy of the caller's :mod:`contextvars` context.
+    An exception in any range is raised after all finish."""
     if getattr(_LOCAL, "inside", False):  # nested in a range: no second hand-off (no deadlock)
         threads = 1
     ranges = split_rows(rows, step, threads)
     if len(ranges) <= 1:
         return [fn(*r) for r in ranges]
     pool = _pool(len(ranges) - 1)
-    futures = [pool.submit(_in_range, fn, a, b) for a, b in ranges[1:]]
+    # each range runs in a copy of the caller's context: the run options and an open task's result
+    # sink (ContextVars) are seen in the pool's threads as in the calling thread
+    futures = [pool.submit(contextvars.copy_context().run, _in_range, fn, a, b) for a, b in ranges[1:]]
     try:
         first = _in_range(fn, *ranges[0])
     finally:

@@ -14,13 +14,9 @@ import numpy as np
 
 from converter.errors import LayoutError, QuantizationError
 
-__all__ = ["LAYOUTS", "BNB_NIBBLE_ORDER", "packed_length", "padding_bits"]
+__all__ = ["LAYOUTS", "packed_length", "padding_bits"]
 
 LAYOUTS = ("stream", "padded")
-
-
-#: bitsandbytes 4-bit into uint8: element ``2k`` in the high nibble (``(q[0::2] << 4) | q[1::2]``).
-BNB_NIBBLE_ORDER = (1, 0)
 
 _UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
 

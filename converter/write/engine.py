@@ -22,7 +22,11 @@ The executor forks its workers on the first submission, before it starts its own
 **Errors.** The first failing task stops the pool and its exception is raised in the parent with
 its own type and fields (a :class:`ConverterError` keeps its class and every field), chained to
 a :class:`RemoteTraceback` holding the worker's traceback text, as :mod:`concurrent.futures` does.
-An exception that cannot be pickled arrives as a :class:`WorkerError` naming its type.
+An exception that cannot be pickled arrives as a :class:`WorkerError` naming its type; a
+``SystemExit`` raised inside a task arrives as a :class:`WorkerError` too (it must not end the
+parent silently; a ``KeyboardInterrupt`` stays itself: Ctrl-C reaches every process). A worker
+that dies without reporting (killed by a signal, e.g. by the kernel for memory) raises
+:class:`~converter.errors.WorkerDiedError`.
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import os
 import pickle
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator
 
-from converter.errors import ConverterError
+from converter.errors import ConverterError, WorkerDiedError
+from converter.kernels.blas import blas_threads
 from converter.kernels.threads import forget_pool, shutdown_pool
-from converter.runtime import blas_limit, limit_blas_threads, mark_worker_process
+from converter.runtime import limit_blas_threads, mark_worker_process
 from converter.write.background import drain_process, pause_threads
 
 __all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError",
@@ -129,6 +135,9 @@ def _call(fn: Callable[[int], Any], i: int) -> tuple[Any, dict]:
 def _pack_error(exc: BaseException) -> tuple:
     """A worker's exception in a form that survives pickling with its fields and traceback text."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if isinstance(exc, SystemExit):  # a task's exit must not end the parent silently (Ctrl-C stays itself)
+        cls = type(exc)
+        return ("other", f"{cls.__module__}.{cls.__qualname__}", str(exc), tb)
     if isinstance(exc, ConverterError):
         return ("converter", type(exc), dict(exc.__dict__), tb)
     try:
@@ -190,9 +199,13 @@ def prepare_fork() -> None:
 
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Stop a pool at once (after a failure): cancel what has not started, end the workers."""
-    for proc in list(getattr(pool, "_processes", {}).values()):
-        with contextlib.suppress(Exception):
-            proc.terminate()
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+    else:  # (the executor's own process table; a pool.shutdown alone would wait for running tasks)
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(Exception):
+                proc.terminate()
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -207,8 +220,8 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
         Runs in the worker (it sees the parent's state as of the fork); its small picklable
         return value is handed to ``on_result(i, result)`` in the parent, in completion order,
         and what it reported with :func:`task_result` to the open :func:`collect_results` blocks.
-        Inline and in the workers alike, BLAS runs one thread (:func:`converter.runtime.blas_limit`),
-        also for library callers.
+        Inline and in the workers alike, BLAS runs one thread (:func:`converter.kernels.blas.blas_threads`
+        inline, :func:`converter.runtime.limit_blas_threads` in a worker), also for library callers.
     workers : int
     on_result : callable(i, result)
     meanwhile : callable(), optional
@@ -222,13 +235,15 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
     BaseException
         The first failure, with its type and fields, its cause the worker's traceback text
         (:class:`RemoteTraceback`), after the pool is stopped.
+    WorkerDiedError
+        A worker process ended without reporting (killed by a signal).
     """
     global _TASK_FN
     workers = max(1, min(int(workers), n_tasks))
     if workers == 1 or n_tasks <= 1 or not hasattr(os, "fork"):
         if meanwhile is not None:
             meanwhile()
-        with blas_limit(1):  # as in a worker (and under qckpt): the kernels' threads share the cores
+        with blas_threads(1):  # as in a worker (and under qckpt): the kernels' threads share the cores
             for i in range(n_tasks):
                 res, results = _call(fn, i)
                 _deliver(results)
@@ -243,7 +258,12 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
         if meanwhile is not None:
             meanwhile()  # results queue up in the meantime
         for fut in as_completed(futures):
-            i, ok, res, results = fut.result()
+            try:
+                i, ok, res, results = fut.result()
+            except BrokenProcessPool as exc:
+                raise WorkerDiedError("a worker process died before finishing its task", field="--workers",
+                                      hint="it was probably killed for memory: retry with --workers 1 or a smaller"
+                                           " --max-memory") from exc
             if not ok:
                 raise _unpack_error(res)
             _deliver(results)

@@ -39,9 +39,11 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 class FormatConformance:
-    """Subclass with ``FORMAT = "<registered name>"``; a format with tool-decoded samples subclasses
-    :class:`ToolDecodeConformance` too (``SAMPLES = ((checkpoint, reference), ...)``), one written as a
-    model directory :class:`ModelDirConformance`, so no test of the suite is skipped."""
+    """Subclass with ``FORMAT = "<registered name>"``; a format that writes quantized tensors also
+    subclasses :class:`QuantizedFormatConformance`, one with tool-decoded samples
+    :class:`ToolDecodeConformance` (``SAMPLES = ((checkpoint, reference), ...)``), one written as a
+    model directory :class:`ModelDirConformance`: every test a format runs applies to it (none is
+    skipped, none passes on an empty loop)."""
 
     FORMAT: str = ""
     SAMPLES: tuple[tuple[Path, Path], ...] = ()
@@ -58,21 +60,11 @@ class FormatConformance:
         return tmp_path / (stem + (self.handler.output.suffix or ""))
 
     def _probes(self):
+        """The probe tensors the format accepts (none for a dense-only format)."""
         probes = list(_candidates(self.handler)) if self.handler.output.quantized else []
-        if self.handler.output.quantized:
-            assert probes, f"{self.FORMAT} accepts no probe scheme"
+        if isinstance(self, QuantizedFormatConformance):
+            assert self.handler.output.quantized and probes, f"{self.FORMAT} accepts no probe scheme"
         return probes
-
-    # -- round trip -------------------------------------------------------------------------------
-    def test_round_trip_on_prime_sized_probes(self, tmp_path):
-        for i, t in enumerate(self._probes()):
-            assert t.shape[0] == 13 or t.shape[0] % 2 == 0  # 13 rows unless the format needs even ones
-            dst = self._destination(tmp_path, f"rt{i}")
-            self.handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
-            back = registry.read(Source(dst), self.handler)[t.name]
-            assert isinstance(back, QuantizedTensor) and back.shape == t.shape, (self.FORMAT, t.scheme)
-            assert np.array_equal(as_unsigned(back).codes, as_unsigned(t).codes), (self.FORMAT, t.scheme)
-            assert np.array_equal(_bits(back.dequantize()), _bits(t.dequantize())), (self.FORMAT, t.scheme)
 
     def test_dense_tensors_round_trip(self, tmp_path):
         from converter.tensor import DenseTensor
@@ -81,12 +73,6 @@ class FormatConformance:
         self.handler.write(Checkpoint.from_tensors([d], format="memory", config=PROBE_CONFIG), dst)
         back = registry.read(Source(dst), self.handler)[d.name]
         assert np.array_equal(np.asarray(back.data, np.float32), d.data)
-
-    # -- axis probe -------------------------------------------------------------------------------
-    def test_axis_probe(self, tmp_path):
-        for t in self._probes():
-            res = run_probe(self.handler, t, tmp_path)
-            assert res.passed, res.to_json()
 
     # -- hostile inputs ---------------------------------------------------------------------------
     def _written(self, tmp_path: Path) -> Path:
@@ -116,6 +102,27 @@ class FormatConformance:
             biggest.write_bytes(data[:cut])
             with pytest.raises(ConverterError):
                 self._read_all(dst, self.handler)
+
+
+class QuantizedFormatConformance(FormatConformance):
+    """For a format that writes quantized tensors: the probe tensors it accepts (at least one)."""
+
+    # -- round trip -------------------------------------------------------------------------------
+    def test_round_trip_on_prime_sized_probes(self, tmp_path):
+        for i, t in enumerate(self._probes()):
+            assert t.shape[0] == 13 or t.shape[0] % 2 == 0  # 13 rows unless the format needs even ones
+            dst = self._destination(tmp_path, f"rt{i}")
+            self.handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
+            back = registry.read(Source(dst), self.handler)[t.name]
+            assert isinstance(back, QuantizedTensor) and back.shape == t.shape, (self.FORMAT, t.scheme)
+            assert np.array_equal(as_unsigned(back).codes, as_unsigned(t).codes), (self.FORMAT, t.scheme)
+            assert np.array_equal(_bits(back.dequantize()), _bits(t.dequantize())), (self.FORMAT, t.scheme)
+
+    # -- axis probe -------------------------------------------------------------------------------
+    def test_axis_probe(self, tmp_path):
+        for t in self._probes():
+            res = run_probe(self.handler, t, tmp_path)
+            assert res.passed, res.to_json()
 
 
 class ToolDecodeConformance(FormatConformance):

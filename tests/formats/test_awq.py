@@ -478,10 +478,10 @@ def test_modules_to_not_convert_kept_or_given(tmp_path):
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import ToolDecodeConformance, ModelDirConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance  # noqa: E402
 from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
 
 
-class TestAWQConformance(ToolDecodeConformance, ModelDirConformance):
+class TestAWQConformance(QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance):
     FORMAT = "awq"
     SAMPLES = ((_SAMPLES / "awq_gemm_w4_g128_zp", _SAMPLES / "awq_gemm_w4_g128_zp" / "reference_dequant.safetensors"),)

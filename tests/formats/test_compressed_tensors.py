@@ -370,11 +370,11 @@ def test_wide_unpacked_zero_points_range_checked_before_narrowing(tmp_path, dtyp
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import ToolDecodeConformance, ModelDirConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance  # noqa: E402
 from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
 
 
-class TestCompressedTensorsConformance(ToolDecodeConformance, ModelDirConformance):
+class TestCompressedTensorsConformance(QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance):
     FORMAT = "compressed-tensors"
     SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
                     for d in ("ct_pack_w4a16_channel_sym", "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym",

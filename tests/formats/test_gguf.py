@@ -607,11 +607,11 @@ def test_compressed_tensors_g32_to_q4_0_and_back_reproduces_codes_and_scales(tmp
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import ToolDecodeConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance, ToolDecodeConformance  # noqa: E402
 from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
 
 
-class TestGGUFConformance(ToolDecodeConformance):
+class TestGGUFConformance(QuantizedFormatConformance, ToolDecodeConformance):
     FORMAT = "gguf"
     SAMPLES = tuple((_SAMPLES / "gguf" / f, _SAMPLES / "gguf" / (f + ".reference_dequant.safetensors"))
                     for f in ("minilm_gguf_F16.gguf", "minilm_gguf_Q4_0.gguf", "minilm_gguf_Q4_1.gguf",

@@ -570,11 +570,11 @@ def test_sharded_write_and_extra_files_round_trip(tmp_path):
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import ToolDecodeConformance, ModelDirConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance  # noqa: E402
 from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
 
 
-class TestGPTQConformance(ToolDecodeConformance, ModelDirConformance):
+class TestGPTQConformance(QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance):
     FORMAT = "gptq"
     SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
                     for d in ("gptq_w4_g128_sym", "gptq_w4_gchan_sym"))

@@ -340,11 +340,11 @@ def test_transformers5_rope_parameters_become_the_top_level_keys_mlx_lm_reads(tm
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import ToolDecodeConformance, ModelDirConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance  # noqa: E402
 from tests.conftest import SAMPLES as _SAMPLES  # noqa: E402
 
 
-class TestMLXConformance(ToolDecodeConformance, ModelDirConformance):
+class TestMLXConformance(QuantizedFormatConformance, ToolDecodeConformance, ModelDirConformance):
     FORMAT = "mlx"
     SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
                     for d in ("mlx_affine_g32_b8", "mlx_affine_g64_b4"))

@@ -129,8 +129,8 @@ def test_double_quant_kind_survives_in_the_spec(tmp_path):
 
 
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
-from tests.formats.conformance import FormatConformance  # noqa: E402
+from tests.formats.conformance import QuantizedFormatConformance  # noqa: E402
 
 
-class TestNativeConformance(FormatConformance):
+class TestNativeConformance(QuantizedFormatConformance):
     FORMAT = "native"

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from converter.errors import LayoutError, QuantizationError
 from converter.formats.awq import ORDER as AWQ_ORDER
-from converter.kernels.packing import (BNB_NIBBLE_ORDER, pack_codes, packed_length,
+from converter.formats.bnb import NIBBLE_ORDER as BNB_NIBBLE_ORDER
+from converter.kernels.packing import (pack_codes, packed_length,
                                      padding_bits, unpack_codes)
 
 CONTAINERS = (np.uint8, np.uint16, np.uint32)

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from converter import exit_codes
 from converter.cli import main
-from converter.errors import QuantizationError
+from converter.errors import QuantizationError, WorkerDiedError
 from converter.kernels import threads as kthreads
-from converter.runtime import run_options
+from converter.runtime import current, run_options
 from converter.write.background import BackgroundWriter
-from converter.write.engine import RemoteTraceback, WorkerError, run_tasks
+from converter.write.engine import RemoteTraceback, WorkerError, collect_results, run_tasks, task_result
 from tests.conftest import SAMPLES
 
 
@@ -150,3 +151,47 @@ def test_tasks_run_with_one_blas_thread_for_library_callers_too(workers):
         run_tasks(2, blas_threads, workers=workers, on_result=got.__setitem__)
         assert blas_threads(0) == outside  # restored after the run
     assert outside and outside == [2] * len(outside) and all(v == [1] * len(outside) for v in got.values())
+
+
+def _kill_self_in_task(i: int) -> int:
+    if i == 1:
+        os.kill(os.getpid(), 9)  # as the kernel's OOM killer would
+    return i
+
+
+def test_a_killed_worker_is_a_typed_error_naming_the_way_out():
+    with pytest.raises(WorkerDiedError, match="a worker process died before finishing its task") as ei:
+        run_tasks(3, _kill_self_in_task, workers=2, on_result=lambda i, r: None)
+    assert ei.value.field == "--workers" and "--workers 1" in ei.value.hint
+    assert ei.value.exit_code == exit_codes.UNREADABLE
+
+
+def _exit_in_task(i: int) -> int:
+    if i == 0:
+        raise SystemExit(3)
+    return i
+
+
+def test_a_system_exit_in_a_task_does_not_end_the_parent():
+    with pytest.raises(WorkerError, match="SystemExit: 3"):
+        run_tasks(2, _exit_in_task, workers=2, on_result=lambda i, r: None)
+
+
+def test_results_reported_from_a_kernel_row_thread_reach_the_collector():
+    """A result reported inside a row range (the kernels' thread pool) joins the running task's
+    results, as one reported from the task's own thread does (the ranges run in the caller's context)."""
+    def task(i: int) -> int:
+        def rows(a: int, b: int) -> None:
+            task_result("rows", f"{i}:{a}", b - a)
+        kthreads.run_rows(rows, 8, 2, 4)  # 4 ranges: 3 of them on the pool's threads
+        return i
+    with run_options(workers=4), collect_results() as got:
+        run_tasks(2, task, workers=1, on_result=lambda i, r: None)
+    assert got == {("rows", f"{i}:{a}"): 2 for i in range(2) for a in (0, 2, 4, 6)}
+
+
+def test_run_options_reach_the_kernel_row_threads():
+    seen = []
+    with run_options(workers=3, max_memory="64M", quiet=False):
+        kthreads.run_rows(lambda a, b: seen.append(current()), 6, 2, 3)
+    assert len(seen) == 3 and all((o.workers, o.max_memory, o.quiet) == (3, 64 * 2**20, False) for o in seen)
