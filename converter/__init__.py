@@ -41,17 +41,20 @@ def load(path: str | Path, *, format: str | None = None) -> Checkpoint:
     return _load(path, format=format)
 
 
-def save(ckpt: Checkpoint, path: str | Path, *, format: str = "native", overwrite: bool = False,
+def save(ckpt: Checkpoint, path: str | Path, *, format: str | None = None, overwrite: bool = False,
          **options: Any) -> dict:
-    """Write ``ckpt`` in ``format`` (``native``, ``plain`` or a registered format), atomically.
+    """Write ``ckpt`` in ``format`` (a registered format name; ``None``: qckpt's native format,
+    :data:`converter.formats.native.FORMAT`), atomically.
 
     Raises
     ------
     ConverterError
         Unknown format, a tensor the format cannot hold, or an existing ``path`` without ``overwrite``.
     """
+    from converter.formats.native import FORMAT as NATIVE  # lazy: as in load()
     from converter.formats.registry import get  # lazy: as in load()
     from converter.ops.convert import plan_exact  # lazy: as in load()
+    format = NATIVE if format is None else format
     handler = get(format)
     plan_exact(ckpt, format)
     return handler.write(ckpt, Path(path), overwrite=overwrite, **options)

@@ -134,3 +134,10 @@ from tests.formats.conformance import QuantizedFormatConformance  # noqa: E402
 
 class TestNativeConformance(QuantizedFormatConformance):
     FORMAT = "native"
+
+
+def test_save_without_a_format_writes_native(tmp_path):
+    p = tmp_path / "default.safetensors"
+    converter.save(_ckpt(), p)
+    assert converter.load(p).format == "native"
+    assert read_header(p).metadata["qckpt.format"] == "native"

@@ -103,3 +103,38 @@ def test_hand_computed_codes_and_scales():
     assert got.codes.tolist() == [[0, 15, 7, 5]]  # 2.5 -> 2 (half to even), + 5
     whole = Q.quantize(x, asym, GroupMap.per_tensor())  # not row-blocked: the whole-array path
     assert whole.codes.tolist() == [[0, 15, 7, 5]] and whole.zero_points.tolist() == [[5]]
+
+
+# Hand-computed values, independent of the kernels (the blocked-vs-whole comparisons above share
+# the kernels' formulas since the two paths became one).
+TINY16 = float(np.finfo(np.float16).smallest_subnormal)  # 2^-24
+
+
+@pytest.mark.parametrize("rounding,codes", [("half_even", [7, 2, -2, 0]), ("half_away", [7, 3, -2, 1])])
+def test_hand_values_rounding_of_exact_halves(rounding, codes):
+    # max|x| = 0.875 -> scale 0.875 / 7 = 0.125 (exact in fp16); x / 0.125 = 7, 2.5, -1.5, 0.5
+    s = QuantScheme(4, True, ZeroPoint.NONE, "F16", rounding=rounding)
+    x = np.array([[0.875, 0.3125, -0.1875, 0.0625]], np.float32)
+    for got in (_rows(x, s, GroupMap.per_channel()), Q.quantize(x, s, GroupMap.per_channel())):
+        assert got.scales.dtype == np.float16 and float(got.scales.reshape(-1)[0]) == 0.125
+        assert got.codes.reshape(-1).tolist() == codes
+
+
+def test_hand_values_fp16_scale_rounding():
+    # 0.7 / 7 = 0.1 in float32; fp16 spacing on [2^-4, 2^-3) is 2^-14: 0.1 * 2^14 = 1638.4 -> 1638,
+    # scale 1638 * 2^-14 = 0.0999755859375; codes round(x / scale): 7.0017 -> 7, -3.5009 -> -4, 1.0002 -> 1
+    s = QuantScheme(4, True, ZeroPoint.NONE, "F16")
+    x = np.array([[0.7, -0.35, 0.1, 0.0]], np.float32)
+    for got in (_rows(x, s, GroupMap.per_channel()), Q.quantize(x, s, GroupMap.per_channel())):
+        assert float(got.scales.reshape(-1)[0]) == 1638 * 2.0 ** -14 == 0.0999755859375
+        assert got.codes.reshape(-1).tolist() == [7, -4, 1, 0]
+
+
+def test_hand_values_clip_where_the_fp16_scale_rounds_down():
+    # max|x| = 10.43 * 2^-24 -> scale 1.49 * 2^-24 rounds to one fp16 subnormal step (2^-24);
+    # x / 2^-24 = 10.43 -> 10, above qmax 7: clipped to 7; -3 * 2^-24 -> -3
+    s = QuantScheme(4, True, ZeroPoint.NONE, "F16")
+    x = np.array([[np.float32(1.49 * 7) * np.float32(TINY16), -3 * TINY16, 0.0, TINY16]], np.float32)
+    for got in (_rows(x, s, GroupMap.per_channel()), Q.quantize(x, s, GroupMap.per_channel())):
+        assert float(got.scales.reshape(-1)[0]) == TINY16
+        assert got.codes.reshape(-1).tolist() == [7, -3, 0, 1]

@@ -64,90 +64,23 @@ import numpy as np
 
 from converter.quant.recode import as_groups, exact_cast
 from converter.errors import ErrorKind, ConverterError, FormatError, NotRepresentableError, UnsupportedError
-from converter.groups import Granularity
 from converter.write.atomic import atomic_output
 from converter.write.files import write_at_offsets
-from converter.layout import EXPERT, IN, OUT
-from converter.scheme import ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, opaque_reason
-from converter.formats.gguf.blocks import BlockFields, KQuantCodec, codec_for, CODECS
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
+from converter.formats.gguf.blocks import BlockFields, codec_for
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
-from converter.formats.registry import NO_OPTIONS, FormatHandler, TargetOptions, OutputKind, ValidationHooks, register
+from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
 from converter.formats.gguf.schemes import (DENSE_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES, QUANTIZATION_VERSION,
-                                            REQUANT_OPTIONS, FILE_TYPES, MANAGED_KEYS, gguf_module, quantize_to_gguf,
+                                            FILE_TYPES, MANAGED_KEYS, gguf_module, quantize_to_gguf,
                                             scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
+from converter.formats.gguf.targets import check_target, legacy_match
 from converter.formats.ties import resolve_tied_head
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
            "LEGACY_TYPES", "DENSE_TYPES"]
-
-def _k_quant_note(spec: TensorSpec) -> str | None:
-    for n in spec.notes:
-        if n.startswith("ggml_type="):
-            t = n.split("=", 1)[1]
-            if isinstance(CODECS.get(t), KQuantCodec):
-                return t
-    return None
-
-
-def _legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
-    """``(type_name, None)`` when the spec is a legacy ggml type exactly, else ``(None, reason)``."""
-    s, gm = spec.scheme, spec.group_map
-    if s is None or gm is None or spec.axes is None:
-        return None, "tensor has no supported quantization scheme (" + "; ".join(spec.notes) + ")"
-    kq = _k_quant_note(spec)
-    if kq:
-        return None, (f"{kq} K-quant (two-level scales): writing K-quants is not supported (gguf-py has no K-quant "
-                      "encoder) and d*sc is generally not one fp16 block scale; requantize to a legacy type")
-    if s.codebook is not None:
-        return None, "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
-    # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
-    # (converter.quant.recode.as_groups), an exact re-expression
-    regroupable = (gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
-                   or (gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size % 32 == 0))
-    if not regroupable or spec.act_order:
-        return None, (f"GGUF legacy blocks are 32 consecutive elements along 'in' (or a parameter shared by "
-                      f"whole 32-blocks); the tensor has {gm.describe()}"
-                      f"{' with act-order g_idx' if spec.act_order else ''}")
-    axes = tuple(spec.axes)
-    if axes not in ((OUT, IN), (EXPERT, OUT, IN)):
-        return None, f"GGUF quantized tensors are (out, in) or (expert, out, in); found axes {list(axes)}"
-    if spec.shape[-1] % 32:
-        return None, f"'in' = {spec.shape[-1]} is not a multiple of the 32-element block"
-    if s.scale_dtype not in ("F16", "BF16", "F32"):
-        return None, f"{s.scale_dtype} scales cannot be stored as fp16 block scales exactly"
-    if s.zero_point is ZeroPoint.NONE:
-        t = {4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}.get(s.bits)
-        if t is None:
-            return None, f"no symmetric GGUF legacy type has {s.bits}-bit codes (Q4_0, Q5_0, Q8_0)"
-        return t, None
-    if s.zero_point is ZeroPoint.FLOAT:
-        if s.signed:
-            return None, "signed codes with float biases: Q4_1/Q5_1 store unsigned codes (x = d*q + m)"
-        t = {4: "Q4_1", 5: "Q5_1"}.get(s.bits)
-        if t is None:
-            return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
-        return t, None
-    return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
-                  f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
-
-
-def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
-    """None if ``spec`` can be written to GGUF without requantizing, else the reason.
-
-    Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
-    32 along ``in``). F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is
-    checked at write time (NotRepresentableError when a cast would round).
-    """
-    if spec.kind == "opaque":
-        return opaque_reason(spec)
-    if spec.kind == "dense":
-        return None if spec.dtype in DENSE_TYPES else f"dtype {spec.dtype} has no GGUF tensor type"
-    return _legacy_match(spec)[1]
-
 
 def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
     """``a`` as float16 if every value survives the cast exactly (GGUF block scales are ``ggml_half``)."""
@@ -232,7 +165,7 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
     if spec.kind == "dense":
         type_name = spec.dtype
     else:
-        type_name = _legacy_match(spec)[0]
+        type_name = legacy_match(spec)[0]
         if gguf_type is not None and type_name != gguf_type:
             raise NotRepresentableError(f"tensor's scheme is {type_name}, not the requested {gguf_type}",
                                         tensor=spec.name, field="gguf_type", expected=gguf_type, found=type_name,

@@ -1,0 +1,84 @@
+"""Which checkpoint tensors GGUF holds exactly (no requantization): the legacy-type match.
+
+A quantized tensor is written to GGUF as it is only when its scheme *is* a legacy ggml type
+(Q4_0/Q5_0/Q8_0 symmetric, Q4_1/Q5_1 float bias) in 32-element blocks along ``in`` (or a
+per-tensor / per-channel / 32k-group scale that each block repeats exactly); K-quants are read
+but not written. :func:`check_target` is the handler's answer, :func:`legacy_match` the type.
+"""
+
+from __future__ import annotations
+
+from converter.formats.gguf.blocks import CODECS, KQuantCodec
+from converter.formats.gguf.schemes import DENSE_TYPES, REQUANT_OPTIONS
+from converter.formats.registry import NO_OPTIONS, TargetOptions
+from converter.groups import Granularity
+from converter.layout import EXPERT, IN, OUT
+from converter.scheme import ZeroPoint
+from converter.tensor import TensorSpec, opaque_reason
+
+__all__ = ["check_target", "legacy_match"]
+
+
+def _k_quant_note(spec: TensorSpec) -> str | None:
+    for n in spec.notes:
+        if n.startswith("ggml_type="):
+            t = n.split("=", 1)[1]
+            if isinstance(CODECS.get(t), KQuantCodec):
+                return t
+    return None
+
+
+def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
+    """``(type_name, None)`` when the spec is a legacy ggml type exactly, else ``(None, reason)``."""
+    s, gm = spec.scheme, spec.group_map
+    if s is None or gm is None or spec.axes is None:
+        return None, "tensor has no supported quantization scheme (" + "; ".join(spec.notes) + ")"
+    kq = _k_quant_note(spec)
+    if kq:
+        return None, (f"{kq} K-quant (two-level scales): writing K-quants is not supported (gguf-py has no K-quant "
+                      "encoder) and d*sc is generally not one fp16 block scale; requantize to a legacy type")
+    if s.codebook is not None:
+        return None, "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
+    # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
+    # (converter.quant.recode.as_groups), an exact re-expression
+    regroupable = (gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
+                   or (gm.granularity is Granularity.GROUP and gm.axis == IN and gm.group_size % 32 == 0))
+    if not regroupable or spec.act_order:
+        return None, (f"GGUF legacy blocks are 32 consecutive elements along 'in' (or a parameter shared by "
+                      f"whole 32-blocks); the tensor has {gm.describe()}"
+                      f"{' with act-order g_idx' if spec.act_order else ''}")
+    axes = tuple(spec.axes)
+    if axes not in ((OUT, IN), (EXPERT, OUT, IN)):
+        return None, f"GGUF quantized tensors are (out, in) or (expert, out, in); found axes {list(axes)}"
+    if spec.shape[-1] % 32:
+        return None, f"'in' = {spec.shape[-1]} is not a multiple of the 32-element block"
+    if s.scale_dtype not in ("F16", "BF16", "F32"):
+        return None, f"{s.scale_dtype} scales cannot be stored as fp16 block scales exactly"
+    if s.zero_point is ZeroPoint.NONE:
+        t = {4: "Q4_0", 5: "Q5_0", 8: "Q8_0"}.get(s.bits)
+        if t is None:
+            return None, f"no symmetric GGUF legacy type has {s.bits}-bit codes (Q4_0, Q5_0, Q8_0)"
+        return t, None
+    if s.zero_point is ZeroPoint.FLOAT:
+        if s.signed:
+            return None, "signed codes with float biases: Q4_1/Q5_1 store unsigned codes (x = d*q + m)"
+        t = {4: "Q4_1", 5: "Q5_1"}.get(s.bits)
+        if t is None:
+            return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
+        return t, None
+    return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
+                  f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
+
+
+def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
+    """None if ``spec`` can be written to GGUF without requantizing, else the reason.
+
+    Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
+    32 along ``in``). F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is
+    checked at write time (NotRepresentableError when a cast would round).
+    """
+    if spec.kind == "opaque":
+        return opaque_reason(spec)
+    if spec.kind == "dense":
+        return None if spec.dtype in DENSE_TYPES else f"dtype {spec.dtype} has no GGUF tensor type"
+    return legacy_match(spec)[1]
