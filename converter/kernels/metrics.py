@@ -36,13 +36,12 @@ class ErrorStats:
 
 
 @dataclass(frozen=True)
-class Figures:
+class Figures(ErrorStats):
     """Every error figure of one comparison of ``approx`` against ``ref`` (a report's ``vs_source``
-    / ``vs_reference`` entry).
+    / ``vs_reference`` entry): the :class:`ErrorStats` fields, then those below.
 
     Attributes
     ----------
-    numel, mse, rmse, max_abs, rel_frobenius, sqnr_db, exact, changed_fraction : as :class:`ErrorStats`.
     worst_channel : ``{"index": [...], "mse": float}``: the output row with the largest MSE.
     worst_group : ``{"index": [...], "mse": float, "elements": int}``: the target group with the
         largest MSE (index in parameter shape).
@@ -53,14 +52,6 @@ class Figures:
         Not part of :meth:`to_json`.
     """
 
-    numel: int
-    mse: float
-    rmse: float
-    max_abs: float
-    rel_frobenius: float | None
-    sqnr_db: float | None
-    exact: bool
-    changed_fraction: float
     worst_channel: dict | None
     worst_group: dict | None
     output_rel_error: float | None
