@@ -11,6 +11,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from converter.formats.gptq import format as gptq
+from converter.tensor import Checkpoint
 from converter.validate import validate
 from tests.conftest import SAMPLES
 
@@ -18,6 +20,13 @@ FP16 = SAMPLES / "minilm_fp16.safetensors"
 QUERY = "encoder.layer.0.attention.self.query.weight"
 POOLER = "encoder.layer.0.attention.self.key.weight"
 OUTPUT = "encoder.layer.0.output.dense.weight"
+
+
+def write_gptq(tmp_path: Path, t, name: str = "m", **kw) -> Path:
+    """A GPTQ model directory ``tmp_path / name`` holding the one tensor ``t`` (``write_gptq`` options in ``kw``)."""
+    d = tmp_path / name
+    gptq.write_gptq(Checkpoint.from_tensors([t]), d, **kw)
+    return d
 
 
 def copy_sample(name: str, tmp_path: Path) -> Path:

@@ -7,15 +7,10 @@ from safetensors.numpy import save_file
 
 from converter.formats.gptq import format as gptq
 from converter.layout import IN, OUT
-from converter.tensor import Checkpoint
 from converter.validate import validate
 from tests.validate.helpers import assert_finding
 
 
-def _write_gptq(tmp_path, t, name="m", **kw):
-    d = tmp_path / name
-    gptq.write_gptq(Checkpoint.from_tensors([t]), d, **kw)
-    return d
 
 
 def test_b03_unmasked_v1_zero_packing_is_caught_against_the_reference(tmp_path):

@@ -3,22 +3,17 @@
 import numpy as np
 
 import converter
-from converter.formats.gptq import format as gptq
 from converter.groups import GroupMap
 from converter.layout import IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
-from converter.tensor import Checkpoint, QuantizedTensor
+from converter.tensor import QuantizedTensor
 from converter.validate import validate
 from converter.validate.interpretations import alternatives
-from tests.validate.helpers import assert_finding, edit_config
+from tests.validate.helpers import assert_finding, edit_config, write_gptq
 
 U4 = QuantScheme(4, False, ZeroPoint.NONE, "F16")
 
 
-def _write_gptq(tmp_path, t, name="m", **kw):
-    d = tmp_path / name
-    gptq.write_gptq(Checkpoint.from_tensors([t]), d, **kw)
-    return d
 
 
 def test_b01_v2_zeros_read_as_v1(tmp_path):
@@ -26,7 +21,7 @@ def test_b01_v2_zeros_read_as_v1(tmp_path):
     t = QuantizedTensor("m.fc.weight", (OUT, IN), stored.T.copy(), np.array([[0.5], [0.25]], np.float16), U4,
                         GroupMap.per_channel(OUT))
     right = np.array([[0, -1.5, 3.5, 0], [1.0, 0, -2.0, 0.25]], np.float32)
-    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    d = write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
     assert np.array_equal(converter.load(d)["m.fc.weight"].dequantize(), right)
     assert validate(d).findings == []
     edit_config(d, lambda qc: qc.update(checkpoint_format="gptq", format="gptq"))  # the buggy reading

@@ -9,30 +9,25 @@ import pytest
 from safetensors.numpy import save_file
 
 import converter
-from converter.formats.gptq import format as gptq
 from converter.groups import GroupMap
 from converter.layout import IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 from converter.validate import validate
 from converter.validate.interpretations import alternatives
-from tests.validate.helpers import assert_finding, copy_sample, edit_config
+from tests.validate.helpers import assert_finding, copy_sample, edit_config, write_gptq
 
 U4 = QuantScheme(4, False, ZeroPoint.NONE, "F16")
 U4Z = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
 
 
-def _write_gptq(tmp_path, t, name="m", **kw):
-    d = tmp_path / name
-    gptq.write_gptq(Checkpoint.from_tensors([t]), d, **kw)
-    return d
 
 
 def test_b11_g_idx_with_act_order_not_declared(tmp_path):
     t = QuantizedTensor("m.fc.weight", (OUT, IN), np.array([[10, 11, 12, 13]], np.uint8),
                         np.array([[0.1, 1.0]], np.float16), U4,
                         GroupMap.per_group(2, IN, np.array([1, 0, 1, 0], np.int32)))
-    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    d = write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
     back = converter.load(d)["m.fc.weight"]
     assert np.allclose(back.dequantize(), [[2.0, 0.3, 4.0, 0.5]], rtol=1e-3)
     assert np.allclose(alternatives(back)["sequential groups (g_idx ignored)"], [[0.2, 0.3, 4.0, 5.0]], rtol=1e-3)
@@ -57,7 +52,7 @@ def test_b13_b14_partial_group_reports_padding_and_legal_sizes(tmp_path, width, 
     scales = np.resize(np.array([0.125, 0.5], np.float16), ng).reshape(1, ng)
     t = QuantizedTensor("m.fc.weight", (OUT, IN), (rel + 8).astype(np.uint8).reshape(1, width), scales, U4,
                         GroupMap.per_group(group, IN))
-    d = _write_gptq(tmp_path, t)
+    d = write_gptq(tmp_path, t)
     back = converter.load(d)["m.fc.weight"].dequantize()
     if width == 6:
         assert back.tolist() == [[0.25, -0.125, 0.375, 0.125, 2.0, -1.0]]  # the tail keeps its own scale
@@ -158,7 +153,7 @@ def test_b38_block_size_512_is_reported_with_the_exact_reblocking(tmp_path):
     K, N, G = 2048, 4, 512
     t = QuantizedTensor("m.fc.weight", (OUT, IN), np.full((N, K), 2, np.uint8), np.full((N, K // G), 0.5, np.float16),
                         U4Z, GroupMap.per_group(G, IN), zero_points=np.full((N, K // G), 3, np.int16))
-    d = _write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
+    d = write_gptq(tmp_path, t, checkpoint_format="gptq_v2")
     w = converter.load(d)["m.fc.weight"].dequantize()
     assert (w @ np.ones(K, np.float32)).tolist() == [-1024.0] * N
     f = assert_finding(validate(d), "group-size", "m.fc.weight")
