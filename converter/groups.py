@@ -13,6 +13,10 @@ Granularities (no ``group_size = -1`` sentinel; compressed-tensors' ``strategy``
   (AutoGPTQ ``GPTQ.fasterquant``; FORMATS.md section 1.5).
 - ``flat_block``: blocks of ``group_size`` over the row-major flattened tensor, straddling rows
   (bitsandbytes 4-bit, FORMATS.md section 6.2).
+- ``block``: 2-D tiles with an extent per named axis, e.g. ``{"out": 128, "in": 128}`` (DeepSeek-V3
+  ``weight_block_size``, compressed-tensors ``block_structure``): ``ceil(n / extent)`` blocks along
+  each tiled axis, the last one partial when the extent does not divide the axis (all counted),
+  separately for every expert. An axis the block does not name is covered whole.
 
 A parameter array (scales, zero points) has the *parameter shape*: the logical shape with the
 group axis replaced by the number of groups, and collapsed axes replaced by 1.
@@ -40,6 +44,7 @@ class Granularity(str, Enum):
     CHANNEL = "channel"
     GROUP = "group"
     FLAT_BLOCK = "flat_block"
+    BLOCK = "block"
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +61,8 @@ class GroupMap:
         Elements per group (``group`` and ``flat_block`` only).
     g_idx : ndarray of int32, shape ``(n_axis,)``, optional
         Group of each index along ``axis`` (``group`` only); ``None`` means ``i // group_size``.
+    block : tuple of (axis, extent) pairs, optional
+        ``block`` only: the tile extent along each tiled axis (``(("out", 128), ("in", 128))``).
 
     Raises
     ------
@@ -68,10 +75,12 @@ class GroupMap:
     axis: str | None = None
     group_size: int | None = None
     g_idx: np.ndarray | None = None
+    block: tuple[tuple[str, int], ...] | None = None
 
     def __post_init__(self) -> None:
         g = Granularity(self.granularity)
         object.__setattr__(self, "granularity", g)
+        self._check_block(g)
         if g in (Granularity.CHANNEL, Granularity.GROUP):
             if self.axis is None:
                 raise LayoutError(f"{g.value} granularity needs an axis", field="group_map.axis")
@@ -95,6 +104,31 @@ class GroupMap:
                                   found=f"{gi.dtype} {list(gi.shape)}")
             object.__setattr__(self, "g_idx", gi.astype(np.int32, copy=False))
 
+    def _check_block(self, g: Granularity) -> None:
+        if g is not Granularity.BLOCK:
+            if self.block is not None:
+                raise LayoutError(f"{g.value} granularity takes no block extents", field="group_map.block",
+                                  found=self.block)
+            return
+        if self.block is None or self.axis is not None or self.group_size is not None:
+            raise LayoutError("block granularity takes block extents only", field="group_map.block",
+                              expected="((axis, extent), ...)", found=self.block)
+        try:
+            pairs = tuple((str(a), int(n)) for a, n in (self.block.items() if isinstance(self.block, Mapping)
+                                                       else self.block))
+        except (TypeError, ValueError):
+            raise LayoutError("block extents must be (axis, extent) pairs", field="group_map.block",
+                              found=repr(self.block)) from None
+        names = [a for a, _ in pairs]
+        if not pairs or len(set(names)) != len(names) or not set(names) <= {"out", "in"}:
+            raise LayoutError("block extents name each of out / in at most once", field="group_map.block",
+                              expected="out and/or in", found=names)
+        bad = [n for _, n in pairs if not 1 <= n <= MAX_GROUP_SIZE]
+        if bad:
+            raise LayoutError("block extent must be a positive integer", field="group_map.block",
+                              expected=f"1 ..= {MAX_GROUP_SIZE}", found=bad[0])
+        object.__setattr__(self, "block", tuple(sorted(pairs, key=lambda p: ("out", "in").index(p[0]))))
+
     # -- constructors -------------------------------------------------------------------------
     @classmethod
     def per_tensor(cls) -> "GroupMap":
@@ -108,6 +142,16 @@ class GroupMap:
     def per_group(cls, group_size: int, axis: str = "in", g_idx: np.ndarray | None = None) -> "GroupMap":
         return cls(Granularity.GROUP, axis=axis, group_size=int(group_size), g_idx=g_idx)
 
+    @classmethod
+    def per_block(cls, out: int | None = 128, in_: int | None = 128) -> "GroupMap":
+        """Tiles of ``out`` x ``in_`` elements (either may be None: that axis is covered whole)."""
+        pairs = tuple((a, int(n)) for a, n in (("out", out), ("in", in_)) if n is not None)
+        return cls(Granularity.BLOCK, block=pairs)
+
+    def extent(self, axis: str) -> int | None:
+        """``block``: the tile extent along ``axis`` (None when the block covers it whole)."""
+        return dict(self.block or ()).get(axis)
+
     # -- shapes -------------------------------------------------------------------------------
     def n_groups(self, shape: Sequence[int], axes: Sequence[str]) -> int:
         """Number of groups along the group axis (``ceil(n / group_size)``; partial tail counted)."""
@@ -118,7 +162,24 @@ class GroupMap:
             return -(-n // self.group_size)
         if self.granularity is Granularity.FLAT_BLOCK:
             return -(-int(np.prod(shape, dtype=object)) // self.group_size)
+        if self.granularity is Granularity.BLOCK:  # blocks per matrix (per expert)
+            sizes = dict(zip(axes, shape))
+            count = 1
+            for a, b in self.block:
+                count *= -(-int(sizes[a]) // b)
+            return count
         return 1
+
+    def partial_blocks(self, shape: Sequence[int], axes: Sequence[str]) -> int:
+        """``block``: blocks per matrix that are partial along some tiled axis (0 when every extent
+        divides its axis); other granularities: 1 when the final group is partial, else 0."""
+        if self.granularity is not Granularity.BLOCK:
+            return int(bool(self.partial_tail(shape, axes)))
+        sizes = dict(zip(axes, shape))
+        full = 1
+        for a, b in self.block:
+            full *= int(sizes[a]) // b
+        return self.n_groups(shape, axes) - full
 
     def partial_tail(self, shape: Sequence[int], axes: Sequence[str]) -> int:
         """Length of a partial final group, 0 when every group is full."""
@@ -126,6 +187,10 @@ class GroupMap:
             n = int(shape[list(axes).index(self.axis)])
         elif self.granularity is Granularity.FLAT_BLOCK:
             n = int(np.prod(shape, dtype=object))
+        elif self.granularity is Granularity.BLOCK:  # the partial extent along ``in`` (or ``out``)
+            sizes = dict(zip(axes, shape))
+            a, b = self.block[-1]
+            return int(sizes[a]) % b
         else:
             return 0
         return n % self.group_size
@@ -144,6 +209,9 @@ class GroupMap:
                 out.append(1)
             elif g is Granularity.CHANNEL:
                 out.append(int(n) if a == self.axis else 1)
+            elif g is Granularity.BLOCK:
+                b = self.extent(a)
+                out.append(1 if b is None else -(-int(n) // b))
             else:  # GROUP: every other axis keeps its size, the group axis has n_groups
                 out.append(self.n_groups(shape, axes) if a == self.axis else int(n))
         return tuple(out)
@@ -182,6 +250,10 @@ class GroupMap:
         if self.axis is not None and self.axis not in axes:
             raise LayoutError("group axis is not an axis of the tensor", field="group_map.axis",
                               expected=list(axes), found=self.axis)
+        for a, _ in self.block or ():
+            if a not in axes:
+                raise LayoutError("block axis is not an axis of the tensor", field="group_map.block",
+                                  expected=list(axes), found=a)
         if self.g_idx is not None:
             n = int(shape[axes.index(self.axis)])
             if self.g_idx.shape != (n,):
@@ -217,6 +289,12 @@ class GroupMap:
             n = int(np.prod(shape, dtype=np.int64))
             # never repeat past the element count (a hostile group size must not allocate)
             return np.repeat(params, min(self.group_size, max(n, 1)))[:n].reshape(shape)
+        if g is Granularity.BLOCK:  # full size: for whole-tensor fallbacks only (see as_row_groups)
+            for a, b in self.block:
+                ax = axes.index(a)
+                params = np.repeat(params, min(b, max(shape[ax], 1)), axis=ax)[(slice(None),) * ax
+                                                                                 + (slice(0, shape[ax]),)]
+            return np.broadcast_to(params, shape)
         if g is Granularity.GROUP:
             ax = axes.index(self.axis)
             if self.g_idx is not None:
@@ -239,6 +317,17 @@ class GroupMap:
         if g is Granularity.FLAT_BLOCK:
             flat = values.reshape(-1)
             return ufunc.reduceat(flat, np.arange(0, flat.size, self.group_size)) if flat.size else flat[:0]
+        if g is Granularity.BLOCK:
+            out = values
+            if values.size == 0:
+                return np.zeros(self.param_shape(values.shape, axes), dtype=values.dtype)
+            for i, a in enumerate(axes):
+                b = self.extent(a)
+                if b is not None:
+                    out = ufunc.reduceat(out, np.arange(0, out.shape[i], b), axis=i)
+                elif a != EXPERT:
+                    out = ufunc.reduce(out, axis=i, keepdims=True)
+            return out
         keep = [i for i, a in enumerate(axes) if a == EXPERT or (g is Granularity.CHANNEL and a == self.axis)
                 or (g is Granularity.GROUP and a != self.axis)]
         if g is Granularity.GROUP:
@@ -265,6 +354,8 @@ class GroupMap:
         """JSON object (``group_map`` in ``schemas/layout.schema.json``); counts added when shape given."""
         obj: dict[str, Any] = {"granularity": self.granularity.value, "axis": self.axis,
                                "group_size": self.group_size, "g_idx": self.g_idx is not None}
+        if self.block is not None:
+            obj["block"] = dict(self.block)
         if shape is not None and axes is not None:
             obj["n_groups"] = self.n_groups(shape, axes)
             obj["partial_tail"] = self.partial_tail(shape, axes)
@@ -273,8 +364,10 @@ class GroupMap:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], g_idx: np.ndarray | None = None) -> "GroupMap":
         try:
+            block = obj.get("block")
             return cls(Granularity(obj["granularity"]), axis=obj.get("axis"),
-                       group_size=obj.get("group_size"), g_idx=g_idx)
+                       group_size=obj.get("group_size"), g_idx=g_idx,
+                       block=tuple(block.items()) if isinstance(block, Mapping) else block)
         except (KeyError, ValueError, TypeError) as exc:
             if isinstance(exc, LayoutError):
                 raise
@@ -289,4 +382,38 @@ class GroupMap:
             return f"channel({self.axis})"
         if g is Granularity.FLAT_BLOCK:
             return f"flat_block({self.group_size})"
+        if g is Granularity.BLOCK:
+            return "block(" + " x ".join(f"{a} {b}" for a, b in self.block) + ")"
         return f"group({self.axis}, {self.group_size})" + ("+g_idx" if self.g_idx is not None else "")
+
+
+def as_row_groups(group_map: GroupMap, params: np.ndarray, shape: Sequence[int], axes: Sequence[str],
+                  rows: slice | None = None) -> tuple[GroupMap, np.ndarray]:
+    """A ``block`` map of a 2-D ``(out, in)`` tensor as the same values per row: groups of the
+    ``in`` extent along ``in`` (or one scale per row when the block covers ``in`` whole), each
+    row taking its block row's parameters.
+
+    The parameters grow by the ``out`` extent only (``out x ceil(in / extent)``, never one per
+    element), so the row-blocked kernels run on block-quantized tensors unchanged.
+
+    Parameters
+    ----------
+    group_map : GroupMap of granularity ``block``
+    params : ndarray, ``group_map.param_shape(shape, axes)`` (scales or zero points)
+    shape, axes : the tensor's logical shape and axes, ``("out", "in")``
+    rows : slice of ``out`` rows wanted (default all)
+
+    Returns
+    -------
+    (GroupMap, ndarray of shape ``(rows, groups)``), dtype of ``params``.
+    """
+    if group_map.granularity is not Granularity.BLOCK or tuple(axes) != ("out", "in"):
+        raise LayoutError("as_row_groups takes a block map of an (out, in) tensor", field="group_map",
+                          found=group_map.describe())
+    r0, r1, _ = (rows or slice(None)).indices(int(shape[0]))
+    bo, bi = group_map.extent("out"), group_map.extent("in")
+    idx = np.arange(r0, r1) // bo if bo is not None else np.zeros(max(0, r1 - r0), dtype=np.int64)
+    per_row = np.take(params, idx, axis=0)
+    if bi is None:
+        return GroupMap.per_channel("out"), per_row
+    return GroupMap.per_group(bi, axis="in"), per_row

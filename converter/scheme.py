@@ -10,8 +10,9 @@ Families (FORMATS.md section 0):
   ``z - 1`` end at the reader.
 - ``zero_point="float"``: ``x = s * q + b`` with an additive float bias per group (MLX affine
   ``biases``, GGUF Q4_1/Q5_1 ``m``, K-quant mins).
-- ``codebook``: ``x = s * codebook[q]`` (bitsandbytes NF4/FP4, E2M1 for mxfp4/nvfp4). A codebook
-  is not an affine grid and is never treated as one.
+- ``codebook``: ``x = s * codebook[q]`` (bitsandbytes NF4/FP4; the float elements of
+  :mod:`converter.codebooks`: E2M1 for mxfp4/nvfp4, E4M3 / E5M2 for FP8, whose codes are the raw
+  element bytes). A codebook is not an affine grid and is never treated as one.
 
 Rounding is half-to-even by default (numpy ``rint``, ONNX QuantizeLinear); llama.cpp's reference
 quantizers round half away from zero, so GGUF writers use ``"half_away"``.
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from converter.codebooks import element, element_of
 from converter.dtypes import float_dtype
 from converter.errors import LayoutError
 
@@ -128,25 +130,36 @@ class QuantScheme:
         return replace(self, **changes)
 
     def describe(self) -> str:
-        """Short label: ``int4 sym``, ``uint4 asym(int zp)``, ``uint4 affine(float bias)``, ``nf4 codebook``."""
+        """Short label: ``int4 sym``, ``uint4 asym(int zp)``, ``uint4 affine(float bias)``, ``e4m3 float``
+        (a float element, :mod:`converter.codebooks`) or ``4-bit codebook`` (NF4 and other tables)."""
         kind = ("u" if not self.signed else "") + f"int{self.bits}"
         if self.codebook is not None:
-            return f"{self.bits}-bit codebook"
+            el = element_of(self.codebook)
+            return f"{el.name} float" if el is not None else f"{self.bits}-bit codebook"
         zp = {ZeroPoint.NONE: "sym", ZeroPoint.INTEGER: "asym(int zp)", ZeroPoint.FLOAT: "affine(float bias)"}
         return f"{kind} {zp[self.zero_point]}"
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {"bits": int(self.bits), "signed": bool(self.signed), "zero_point": self.zero_point.value,
-                "scale_dtype": self.scale_dtype, "rounding": self.rounding,
-                "codebook": list(self.codebook) if self.codebook is not None else None}
+        """JSON object (``scheme`` in ``schemas/layout.schema.json``): a float element's table is
+        named (``"element": "e4m3"``; JSON has no NaN), any other codebook listed."""
+        obj = {"bits": int(self.bits), "signed": bool(self.signed), "zero_point": self.zero_point.value,
+               "scale_dtype": self.scale_dtype, "rounding": self.rounding,
+               "codebook": list(self.codebook) if self.codebook is not None else None}
+        el = element_of(self.codebook)
+        if el is not None:
+            obj["codebook"], obj["element"] = None, el.name
+        return obj
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "QuantScheme":
         try:
+            codebook = tuple(obj["codebook"]) if obj.get("codebook") is not None else None
+            if obj.get("element") is not None:
+                codebook = element(obj["element"]).values
             return cls(bits=obj["bits"], signed=obj["signed"], zero_point=ZeroPoint(obj["zero_point"]),
                        scale_dtype=obj["scale_dtype"], rounding=obj.get("rounding", "half_even"),
-                       codebook=tuple(obj["codebook"]) if obj.get("codebook") is not None else None)
+                       codebook=codebook)
         except (KeyError, ValueError, TypeError) as exc:
             if isinstance(exc, LayoutError):
                 raise

@@ -15,8 +15,8 @@ import numpy as np
 
 from converter.dtypes import dtype_name
 from converter.errors import ErrorKind, LayoutError, MissingTensorError, UnsupportedError
-from converter.groups import Granularity, GroupMap
-from converter.layout import AxisMap, PackedCodes, check_axes
+from converter.groups import Granularity, GroupMap, as_row_groups
+from converter.layout import EXPERT, AxisMap, PackedCodes, check_axes
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.spec import KINDS, ROLES, StoredArray, TensorSpec, opaque_reason, refuse_opaque
 from converter.values import dequantize
@@ -223,6 +223,8 @@ def row_splittable(t: Tensor) -> bool:
     per ``out`` row (or per tensor) and whose codes are an array or packed along ``in``."""
     if isinstance(t, DenseTensor):
         return t.data.ndim >= 1
+    if t.group_map.granularity is Granularity.BLOCK:  # 2-D: rows as row groups; 3-D: whole experts
+        return t.double_quant is None and t.packed is None and t.axes in (("out", "in"), (EXPERT, "out", "in"))
     if t.double_quant is not None or not t.group_map.row_local(t.axes, g_idx_ok=True):
         return False
     return t.packed is None or t.packed.rows(0, 0) is not None
@@ -233,10 +235,22 @@ def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
 
     Dense data and packed codes are sliced as views (nothing is read until used); scales and
     zero points are sliced per row (a per-tensor scale is kept); ``g_idx`` runs along ``in`` and
-    is kept. Check :func:`row_splittable` first.
+    is kept. A 2-D ``block``-tiled tensor's rows come back grouped per row
+    (:func:`converter.groups.as_row_groups`: the same values, any row range); a 3-D one is cut
+    into whole experts. Check :func:`row_splittable` first.
     """
     if isinstance(t, DenseTensor):
         return DenseTensor(t.name, t.data[start:stop])
+    gm = t.group_map
+    if gm.granularity is Granularity.BLOCK:
+        codes = t.__dict__["_codes"][start:stop]
+        if t.axes[0] == EXPERT:
+            return t.replace(codes=codes, scales=t.scales[start:stop],
+                             zero_points=None if t.zero_points is None else t.zero_points[start:stop])
+        rows = slice(start, stop)
+        rg, scales = as_row_groups(gm, t.scales, t.shape, t.axes, rows)
+        zp = None if t.zero_points is None else as_row_groups(gm, t.zero_points, t.shape, t.axes, rows)[1]
+        return t.replace(codes=codes, group_map=rg, scales=scales, zero_points=zp)
     raw = t.__dict__["_codes"]
     codes = raw.rows(start, stop) if isinstance(raw, PackedCodes) else raw[start:stop]
     per_tensor = t.group_map.granularity is Granularity.TENSOR
@@ -273,7 +287,7 @@ def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpe
         stored = st
     gm = t.group_map
     return TensorSpec(t.name, "quantized", t.shape, tuple(stored), axes=t.axes, scheme=t.scheme,
-                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size),
+                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size, block=gm.block),
                       act_order=gm.g_idx is not None,
                       double_quant=t.double_quant.kind if t.double_quant is not None else None)
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from converter.groups import Granularity, GroupMap
+from converter.groups import Granularity, GroupMap, as_row_groups
 from converter.kernels.dequant import byte_table, dequantize_block, dequantize_rows
-from converter.layout import PackedCodes
+from converter.layout import EXPERT, PackedCodes
 from converter.scheme import QuantScheme, ZeroPoint
 
 if TYPE_CHECKING:  # (annotations only: converter.tensor imports this module)
@@ -36,6 +36,8 @@ def dequantize(t: "QuantizedTensor") -> np.ndarray:
     ndarray of float32, shape ``t.shape`` (named by ``t.axes``).
     """
     s, gm = t.scheme, t.group_map
+    if gm.granularity is Granularity.BLOCK:
+        return _dequantize_blocks(t)
     if len(t.shape) != 2 or not gm.row_local(t.axes):
         return dequantize_parts(t.codes, t.scales, t.zero_points, s, gm, t.axes)
     rows, n = t.shape
@@ -55,6 +57,25 @@ def dequantize(t: "QuantizedTensor") -> np.ndarray:
     return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
                            group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
                            center=center, table=table, codebook=codebook)
+
+
+def _dequantize_blocks(t: "QuantizedTensor") -> np.ndarray:
+    """:func:`dequantize` of a ``block``-tiled tensor, one ``(out, in)`` matrix (per expert) at a
+    time, its block parameters repeated per row only (:func:`converter.groups.as_row_groups`): the
+    same ``codebook[q] * s`` (or integer) formula, never a full-size scale matrix."""
+    gm = t.group_map
+    if t.axes == ("out", "in"):
+        rg, scales = as_row_groups(gm, t.scales, t.shape, t.axes)
+        zp = None if t.zero_points is None else as_row_groups(gm, t.zero_points, t.shape, t.axes)[1]
+        return dequantize(t.replace(group_map=rg, scales=scales, zero_points=zp))
+    if t.axes == (EXPERT, "out", "in"):
+        out = np.empty(t.shape, dtype=np.float32)
+        codes = t.codes
+        for e in range(t.shape[0]):
+            out[e] = _dequantize_blocks(t.replace(axes=("out", "in"), codes=codes[e], scales=t.scales[e],
+                                                  zero_points=None if t.zero_points is None else t.zero_points[e]))
+        return out
+    return dequantize_parts(t.codes, t.scales, t.zero_points, t.scheme, gm, t.axes)
 
 
 def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, scheme: QuantScheme,

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-import ml_dtypes
-import numpy as np
-
+from converter import codebooks
 from converter.errors import FormatError
 from converter.formats.source import Source
 
 
 FORMAT = "mlx"
 
-#: FP4 E2M1 values by 4-bit code (``mlx/ops.cpp`` ``fp_quantize``; OCP MX spec).
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-#: FP8 E4M3 (fn) values by 8-bit code; codes 0x7F / 0xFF are NaN.
-E4M3 = tuple(float(v) for v in np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+#: FP4 E2M1 / FP8 E4M3 (fn) values by code (``mlx/ops.cpp`` ``fp_quantize``; OCP MX spec), shared
+#: with every other format through :mod:`converter.codebooks`.
+E2M1, E4M3 = codebooks.E2M1, codebooks.E4M3
 
 #: mode -> (default group size, default bits, scale dtype or None for the model dtype, codebook).
 MODES: dict[str, tuple[int, int, str | None, tuple[float, ...] | None]] = {
