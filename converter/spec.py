@@ -10,7 +10,9 @@ from converter.errors import LayoutError, UnsupportedError
 from converter.groups import GroupMap
 from converter.scheme import QuantScheme
 
-ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other")
+#: Roles of stored arrays. ``activation_scale``: a static activation (input) scale stored beside a
+#: weight (``input_scale``, ``qscale_act``): metadata for the runtime, never applied to the weight.
+ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activation_scale")
 
 
 @dataclass(frozen=True)
