@@ -116,6 +116,10 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
             once += [o[0] for o in outs[1:] if not o[0].endswith(".g_idx")]
         elif spec.group_map.granularity.value == "group" and spec.group_map.axis != IN:
             return plan, d
+        elif spec.group_map.granularity.value == "block":
+            # a row block of a 2-D block tensor carries per-row scales (converter.groups.as_row_groups),
+            # not the stored [ceil(out/b), ceil(in/b)] grid: encoded whole (one byte per code, scales tiny)
+            return plan, d
         rows_plan(plan, once=once)
     return plan, d
 

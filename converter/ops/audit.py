@@ -1,10 +1,13 @@
 """Audit: what a checkpoint's bytes are spent on, from headers alone.
 
 Bytes by role per tensor (codes, packing padding, scales, zero points, ``g_idx``, other
-quantization arrays, dense tensors) and per file (headers), effective bits per weight, and the
-*theoretical* figure (payload ``N * b / 8`` + ``groups * bytes per group``, partial final groups
-counted; no padding, alignment or headers; labelled as such) next to the measured file sizes.
-``what_if`` prices the same tensors under other layouts before converting.
+quantization arrays, dense tensors; ``activation_scale``, static input scales stored beside a weight,
+listed only when a checkpoint has them) and per file (headers), effective bits per weight, and the
+*theoretical* figure (payload ``N * b / 8`` + ``groups * bytes per group``, partial final groups and
+partial edge blocks counted; no padding, alignment or headers; labelled as such) next to the measured
+file sizes. A 2-D block tensor (FP8 ``weight_block_size``) also gets its block grid. ``what_if`` prices
+the same tensors under other layouts before converting (float-element tensors: other block sizes,
+per-channel and per-tensor scales too, the current layout marked).
 """
 
 from __future__ import annotations
@@ -14,16 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from converter.groups import GroupMap
+from converter.codebooks import element_of
+from converter.groups import Granularity, GroupMap
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes  # (re-exported for callers)
 from converter.tensor import Checkpoint, TensorSpec
 from converter.formats.safetensors_io import read_header
 
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
+#: Roles listed only when non-zero (a checkpoint without them audits as before).
+OPTIONAL_ROLES = ("activation_scale",)
+#: Roles that are not part of a weight's representation (left out of its bits per weight).
+NOT_WEIGHT_BYTES = ("dense", "activation_scale")
 
 
 def tensor_roles(spec: TensorSpec) -> dict[str, int]:
-    """Stored bytes of one tensor by role (codes split into payload and packing padding)."""
+    """Stored bytes of one tensor by role (codes split into payload and packing padding); the
+    :data:`OPTIONAL_ROLES` appear only when the tensor stores them."""
     roles = {r: 0 for r in ROLE_ORDER}
     for st in spec.stored:
         if st.role == "codes" and spec.scheme is not None:
@@ -31,8 +40,21 @@ def tensor_roles(spec: TensorSpec) -> dict[str, int]:
             roles["codes"] += min(ideal, st.nbytes)
             roles["padding"] += max(0, st.nbytes - ideal)
         else:
-            roles[st.role] += st.nbytes
+            roles[st.role] = roles.get(st.role, 0) + st.nbytes
     return roles
+
+
+def block_grid(spec: TensorSpec) -> dict[str, Any] | None:
+    """A ``block`` map's grid: extents, scale grid ``ceil(n / extent)``, blocks in all (per expert
+    too) and how many are partial edge blocks; None for other granularities."""
+    gm = spec.group_map
+    if gm is None or gm.granularity is not Granularity.BLOCK:
+        return None
+    per_matrix = gm.n_groups(spec.shape, spec.axes)
+    count = gm.group_count(spec.shape, spec.axes)
+    matrices = count // per_matrix if per_matrix else 0
+    return {"extent": dict(gm.block), "grid": list(gm.param_shape(spec.shape, spec.axes)), "blocks": count,
+            "partial_blocks": matrices * gm.partial_blocks(spec.shape, spec.axes)}
 
 
 def _file_overheads(ckpt: Checkpoint, claimed: dict[str, int]) -> list[dict[str, Any]]:
@@ -57,6 +79,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
     """Audit report (``schemas/audit.schema.json``)."""
     tensors = []
     totals = {r: 0 for r in ROLE_ORDER}
+    optional = {r: 0 for r in OPTIONAL_ROLES}
     claimed: dict[str, int] = {}
     q_numel = 0
     q_bytes = 0
@@ -64,7 +87,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
     for spec in ckpt.specs():
         roles = tensor_roles(spec)
         for r, v in roles.items():
-            totals[r] += v
+            (totals if r in totals else optional)[r] += v
         for st in spec.stored:
             if st.file:
                 claimed[st.file] = claimed.get(st.file, 0) + st.nbytes
@@ -73,10 +96,13 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
         if spec.kind == "quantized":
             theo = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
                                      SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order)
-            quant = sum(v for r, v in roles.items() if r != "dense")
+            quant = sum(v for r, v in roles.items() if r not in NOT_WEIGHT_BYTES)
             row.update(bits=spec.scheme.bits, scheme=spec.scheme.describe(), groups=spec.group_map.describe(),
                        n_groups=theo["groups"], bits_per_weight=8 * quant / spec.numel if spec.numel else 0.0,
                        theoretical=theo)
+            grid = block_grid(spec)
+            if grid is not None:
+                row["blocks"] = grid
             q_numel += spec.numel
             q_bytes += quant
             theo_total += theo["total_bytes"]
@@ -87,7 +113,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
     header = sum(f["header_bytes"] for f in files)
     unlisted = sum(f["unlisted_tensor_bytes"] for f in files)
     file_total = sum(f["bytes"] for f in files)
-    roles_total = dict(totals, header=header, unlisted=unlisted)
+    roles_total = dict(totals, **{r: v for r, v in optional.items() if v}, header=header, unlisted=unlisted)
     return {
         "path": ckpt.path, "format": ckpt.format, "tensors": tensors, "files": files,
         "totals": {"bytes_by_role": roles_total, "accounted_bytes": sum(roles_total.values()),
@@ -119,13 +145,54 @@ def _layouts(spec: TensorSpec) -> list[Layout]:
     return out
 
 
+def _float_layouts(spec: TensorSpec, element: str) -> list[Layout]:
+    """Float-element (FP8 / FP4) layouts: square blocks, the MX (1 x 32, E8M0) and NVFP4-style (1 x 16,
+    E4M3) micro-blocks, per-channel and per-tensor scales; symmetric (no zero point)."""
+    out = [Layout(f"{element} block {b}x{b}, {sd} scales", GroupMap.per_block(b, b), sd, "none")
+           for b in FLOAT_BLOCKS for sd in ("F32", "BF16")]
+    out += [Layout(f"{element} block 1x32, F8_E8M0 scales (MX)", GroupMap.per_block(1, 32), "F8_E8M0", "none"),
+            Layout(f"{element} block 1x16, F8_E4M3 scales", GroupMap.per_block(1, 16), "F8_E4M3", "none")]
+    out += [Layout(f"{element} per-channel, {sd} scales", GroupMap.per_channel("out"), sd, "none")
+            for sd in ("F32", "BF16")]
+    out.append(Layout(f"{element} per-tensor, F32 scales", GroupMap.per_tensor(), "F32", "none"))
+    return out
+
+
+def _same_layout(lay: Layout, spec: TensorSpec) -> bool:
+    gm, cur = lay.group_map, spec.group_map
+    return (gm.granularity is cur.granularity and gm.axis == cur.axis and gm.group_size == cur.group_size
+            and gm.block == cur.block and lay.scale_dtype == spec.scheme.scale_dtype
+            and lay.zero == spec.scheme.zero_point.value and not spec.act_order)
+
+
+#: Square block extents priced for float-element tensors (``weight_block_size`` [b, b]).
+FLOAT_BLOCKS = (64, 128, 256)
+
+
 def what_if_layouts(spec: TensorSpec) -> list[dict[str, Any]]:
-    """Theoretical bytes of ``spec``'s weights under other layouts (same bits)."""
+    """Theoretical bytes of ``spec``'s weights under other layouts (same bits).
+
+    Integer layouts for every tensor; a float-element tensor (FP8 / FP4) also gets
+    :func:`_float_layouts` and its own layout (added when none of those is it), each row with
+    ``current`` (true for the tensor's layout).
+    """
+    el = element_of(spec.scheme.codebook)
+    layouts = _layouts(spec)
+    if el is not None:
+        layouts += _float_layouts(spec, el.name)
+        if not any(_same_layout(lay, spec) for lay in layouts):
+            layouts.append(Layout(f"{el.name} {spec.group_map.describe()}, {spec.scheme.scale_dtype} scales",
+                                  spec.group_map, spec.scheme.scale_dtype, spec.scheme.zero_point.value))
     rows = []
-    for lay in _layouts(spec):
+    for lay in layouts:
         zb = {"none": 0.0, "integer": spec.scheme.bits / 8, "float": SCALE_BYTES[lay.scale_dtype]}[lay.zero]
         t = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, lay.group_map, SCALE_BYTES[lay.scale_dtype], zb)
-        rows.append({"layout": lay.label, "granularity": lay.group_map.describe(), "scale_dtype": lay.scale_dtype,
-                     "zero_point": lay.zero, "bytes": t["total_bytes"], "bits_per_weight": t["bits_per_weight"],
-                     "partial_tail": lay.group_map.partial_tail(spec.shape, spec.axes)})
+        row = {"layout": lay.label, "granularity": lay.group_map.describe(), "scale_dtype": lay.scale_dtype,
+               "zero_point": lay.zero, "bytes": t["total_bytes"], "bits_per_weight": t["bits_per_weight"],
+               "partial_tail": lay.group_map.partial_tail(spec.shape, spec.axes)}
+        if el is not None:
+            row["current"] = _same_layout(lay, spec)
+            if lay.group_map.granularity is Granularity.BLOCK:
+                row["partial_blocks"] = lay.group_map.partial_blocks(spec.shape, spec.axes)
+        rows.append(row)
     return rows

@@ -72,13 +72,20 @@ def render_quantize(doc: dict) -> None:
 def render_audit(doc: dict) -> None:
     c = console()
     roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
+    roles += tuple(r for r in ("activation_scale",) if any(r in t["bytes"] for t in doc["tensors"]))
     t = Table("tensor", "shape", *roles, "bits/weight", "theoretical bytes",
               title=f"audit of {doc['path']} ({doc['format']})")
     for r in doc["tensors"]:
         th = r.get("theoretical")
-        t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"][k]) for k in roles),
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"].get(k, 0)) for k in roles),
                   fmt(r.get("bits_per_weight")), fmt(th["total_bytes"]) + " (theoretical)" if th else "-")
     c.print(t)
+    for r in doc["tensors"]:
+        b = r.get("blocks")
+        if b:
+            c.print(f"{r['name']}: blocks {' x '.join(f'{a} {n}' for a, n in b['extent'].items())}, scale grid "
+                    f"{'x'.join(map(str, b['grid']))} ({b['blocks']} blocks, {b['partial_blocks']} partial edge "
+                    f"blocks counted)")
     tot = doc["totals"]
     br = tot["bytes_by_role"]
     c.print("bytes by role: " + ", ".join(f"{k} {v}" for k, v in br.items()))
@@ -88,15 +95,27 @@ def render_audit(doc: dict) -> None:
             f"theoretical {fmt(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
     wi = [r for r in doc["tensors"] if "what_if" in r]
     if wi:
-        agg: dict[str, float] = {}
-        for r in wi:
-            for w in r["what_if"]:
-                agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
-        numel = sum(r["numel"] for r in wi)
-        t2 = Table("what-if layout (same bits)", "theoretical bytes", "bits/weight", title="what-if (theoretical)")
-        for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
-            t2.add_row(k, fmt(v, 8), fmt(8 * v / numel))
-        c.print(t2)
+        render_what_if(c, wi)
+
+
+def render_what_if(c: Console, tensors: list[dict]) -> None:
+    """The what-if layouts summed over the tensors that have each (float-element layouts are priced
+    for float-element tensors only), with how many tensors use each now when the rows say so."""
+    agg: dict[str, float] = {}
+    numel: dict[str, int] = {}
+    current: dict[str, int] = {}
+    marked = any("current" in w for r in tensors for w in r["what_if"])
+    for r in tensors:
+        for w in r["what_if"]:
+            agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
+            numel[w["layout"]] = numel.get(w["layout"], 0) + r["numel"]
+            current[w["layout"]] = current.get(w["layout"], 0) + bool(w.get("current"))
+    t2 = Table("what-if layout (same bits)", "theoretical bytes", "bits/weight", *(["current"] if marked else []),
+               title="what-if (theoretical)")
+    for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
+        extra = [f"{current[k]} of {len(tensors)} tensors" if current[k] else ""] if marked else []
+        t2.add_row(k, fmt(v, 8), fmt(8 * v / numel[k]), *extra)
+    c.print(t2)
 
 
 def render_dequantize(doc: dict) -> None:

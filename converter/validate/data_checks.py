@@ -65,9 +65,9 @@ def saturated_mask(t: QuantizedTensor) -> np.ndarray:
     """Boolean mask, logical shape: codes at the end of their group's range (see module docstring)."""
     s = t.scheme
     q = t.codes
-    if s.codebook is not None:
+    if s.codebook is not None:  # the largest finite magnitude (E5M2's inf is not a quantizer's code)
         cb = np.abs(np.asarray(s.codebook, dtype=np.float32))
-        return np.isin(q, np.flatnonzero(cb == np.nanmax(cb)))
+        return np.isin(q, np.flatnonzero(cb == np.max(cb[np.isfinite(cb)])))
     ends = (q == s.qmin) | (q == s.qmax)
     half = (1 << (s.bits - 1)) - 1
     if s.zero_point is ZeroPoint.NONE:
@@ -215,11 +215,19 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
     def where(mask: np.ndarray) -> list[int]:
         return [int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)] if mask.ndim else []
 
+    blocks = t.group_map.granularity is Granularity.BLOCK
+
+    def at(mask: np.ndarray) -> str:  # 2-D blocks: the scale index is the block index, named in the message
+        return f" (first at block {where(mask)}, {t.group_map.describe()})" if blocks else ""
+
+    def listed(mask: np.ndarray) -> dict[str, Any]:
+        return {"blocks": np.argwhere(mask)[:8].tolist()} if blocks else {}
+
     bad = ~np.isfinite(s32)
     if bad.any():
-        out.append(finding("scale-nonfinite", t.name, f"{int(bad.sum())} of {n} scales are NaN or infinite",
+        out.append(finding("scale-nonfinite", t.name, f"{int(bad.sum())} of {n} scales are NaN or infinite{at(bad)}",
                            count=int(bad.sum()), first_index=where(bad), first_value=float(s32[bad].flat[0]),
-                           scale_dtype=t.scheme.scale_dtype))
+                           scale_dtype=t.scheme.scale_dtype, **listed(bad)))
     zero = s32 == 0
     if zero.any() and t.scheme.scale_dtype != "F8_E8M0":
         if t.double_quant is not None:  # a sub-block scale quantized to 0 (llama.cpp K-quants): lossy, not a fault
@@ -234,22 +242,23 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
             k = int(zero.sum())
             many = k > SCALE_ZERO_ERROR_FRACTION * n
             some = k > SCALE_ZERO_WARNING_FRACTION * n
-            out.append(finding("scale-zero", t.name, f"{k} of {n} scales are zero: those groups decode to 0"
+            out.append(finding("scale-zero", t.name, f"{k} of {n} scales are zero{at(zero)}: those groups decode to 0"
                                + ("" if many else " (an all-zero group, or a K-quant sub-block scale quantized to 0 "
                                   "and repacked; wrong only if the source groups were not zero)"),
                                severity=None if many else "warning" if some else "info", count=k,
-                               first_index=where(zero)))
+                               first_index=where(zero), **listed(zero)))
     neg = s32 < 0
     if neg.any() and not negative_ok:
         # s * (q - z) decodes the same in every loader whatever the sign of s, and exact repacks of
         # GGUF (d < 0 when the largest magnitude is negative) or MLX keep their signs: unusual for the
         # format's own quantizers, not a wrong decode. A whole tensor negated looks the same: only a
         # reference tells (--reference: reference-mismatch).
-        out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative: the format's own "
-                           f"quantizers write positive scales, but s*(q-z) decodes either sign (exact repacks of GGUF "
-                           f"or MLX keep theirs); compare against a reference to rule out negated weights",
+        out.append(finding("scale-negative", t.name, f"{int(neg.sum())} of {n} scales are negative{at(neg)}: the "
+                           f"format's own quantizers write positive scales, but s*(q-z) decodes either sign (exact "
+                           f"repacks of GGUF or MLX keep theirs); compare against a reference to rule out negated "
+                           f"weights",
                            severity="info", count=int(neg.sum()), first_index=where(neg),
-                           first_value=float(s32[neg].flat[0])))
+                           first_value=float(s32[neg].flat[0]), **listed(neg)))
     try:
         tiny = float(ml_dtypes.finfo(t.scheme.scale_np_dtype).smallest_normal)
     except (ValueError, TypeError):

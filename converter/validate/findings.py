@@ -46,15 +46,22 @@ CODES: dict[str, tuple[str, str, str]] = {
                        "out negated weights"),
     "scale-subnormal": ("warning", "scales", "a scale is subnormal in its dtype (precision loss, kernel "
                                              "underflow)"),
+    "scale-direction": ("error", "scales", "float-element weights decode orders of magnitude off the 1/sqrt(in) size "
+                        "(or their layer's siblings) and the reciprocal scales fit: a divisor (*_scale_inv, global "
+                        "scale) read as a multiplier, or the reverse"),
     "degenerate": ("error", "structure", "every weight of the tensor decodes to the same value (B17)"),
     "group-tail": ("info", "groups", "partial final group: logical vs padded width and the legal group sizes "
                                      "(B13/B14/B15)"),
+    "block-tail": ("info", "groups", "partial edge blocks of a 2-D block grid (legal: ceil(n / block) scales, the "
+                                     "last covering the remainder); whole-block consumers need padding"),
     "group-size": ("info", "groups", "a group size outside the 16-256 powers of two that common kernels accept; "
                                      "the exact re-blocking (B38)"),
     "group-skip": ("info", "groups", "a Linear weight left unquantized whose width the model's group size does "
                                      "not divide (B15)"),
     "opaque": ("info", "structure", "a tensor stored in a type qckpt lists but cannot decode (GGUF IQ*/TQ*): "
                                     "not checked, and no writer accepts it"),
+    "activation-scale": ("info", "structure", "static activation (input) scales stored beside weights: runtime "
+                                              "metadata, never applied to the weights"),
     "tied-embeddings": ("error", "structure", "tie_word_embeddings contradicts the tensor set, or a kept head "
                                               "differs from the embedding (B32/B33)"),
     # data-driven, no reference
@@ -65,6 +72,11 @@ CODES: dict[str, tuple[str, str, str]] = {
     "zero-offset": ("error", "data", "codes sit about one step off the declared zero point on average"),
     "nibble-order": ("error", "data", "a tensor's per-index magnitude profile matches its siblings' only under "
                                       "another in-word nibble order (B09)"),
+    "code-nonfinite": ("error", "data", "float-element codes that decode to NaN or infinity (E4M3 0x7F / 0xFF, E5M2 "
+                                        "0x7C-0x7F / 0xFC-0xFF), named by element and block index"),
+    "unsaturated": ("info", "data", "float-element blocks / channels whose largest |code| stays below the "
+                                    "element's max (448 for E4M3) an absmax quantizer reaches; warning when most "
+                                    "non-zero ones do"),
     # with --reference
     "reference-mismatch": ("error", "reference", "dequantized weights or dequant(W) @ x differ from the reference "
                                                  "beyond the scheme's error"),

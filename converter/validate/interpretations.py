@@ -12,7 +12,12 @@ logical model and the stored :class:`~converter.layout.AxisMap` records:
 - ``nibble order <o>``: codes repacked with the declared AxisMap and unpacked with another in-word
   order (sequential, reversed, AWQ interleave and its inverse; B09);
 - ``zero +1`` / ``zero -1``: the zero point (or implicit centre, or float bias) one step off (B01);
-- ``sequential groups``: ``g_idx`` ignored (B11).
+- ``sequential groups``: ``g_idx`` ignored (B11);
+- float elements (FP8 / FP4) only: ``scales as divisors`` (``codebook[q] / s``: a ``*_scale_inv`` or
+  global scale taken the wrong way), ``transposed blocks`` (codes and block scales of a square
+  tensor transposed together), ``block <2b>`` / ``block <b/2>`` (the stored block grid read with
+  twice or half the block extent; past the stored grid the last block's scale, as a reader that
+  clamps its index would).
 
 Decoding here is plain float32 arithmetic with no invariants checked, because an alternative may
 be out of range by construction (``z + 1 = 2^b``).
@@ -31,6 +36,7 @@ from converter.layout import EXPERT, AxisMap
 from converter.formats.registry import word_orders
 from converter.quant.quantize import dequantize_parts
 from converter.tensor import QuantizedTensor
+from converter.validate.float_checks import float_element
 
 
 def decode(t: QuantizedTensor, *, codes: np.ndarray | None = None, scales: np.ndarray | None = None,
@@ -142,4 +148,42 @@ def alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
         seq = GroupMap.per_group(gm.group_size, gm.axis)
         if seq.param_shape(t.shape, t.axes) == tuple(t.scales.shape):
             out["sequential groups (g_idx ignored)"] = decode(t, group_map=seq)
+    if float_element(t) is not None:
+        out.update(float_alternatives(t))
+    return out
+
+
+def _reblocked(t: QuantizedTensor, factor: float) -> np.ndarray:
+    """Float32 decode of a 2-D block tensor whose stored scale grid is read with ``factor`` times the
+    block extents (indices past the grid clamped to its last block)."""
+    s = np.asarray(t.scales, dtype=np.float32)
+    index = []
+    for ax, (a, n) in enumerate(zip(t.axes, t.shape)):
+        b = t.group_map.extent(a)
+        if b is None:
+            index.append(np.zeros(n, dtype=np.int64))
+        else:
+            index.append(np.minimum(np.arange(n) // max(1, int(b * factor)), s.shape[ax] - 1))
+    cb = np.asarray(t.scheme.codebook, dtype=np.float32)
+    return cb[t.codes] * s[np.ix_(*index)]
+
+
+def float_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
+    """The float-element (FP8 / FP4) alternatives of a 2-D or stacked tensor (see the module docstring)."""
+    out: dict[str, np.ndarray] = {}
+    s = np.asarray(t.scales, dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale stays 0 (its block decodes to 0 either way)
+        recip = np.where(s != 0, np.float32(1.0) / s, np.float32(0.0)).astype(np.float32)
+    out["scales as divisors (codebook[q] / s)"] = decode(t, scales=recip)
+    gm, q = t.group_map, t.codes
+    if gm.granularity is not Granularity.BLOCK or q.ndim != 2 or EXPERT in t.axes:
+        return out
+    O, I = q.shape
+    bo, bi = gm.extent("out"), gm.extent("in")
+    if O == I and bo == bi:
+        out["transposed blocks (codes and scales)"] = decode(t, codes=np.ascontiguousarray(q.T),
+                                                             scales=np.ascontiguousarray(s.T))
+    for factor, word in ((2.0, "twice"), (0.5, "half")):
+        ext = " x ".join(f"{a} {max(1, int(b * factor))}" for a, b in gm.block)
+        out[f"block {ext} (the scale grid read with {word} the block size)"] = _reblocked(t, factor)
     return out

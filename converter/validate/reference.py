@@ -26,6 +26,7 @@ import numpy as np
 
 from converter.tensor import QuantizedTensor
 from converter.validate.findings import Finding, finding
+from converter.validate.float_checks import float_element
 from converter.validate.interpretations import alternatives
 
 STEP_LIMIT = 0.5
@@ -36,8 +37,28 @@ BATCH = 8
 SEED = 20240607
 
 
+def float_steps(values) -> np.ndarray:
+    """Per code of a float element: the mean gap to its neighbouring finite values (one-sided at the
+    ends; NaN / inf codes 0): the local rounding step, ``2^(e - mantissa bits)`` for a normal value."""
+    v = np.asarray(values, dtype=np.float64)
+    levels = np.unique(v[np.isfinite(v)])
+    out = np.zeros(v.shape, dtype=np.float64)
+    for c in np.flatnonzero(np.isfinite(v)):
+        k = int(np.searchsorted(levels, v[c]))
+        gaps = [levels[j + 1] - levels[j] for j in (k - 1, k) if 0 <= j < len(levels) - 1]
+        out[c] = float(np.mean(gaps)) if gaps else 0.0
+    return out
+
+
 def step_rms(t: QuantizedTensor) -> float:
-    """RMS of the quantization step per element (scale, or scale x median codebook gap)."""
+    """RMS of the quantization step per element: the scale (integer grids); scale x the local gap of
+    each element's code (float elements, whose steps grow with the magnitude: a right decode then sits
+    near 0.29 steps, 0.295 on the real FP8 samples); scale x median codebook gap (other codebooks)."""
+    el = float_element(t)
+    if el is not None:
+        steps = float_steps(el.values).astype(np.float32)[t.codes]
+        steps *= np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes))
+        return float(np.sqrt(np.mean(np.square(steps, dtype=np.float64)))) if steps.size else 0.0
     s = np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes)).astype(np.float64)
     if t.scheme.codebook is not None:
         cb = np.unique(np.asarray(t.scheme.codebook, dtype=np.float64))

@@ -3,10 +3,12 @@
 Order: file-level checks of a model directory (an error there stops before the reader, which
 could not open the shards anyway); format detection (unknown -> exit 3); the reader (an error
 about tensors vs config becomes a finding, see :mod:`converter.validate.structural`);
-checkpoint-level checks (widths vs config, tied embeddings, skipped layers); then per quantized
-tensor: header checks, load (errors -> findings), config vs loaded arrays, padding bits, scales,
-saturation, zero offset, the format's zero-convention hook and, with a reference, the reference
-comparison. Only one tensor is materialised at a time.
+checkpoint-level checks (widths vs config, tied embeddings, skipped layers, activation scales); then
+per quantized tensor: header checks (block grid), load (errors -> findings), config vs loaded arrays,
+padding bits, scales, saturation, zero offset, float-element checks (NaN codes, per-block saturation,
+magnitudes: :mod:`converter.validate.float_checks`), the format's zero-convention hook and, with a
+reference, the reference comparison; last, the scale direction across the float-element tensors
+(:mod:`converter.validate.scale_direction`). Only one tensor is materialised at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import data_checks, files, nibble_order, reader_errors, structural
+from converter.validate import (data_checks, files, float_checks, nibble_order, reader_errors, scale_direction,
+                                structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -76,7 +79,8 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         return report
     ref_ckpt = _load_reference(reference) if reference else None
     hooks = registry.validation_hooks(ckpt.format)
-    report.add(*structural.check_shape_config(ckpt), *structural.check_group_skip(ckpt))
+    report.add(*structural.check_shape_config(ckpt), *structural.check_group_skip(ckpt),
+               *float_checks.check_activation_scales(ckpt))
     try:
         report.add(*structural.check_tied(ckpt))
     except ConverterError as exc:
@@ -85,13 +89,15 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     if ref_ckpt is not None:
         report.checks.append("reference")
     profiles: dict[str, dict[str, Any]] = {}
+    magnitudes: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))
         if spec.kind != "quantized":
             continue
-        report.add(*structural.check_spec(spec, always_stored=hooks.always_stored))
+        report.add(*structural.check_spec(spec, always_stored=hooks.always_stored),
+                   *float_checks.check_block_grid(spec))
         try:
             t = ckpt[spec.name]
         except ConverterError as exc:
@@ -100,10 +106,13 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         if not isinstance(t, QuantizedTensor):
             continue
         report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
+        if "float" in report.tensors[spec.name] and report.tensors[spec.name]["float"]["magnitude"]:
+            magnitudes[spec.name] = report.tensors[spec.name]["float"]["magnitude"]
         prof = nibble_order.column_profile(t)
         if prof is not None:
             profiles[spec.name] = prof
     report.add(*nibble_order.check_nibble_order(profiles))
+    report.add(*scale_direction.check_scale_direction(magnitudes))
     return report
 
 
@@ -118,6 +127,12 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     report.add(*sat_findings)
     zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t)
     report.add(*zo_findings)
+    if float_checks.float_element(t) is not None:  # FP8 / FP4 weights
+        report.add(*float_checks.check_nonfinite_codes(t))
+        unsat_findings, sat = float_checks.check_unsaturated(t)
+        report.add(*unsat_findings)
+        stats["float"] = {"element": t.scheme.describe().split()[0], "saturation": sat,
+                          "magnitude": scale_direction.magnitude(t)}
     zp_findings, pairing = nibble_order.check_zero_pairing(t)
     report.add(*zp_findings)
     if pairing is not None:
