@@ -1,5 +1,7 @@
 """Theoretical byte sizes of a quantized tensor (contract 3): payload ``N * b / 8`` plus
 ``groups * bytes per group`` (partial final groups counted; no padding, alignment or headers).
+Groups are :meth:`converter.groups.GroupMap.group_count`: for 2-D blocks (FP8 ``weight_block_size``)
+``ceil(out / b_out) * ceil(in / b_in)`` per matrix (per expert), partial edge blocks included.
 
 Model-level facts shared by the audit (:mod:`converter.ops.audit`), the quantize report and the
 requantize error report (:mod:`converter.quant.error_report`).
