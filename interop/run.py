@@ -29,6 +29,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import cases as C  # noqa: E402
+import fp8_group  # noqa: E402
 import verdict as V  # noqa: E402
 
 WORKER = HERE / "worker.py"
@@ -451,6 +452,7 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
                      f"{md_escape(repr(res['greedy_text'])) if res.get('greedy_text') is not None else '-'} "
                      f"| {reason} |")
         L.append("")
+    L += fp8_group.section(rows, fmt, md_escape, LOADER_NAMES)
     lrows = [r for r in rows if r["group"] == "minilm"]
     if lrows:
         L += ["## MiniLM layer samples -> target -> the target library's own decoder", "",
@@ -479,6 +481,15 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
     (out / "RESULTS.md").write_text("\n".join(L))
 
 
+def default_fp8_sources() -> str:
+    if os.environ.get("QCKPT_FP8_SOURCES"):
+        return os.environ["QCKPT_FP8_SOURCES"]
+    for cand in (REPO.parent / "shared" / "real", Path("/work/shared/real")):
+        if cand.exists():
+            return str(cand)
+    return "/work/shared/real"
+
+
 def default_smollm2() -> str:
     if os.environ.get("QCKPT_SMOLLM2"):
         return os.environ["QCKPT_SMOLLM2"]
@@ -499,7 +510,10 @@ def main(argv=None) -> int:
                     help="the SmolLM2 GGUF (default: $QCKPT_SMOLLM2, else shared/real/ beside the repo, "
                          "else /work/shared/real/)")
     ap.add_argument("--samples", default=str(REPO / "sample_checkpoints"))
-    ap.add_argument("--group", choices=["all", "smollm2", "minilm"], default="all")
+    ap.add_argument("--fp8-sources", default=default_fp8_sources(),
+                    help="folder holding the FP8 sources of cases.FP8_SOURCES (default: $QCKPT_FP8_SOURCES, "
+                         "else shared/real/ beside the repo, else /work/shared/real/)")
+    ap.add_argument("--group", choices=["all", "smollm2", "fp8", "minilm"], default="all")
     ap.add_argument("--only", help="run the cases whose id contains one of these comma-separated texts")
     ap.add_argument("--work", help="working folder (default: a new temporary folder, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
@@ -529,6 +543,8 @@ def main(argv=None) -> int:
             else:
                 ref = run.reference()
                 rows += run.run_smollm2(ref)
+        if args.group in ("all", "fp8"):
+            rows += fp8_group.run_fp8(run, log, selected, summary)
         if args.group in ("all", "minilm"):
             rows += run.run_minilm()
     finally:

@@ -71,6 +71,17 @@ check("refuse converted", V.model_verdict(refuse, ok, None)[0], "FAIL")
 check("refuse wrong reason", V.model_verdict(refuse, {"rc": 3, "error": "zero point not integer"}, None)[0], "FAIL")
 check("refuse usage error", V.model_verdict(refuse, {"rc": 2, "error": "group 128 576"}, None)[0], "FAIL")
 
+limit = {"expect": "tool_limit", "limit_match": ["not divisible by scale grid"]}
+check("tool limit refused as documented",
+      V.model_verdict(limit, ok, {"ok": False, "stage": "load",
+                                  "error": "Weight shape (576, 1536) not divisible by scale grid (5, 12)."})[0],
+      "TOOL-LIMIT")
+check("tool limit, other error", V.model_verdict(limit, ok, {"ok": False, "stage": "load", "error": "KeyError"})[0],
+      "FAIL")
+check("tool limit that loads is judged exact",
+      V.model_verdict(limit, ok, dict(ok=True, top1_agree_pct=100.0, max_abs_logit_diff=5.0, ref_max_abs_logit=10.0,
+                                      greedy_equal=True, france_last_is_paris=True))[0], "FAIL")
+
 
 def layer_result(dw=0.0, dy=0.0, w=1.0, y=10.0, **kw):
     r = {"ok": True, "tensors": [{"tensor": "a.weight", "max_abs_weight_diff": dw, "max_abs_weight": w,

@@ -159,7 +159,8 @@ def act_transformers(spec: dict) -> dict:
     tok_kwargs = {"gguf_file": kwargs["gguf_file"]} if "gguf_file" in kwargs else {}
     tok, tok_err = None, None
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(folder, **tok_kwargs)
+        if spec.get("tokenizer", True):  # False: the source ships none (the FP8 rows' prompts are ids)
+            tok = transformers.AutoTokenizer.from_pretrained(folder, **tok_kwargs)
     except Exception as exc:  # noqa: BLE001
         tok_err = _last_line(exc)
     logits, greedy = stage("forward", _hf_logits_and_greedy, model, spec)
@@ -226,6 +227,8 @@ def act_mlx_lm(spec: dict) -> dict:
 
     t = time.time()
     try:
+        if not spec.get("tokenizer", True):  # the source ships none (the FP8 rows' prompts are ids)
+            raise RuntimeError("no tokenizer (by design)")
         model, tok = mlx_lm.load(spec["path"])
         tok_err = None
     except Exception as exc:  # noqa: BLE001
@@ -234,7 +237,7 @@ def act_mlx_lm(spec: dict) -> dict:
 
         first = _last_line(exc)
         model, _ = stage("load", load_model, __import__("pathlib").Path(spec["path"]))
-        tok, tok_err = None, first
+        tok, tok_err = None, first if spec.get("tokenizer", True) else None
     load_s = time.time() - t
     qlayers = sorted({type(m).__name__ for n, m in model.named_modules() if n.endswith(("q_proj", "embed_tokens"))})
 
@@ -636,6 +639,13 @@ ACTIONS = {
     "layers_mlx": act_layers_mlx,
     "layers_gguf": act_layers_gguf,
 }
+
+# the FP8 rows' actions live in worker_fp8.py; it imports this module by name (run as a script, this
+# module is __main__: alias it so both see the same Stage class)
+sys.modules.setdefault("worker", sys.modules[__name__])
+import worker_fp8  # noqa: E402
+
+ACTIONS.update(worker_fp8.ACTIONS)
 
 
 def main(argv):
