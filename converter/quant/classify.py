@@ -85,7 +85,11 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
     if s.codebook is not None:
         if ts == s and tgm is gm:
             return "exact", "unchanged codebook scheme"
-        return "lossy", "codebook (NF4/FP4) values are not on an integer grid"
+        if ts.codebook == s.codebook and tgm is gm:  # the same codebook, the scales re-stored
+            if ts.scale_dtype in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
+                return "exact", f"same {s.describe()} codes, wider scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
+            return "lossy", f"narrower scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
+        return "lossy", f"{s.describe()} (codebook) values are not on an integer grid"
     if act:
         ok, why = True, "same act-order groups"
     else:
