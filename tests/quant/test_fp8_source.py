@@ -212,3 +212,14 @@ def test_mlx_mixed_affine_and_mxfp8_modules_get_their_mode(tmp_path, weights):
     assert "mxfp8" in modes and "affine" in modes
     back = load(dst)
     assert back[K].scheme.codebook == E4M3 and back[NAMES[1]].scheme.codebook is None
+
+
+def test_mlx_still_refuses_other_float_elements():
+    """Only E4M3 (mxfp8) is written: E2M1 (mxfp4 / nvfp4) and E5M2 stay refused with the reason."""
+    from converter.codebooks import E2M1
+    from converter.formats.mlx import check_target
+    from converter.tensor import spec_of
+    for cb, bits in ((E2M1, 4), (ELEMENTS["e5m2"].values, 8)):
+        t = QuantizedTensor("m.weight", ("out", "in"), np.zeros((2, 64), np.uint8), np.ones((2, 2), np.float32),
+                            QuantScheme(bits, False, scale_dtype="F32", codebook=cb), GroupMap.per_group(32))
+        assert "cannot be written to MLX" in check_target(spec_of(t))
