@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from converter.codebooks import element_of
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
 from converter.quant.format_quant import FormatQuantizer
@@ -89,7 +90,9 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
             if ts.scale_dtype in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
                 return "exact", f"same {s.describe()} codes, wider scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
             return "lossy", f"narrower scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
-        return "lossy", f"{s.describe()} (codebook) values are not on an integer grid"
+        if element_of(s.codebook) is not None:  # a float element (E4M3 ...): name it
+            return "lossy", f"{s.describe()} (codebook) values are not on an integer grid"
+        return "lossy", "codebook (NF4/FP4) values are not on an integer grid"
     if act:
         ok, why = True, "same act-order groups"
     else:
