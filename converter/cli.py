@@ -23,8 +23,9 @@ from converter.report.validation import render_self_test, render_validation
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
 from converter.validate import self_test as do_self_test, validate as do_validate
 from converter.validate.findings import codes_help
-from converter.vocabulary import (DENSE_DTYPE_CHOICES, GRANULARITY_OPTIONS, SCALE_DTYPE_CHOICES, float_dtype_name,
-                                  granularity_of, granularity_options)
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS,
+                                  SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of, granularity_options,
+                                  parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # The commands import the formats layer (converter.formats.registry and what imports it: every format
@@ -130,15 +131,42 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
     return granularity_of(given[0])
 
 
+def _fp8_granularity(per_tensor: bool, per_channel: bool, group_size: int | None, block: str | None
+                     ) -> tuple[str, tuple[int | None, int | None] | None]:
+    """The granularity of a ``--fp8`` target (``tensor`` / ``channel`` / ``block``) and its block extents."""
+    listed = ", ".join(option for option, _ in FP8_GRANULARITY_OPTIONS)
+    if group_size is not None:
+        raise click.UsageError(f"--group-size does not apply to --fp8 (groups of FP8 scales are 2-D blocks): "
+                               f"give one of {listed}")
+    on = {"--per-tensor": per_tensor, "--per-channel": per_channel, "--block": block is not None}
+    given = [option for option, _ in FP8_GRANULARITY_OPTIONS if on[option]]
+    if len(given) > 1:
+        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
+    if not given:
+        raise click.UsageError(f"missing option: give one of {listed}")
+    if block is None:
+        return dict(FP8_GRANULARITY_OPTIONS)[given[0]], None
+    try:
+        return "block", parse_block(block)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--block") from None
+
+
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--bits", type=click.IntRange(2, 8), required=True, help="Bits per code.")
+@click.option("--bits", type=click.IntRange(2, 8), default=None, help="Bits per code (required without --fp8).")
+@click.option("--fp8", "fp8", type=click.Choice(FP8_ELEMENTS), default=None,
+              help="Quantize to an FP8 element (E4M3 or E5M2) with absmax scales, as compressed-tensors does.")
 @click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
+@click.option("--block", default=None, metavar="OUTxIN",
+              help="With --fp8: one scale per OUT x IN block, e.g. 128x128 (DeepSeek-V3 / FP8_BLOCK).")
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
-@click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default="f16", show_default=True)
+@click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None,
+              help="Scale dtype [default: f16; with --fp8: each weight's own dtype].")
+@click.option("--to", "to", default=None, help="Output format (default: native); any writable format.")
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
@@ -146,20 +174,38 @@ def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *,
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
-def quantize(src, dst, bits, per_tensor, per_channel, group_size, sym, scale_dtype, include, exclude, overwrite,
-             as_json):
-    """Quantize a float checkpoint SRC into a native qckpt file DST, with an error report."""
-    from converter.formats.registry import load  # lazy: the formats layer (see the top)
+def quantize(src, dst, bits, fp8, per_tensor, per_channel, group_size, block, sym, scale_dtype, to, include, exclude,
+             overwrite, as_json):
+    """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
+    from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
                                               quantize_model, summarize)
-    granularity = _granularity(per_tensor, per_channel, group_size, required=True)
+    blocks = None
+    if fp8 is not None:
+        if bits is not None and bits != 8:
+            raise click.UsageError(f"--fp8 codes have 8 bits: drop --bits {bits}")
+        if not sym:
+            raise click.UsageError("--fp8 is symmetric (absmax scales, no zero point): drop --asym")
+        granularity, blocks = _fp8_granularity(per_tensor, per_channel, group_size, block)
+        bits = 8
+    else:
+        if block is not None:
+            raise click.UsageError("--block needs --fp8 (integer targets: --per-tensor, --per-channel, --group-size)")
+        if bits is None:
+            raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2).")
+        granularity = _granularity(per_tensor, per_channel, group_size, required=True)
+    if to is not None:
+        with _usage_errors():
+            check_writable(to)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
+    sd = float_dtype_name(scale_dtype) if scale_dtype is not None else (None if fp8 is not None else "F16")
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
-                           scale_dtype=float_dtype_name(scale_dtype),
-                           include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE)
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite)
-    _emit(summarize(stats, opts, str(src), dst), as_json, render.render_quantize, "quantize-report")
+                           scale_dtype=sd, include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE,
+                           element=fp8, block=blocks)
+    kw = {"to": to} if to is not None else {}
+    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, **kw)
+    _emit(summarize(stats, opts, str(src), dst, **kw), as_json, render.render_quantize, "quantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())

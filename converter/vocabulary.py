@@ -1,4 +1,5 @@
-"""The command line's quantization vocabulary, defined once: dtype aliases and granularities.
+"""The command line's quantization vocabulary, defined once: dtype aliases, granularities, float
+elements and block extents.
 
 The ``qckpt`` options (``--dtype``, ``--scale-dtype``, ``--per-tensor`` / ``--per-channel`` /
 ``--group-size``), the requantization :class:`~converter.quant.requant.Target` and the
@@ -26,6 +27,40 @@ GRANULARITIES = (Granularity.TENSOR.value, Granularity.CHANNEL.value, Granularit
 #: The option naming each granularity, in the order usage messages list them.
 GRANULARITY_OPTIONS = (("--per-tensor", Granularity.TENSOR.value), ("--per-channel", Granularity.CHANNEL.value),
                        ("--group-size", Granularity.GROUP.value))
+
+
+#: ``quantize --fp8`` choices: the 8-bit float elements a weight is quantized to
+#: (:data:`converter.codebooks.ELEMENTS`; the OCP FP8 formats E4M3 (``float8_e4m3fn``) and E5M2).
+FP8_ELEMENTS = ("e4m3", "e5m2")
+
+#: Granularities of a float-element (FP8) quantize target, with their options.
+FP8_GRANULARITY_OPTIONS = (("--per-tensor", Granularity.TENSOR.value), ("--per-channel", Granularity.CHANNEL.value),
+                           ("--block", Granularity.BLOCK.value))
+
+
+def parse_block(text: str) -> tuple[int | None, int | None]:
+    """Block extents ``OUTxIN`` of ``--block`` (``128x128``; ``1x128`` ...; ``*`` for an axis
+    covered whole, e.g. ``*x128``) as ``(out, in)``.
+
+    Raises
+    ------
+    ValueError
+        Not two positive integers (or ``*``) separated by ``x``; the message says what was found.
+    """
+    parts = text.lower().replace(" ", "").split("x")
+    if len(parts) != 2:
+        raise ValueError(f"expected OUTxIN such as 128x128, found {text!r}")
+    out: list[int | None] = []
+    for p in parts:
+        if p == "*":
+            out.append(None)
+        elif p.isdigit() and int(p) > 0:
+            out.append(int(p))
+        else:
+            raise ValueError(f"block extents must be positive integers (or *), found {text!r}")
+    if out == [None, None]:
+        raise ValueError("a block of *x* is one scale per tensor: use --per-tensor")
+    return out[0], out[1]
 
 
 def float_dtype_name(name: str) -> str | None:

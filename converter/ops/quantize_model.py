@@ -1,9 +1,15 @@
-"""``qckpt quantize``: float checkpoint -> native quantized checkpoint, with an error report.
+"""``qckpt quantize``: float checkpoint -> quantized checkpoint (native, or any writable format's
+handler with ``--to``), with an error report.
+
+Targets: integer round-to-nearest (``--bits``, :func:`converter.quant.quantize.quantize`) or a float
+element (``--fp8 e4m3|e5m2``: per tensor, per output channel or per 2-D block,
+:func:`converter.quant.float_quant.quantize_float`, compressed-tensors' arithmetic).
 
 Streams tensor by tensor: each selected weight is quantized when the writer asks for it (in the
 write's worker task), its error statistics reported as that task's result
 (:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`), and it is released before
-the next one. :func:`quantize_model` collects the statistics the write returns.
+the next one. :func:`quantize_model` collects the statistics the write returns. With ``--to``, the
+target handler's ``check_target`` sees every quantized spec before any data moves.
 """
 
 from __future__ import annotations
@@ -15,14 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from converter.codebooks import element as float_element
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from converter.errors import FormatError
-from converter.formats.native import FORMAT as NATIVE, write_native
+from converter.errors import FormatError, NotRepresentableError
+from converter.formats import registry
+from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
 from converter.write.engine import collect_results, task_result
 from converter.layout import IN, OUT
 from converter.kernels.metrics import error_stats
+from converter.quant.float_quant import arith_dtype_of, float_scheme, quantize_float
 from converter.quant.quantize import quantize
+from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, spec_of
 from converter.vocabulary import group_map_for
@@ -34,17 +44,41 @@ RESULT_KIND = "quantize"
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    """Target of ``qckpt quantize``: bits, granularity, symmetry and scale dtype."""
+    """Target of ``qckpt quantize``: bits, granularity, symmetry and scale dtype, or a float element.
+
+    Attributes
+    ----------
+    bits : int
+        Bits per code (8 for a float element).
+    granularity : ``"tensor" | "channel" | "group" | "block"``
+    group_size : int, optional
+        ``group`` only.
+    symmetric : bool
+        Integer targets: symmetric (implicit centre) or integer zero points. Float elements are
+        symmetric.
+    scale_dtype : ``"F16" | "BF16" | "F32"``, or None for a float element: each weight's own dtype
+        (BF16 / F16 / F32; F32 for others), as compressed-tensors stores it.
+    element : ``"e4m3" | "e5m2"``, optional
+        A float-element (FP8) target instead of integers.
+    block : ``(out, in)`` extents, optional
+        ``block`` only (either may be None: that axis whole).
+    """
 
     bits: int
-    granularity: str  # "tensor" | "channel" | "group"
+    granularity: str  # "tensor" | "channel" | "group" | "block"
     group_size: int | None = None
     symmetric: bool = True
-    scale_dtype: str = "F16"
+    scale_dtype: str | None = "F16"
     include: str | None = None
     exclude: str | None = DEFAULT_EXCLUDE
+    element: str | None = None
+    block: tuple[int | None, int | None] | None = None
 
-    def scheme(self) -> QuantScheme:
+    def scheme(self, weight_dtype: str | None = None) -> QuantScheme:
+        """The target scheme of a weight stored as ``weight_dtype`` (it matters for a float element
+        without a scale dtype)."""
+        if self.element is not None:
+            return float_scheme(float_element(self.element), self.scale_dtype or arith_dtype_of(weight_dtype))
         if self.symmetric:
             return QuantScheme(self.bits, signed=True, zero_point=ZeroPoint.NONE, scale_dtype=self.scale_dtype)
         return QuantScheme(self.bits, signed=False, zero_point=ZeroPoint.INTEGER, scale_dtype=self.scale_dtype)
@@ -52,7 +86,21 @@ class QuantizeOptions:
     def group_map(self) -> GroupMap:
         if self.granularity == "group" and not self.group_size:
             raise FormatError("group granularity needs a group size", field="group_size")
+        if self.granularity == "block":
+            if not self.block:
+                raise FormatError("block granularity needs block extents", field="block")
+            return GroupMap.per_block(*self.block)
         return group_map_for(self.granularity, self.group_size)
+
+    def target_json(self) -> dict[str, Any]:
+        """The report's ``target`` object."""
+        out: dict[str, Any] = {"bits": self.bits, "granularity": self.granularity, "group_size": self.group_size,
+                               "symmetric": self.symmetric, "scale_dtype": self.scale_dtype}
+        if self.element is not None:
+            out["element"] = self.element
+        if self.block is not None:
+            out["block"] = {"out": self.block[0], "in": self.block[1]}
+        return out
 
 
 def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
@@ -74,10 +122,12 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
     Loading a selected tensor quantizes it and reports its statistics row
     (:func:`_tensor_stats`) as the running task's result ``(RESULT_KIND, name)``.
     """
-    scheme, gm = opts.scheme(), opts.group_map()
+    gm = opts.group_map()
     specs: dict[str, TensorSpec] = {}
+    schemes: dict[str, QuantScheme] = {}
     for spec in src.specs():
         if selected(spec, opts):
+            scheme = schemes[spec.name] = opts.scheme(spec.dtype)
             probe = QuantizedTensor(spec.name, (OUT, IN), np.zeros(spec.shape, scheme.code_dtype),
                                     np.ones(gm.param_shape(spec.shape, (OUT, IN)), scheme.scale_np_dtype),
                                     scheme, gm, zero_points=None if scheme.symmetric else
@@ -90,8 +140,15 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
         t = src[name]
         if specs[name].kind == "dense":
             return t
+        if opts.element is not None:  # row blocks of the source, never its float values whole
+            q, degenerate, fig = quantize_float(Rows(t), float_element(opts.element), gm,
+                                                scale_dtype=schemes[name].scale_dtype,
+                                                arith_dtype=arith_dtype_of(src.spec(name).dtype), name=name,
+                                                axes=(OUT, IN), figures=True)
+            task_result(RESULT_KIND, name, _stats_row(q, fig, degenerate))
+            return q
         values = t.dequantize()
-        q = quantize(values, scheme, gm, name=name, axes=(OUT, IN))
+        q = quantize(values, schemes[name], gm, name=name, axes=(OUT, IN))
         task_result(RESULT_KIND, name, _tensor_stats(values, q))
         return q
 
@@ -100,23 +157,62 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
                       side_files=src.side_files)
 
 
+#: What a quantize target refused by ``--to`` can change.
+QUANTIZE_HINT = "change the target (--bits, --per-tensor | --per-channel | --group-size G | --block OxI, " \
+                "--fp8, --scale-dtype) or pick another --to format"
+
+
+def check_quantize_target(view: Checkpoint, to: str) -> None:
+    """Ask format ``to``'s handler about every quantized spec of ``view`` before any data moves.
+
+    Raises
+    ------
+    UnknownFormatError, UnsupportedError
+        ``to`` is not a registered writable format.
+    NotRepresentableError
+        A quantized spec the target cannot store (the first one named, with how many more).
+    """
+    from converter.ops.convert import plan_exact  # (ops sibling: the convert's own pre-write check)
+    if not view.quantized_names():  # nothing selected: the writer copies the dense tensors
+        return
+    try:
+        plan_exact(view, to)
+    except NotRepresentableError as exc:
+        exc.hint = QUANTIZE_HINT
+        exc.args = (exc.render(),)
+        raise
+
+
 def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
-                   overwrite: bool = False) -> dict[str, dict]:
-    """Quantize ``src`` into a native file at ``dst``; return the per-tensor statistics rows.
+                   overwrite: bool = False, to: str = NATIVE) -> dict[str, dict]:
+    """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
+    per-tensor statistics rows.
+
+    Raises
+    ------
+    NotRepresentableError
+        Before writing: a quantized tensor format ``to`` cannot store (hint names the options).
 
     Returns
     -------
     dict of tensor name -> statistics row
         As the write's tasks returned them (the input of :func:`summarize`).
     """
+    handler = registry.check_writable(to)
     view = quantize_checkpoint(src, opts)
+    check_quantize_target(view, to)
     with collect_results() as got:
-        write_native(view, dst, overwrite=overwrite)
+        handler.write(view, Path(dst), overwrite=overwrite)
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
 
 
 def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:
     err = error_stats(values, q.dequantize())
+    return _stats_row(q, err)
+
+
+def _stats_row(q: QuantizedTensor, err, degenerate: int | None = None) -> dict[str, Any]:
+    """A report row from the error figures ``err`` (:class:`~converter.kernels.metrics.ErrorStats`)."""
     s32 = q.scales.astype(np.float32)
     spec = spec_of(q)
     theo = theoretical_bytes(q.shape, q.axes, q.scheme.bits, q.group_map, SCALE_BYTES[q.scheme.scale_dtype],
@@ -127,18 +223,19 @@ def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:
             "scale_min": float(np.abs(s32).min()), "scale_max": float(np.abs(s32).max()),
             "ideal_compression_vs_fp32": 32 / q.scheme.bits,
             "compression_vs_fp32_with_metadata": (4 * q.numel) / theo["total_bytes"] if theo["total_bytes"] else None,
-            "theoretical_bytes": theo["total_bytes"], "bits_per_weight": theo["bits_per_weight"]}
+            "theoretical_bytes": theo["total_bytes"], "bits_per_weight": theo["bits_per_weight"],
+            **({"scale_dtype": q.scheme.scale_dtype, "partial_blocks": q.group_map.partial_blocks(q.shape, q.axes),
+                "degenerate_groups": int(degenerate)} if degenerate is not None else {})}
 
 
-def summarize(stats: dict[str, dict], opts: QuantizeOptions, src_path: str | None, dst: Path) -> dict[str, Any]:
+def summarize(stats: dict[str, dict], opts: QuantizeOptions, src_path: str | None, dst: Path,
+              to: str = NATIVE) -> dict[str, Any]:
     """The quantize report (``schemas/quantize-report.schema.json``), worst SQNR first."""
     rows = sorted(stats.values(), key=lambda r: (r["sqnr_db"] is None, r["sqnr_db"] if r["sqnr_db"] is not None else 0))
     numel = sum(int(np.prod(r["shape"])) for r in rows)
     sse = sum(r["mse"] * int(np.prod(r["shape"])) for r in rows)
     theo = sum(r["theoretical_bytes"] for r in rows)
-    return {"source": src_path, "destination": str(dst), "format": NATIVE,
-            "target": {"bits": opts.bits, "granularity": opts.granularity, "group_size": opts.group_size,
-                       "symmetric": opts.symmetric, "scale_dtype": opts.scale_dtype},
+    return {"source": src_path, "destination": str(dst), "format": to, "target": opts.target_json(),
             "tensors": rows,
             "overall": {"quantized_tensors": len(rows), "quantized_weights": numel,
                         "mse": sse / numel if numel else 0.0,

@@ -2,7 +2,9 @@
 
 The target grid contains every source value: per-tensor -> per-channel -> per-group and group
 ``G`` -> group ``G/k`` (scales repeated), symmetric -> asymmetric (zero point = the implicit
-centre), more bits with the same scale (codes shifted into the wider domain), a wider scale dtype.
+centre), more bits with the same scale (codes shifted into the wider domain), a wider scale dtype;
+a codebook (FP8 E4M3 ...) with its scales in another dtype; FP8 with power-of-two scales into MX
+groups of 32 with E8M0 scales (:func:`as_mx_groups`, MLX ``mxfp8``).
 Every result is checked to dequantize to exactly the source's float32 values.
 """
 
@@ -12,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from converter.dtypes import float_dtype
 from converter.errors import NotRepresentableError, QuantizationError
-from converter.groups import Granularity, GroupMap
+from converter.groups import Granularity, GroupMap, as_row_groups
 from converter.layout import IN, OUT
 from converter.quant.recode import (as_float_bias, as_integer_zero, as_positive_scales, as_signed, as_unsigned,
                                     exact_cast)
@@ -76,7 +79,7 @@ def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> Quant
     """
     s = t.scheme
     if s.codebook is not None or scheme.codebook is not None:
-        return None
+        return _carry_codebook(t, scheme, group_map)
     if scheme.scale_dtype not in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
         # a narrower scale dtype: carried only when every scale (and float bias) is representable
         dt = scheme.scale_np_dtype
@@ -146,6 +149,22 @@ def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> Quant
     return u
 
 
+def _carry_codebook(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> QuantizedTensor | None:
+    """The same codebook (an FP8 element, NF4 ...) on the same groups with its scales in another
+    dtype, when every scale survives the cast exactly; None otherwise (another codebook, groups or
+    an integer target: the lossy route)."""
+    s = t.scheme
+    if (s.codebook is None or scheme.codebook != s.codebook or group_map is not t.group_map
+            or scheme.replace(scale_dtype=s.scale_dtype) != s):
+        return None
+    try:
+        scales = exact_cast(t.scales, scheme.scale_np_dtype, tensor=t.name, field="scales", nan_exact=False)
+    except NotRepresentableError:
+        return None
+    u = t.replace(scales=scales, scheme=scheme, stored={})
+    return u if _same_values(u, t) else None
+
+
 def _same_values(a: QuantizedTensor, b: QuantizedTensor) -> bool:
     """``a.dequantize() == b.dequantize()`` everywhere, compared in row blocks for 2-D tensors."""
     if len(a.shape) != 2 or a.shape != b.shape:
@@ -188,3 +207,109 @@ def carry_rounded_zero(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) ->
     t2 = QuantizedTensor(t.name, t.axes, t.codes, t.scales, s.replace(zero_point=ZeroPoint.INTEGER), t.group_map,
                          zero_points=z, stored={})
     return carry(as_positive_scales(t2), scheme, gm)
+
+
+#: E8M0 scales (OCP MX spec section 5.4: an 8-bit exponent, bias 127, 0xFF NaN): 2^-127 .. 2^127.
+E8M0_EXPONENTS = (-127, 127)
+
+
+def _e8m0_refusal(t: QuantizedTensor, bad_index: tuple[int, ...], value: float, why: str) -> NotRepresentableError:
+    gm = t.group_map
+    idx = list(bad_index)
+    where = f"scale at {idx}"
+    if gm.granularity is Granularity.BLOCK:
+        lead = idx[:-2]
+        bo, bi = gm.extent(OUT), gm.extent(IN)
+        n_out, n_in = (int(v) for v in t.shape[-2:])
+        r = f"rows {idx[-2] * bo}-{min(n_out, (idx[-2] + 1) * bo) - 1}" if bo is not None else "all rows"
+        c = f"columns {idx[-1] * bi}-{min(n_in, (idx[-1] + 1) * bi) - 1}" if bi is not None else "all columns"
+        where = f"block {idx[-2:]}" + (f" of expert {lead[0]}" if lead else "") + f" ({r}, {c})"
+    return NotRepresentableError(f"scales are not all powers of two: an E8M0 (mxfp8) scale cannot hold {why}",
+                                 tensor=t.name, field="scales", expected="2^k, k in -127..127",
+                                 found=f"{value!r} at {where}",
+                                 hint="requantize instead (e.g. --group-size 32 --bits 8, or another --to format)")
+
+
+def as_mx_groups(t: QuantizedTensor, group_size: int = 32) -> QuantizedTensor:
+    """Carry an FP8 E4M3 tensor whose scales are powers of two into MX groups: ``group_size``
+    consecutive elements along ``in`` per E8M0 scale (MLX ``mxfp8``: ``mlx/ops.cpp``
+    ``fp_quantize``, groups of 32, E8M0 scales, E4M3 codes; OCP MX spec v1.0 section 5).
+
+    Codes are untouched; each group takes the scale of the tile (block, row or tensor) it lies in,
+    which it lies in whole when ``group_size`` divides the tile's ``in`` extent (a 128-wide block
+    covers four groups; partial edge blocks are fine when ``group_size`` divides ``in``). Checked:
+    the result dequantizes to exactly the source's float32 values.
+
+    Parameters
+    ----------
+    t : QuantizedTensor, an 8-bit float-element scheme (E4M3), axes ``(out, in)`` or
+        ``(expert, out, in)``; granularity tensor, channel(out), groups along ``in`` of a multiple of
+        ``group_size`` (no ``g_idx``), or 2-D block with an ``in`` extent a multiple of it (or whole).
+    group_size : elements per MX group (32).
+
+    Returns
+    -------
+    QuantizedTensor
+        Scheme ``QuantScheme(8, False, scale_dtype="F8_E8M0", codebook=t.scheme.codebook)``,
+        ``GroupMap.per_group(group_size, "in")``, scales ``(..., out, in / group_size)``.
+
+    Raises
+    ------
+    NotRepresentableError
+        ``in`` not a multiple of ``group_size``, tiles that straddle groups, or a scale that is not
+        a power of two in 2^-127..2^127 (names the first offending block and its value; hint:
+        requantize).
+    """
+    s, gm = t.scheme, t.group_map
+    if s.codebook is None or s.bits != 8 or tuple(t.axes[-2:]) != (OUT, IN) or len(t.axes) not in (2, 3):
+        raise NotRepresentableError("MX groups carry an 8-bit float element of an (out, in) matrix", tensor=t.name,
+                                    field="scheme", expected="e4m3 float on (out, in) or (expert, out, in)",
+                                    found=f"{s.describe()} on {list(t.axes)}")
+    n_in = int(t.shape[-1])
+    if n_in % group_size:
+        raise NotRepresentableError(f"in_features is not a multiple of the MX group size {group_size}", tensor=t.name,
+                                    field="shape", expected=f"in % {group_size} == 0", found=n_in,
+                                    hint="keep the source format, or requantize")
+    g = gm.granularity
+    span = {Granularity.TENSOR: None, Granularity.CHANNEL: None, Granularity.BLOCK: gm.extent(IN),
+            Granularity.GROUP: gm.group_size}.get(g, -1)
+    if (span == -1 or (g is Granularity.CHANNEL and gm.axis != OUT) or (g is Granularity.GROUP and
+                                                                        (gm.axis != IN or gm.g_idx is not None))
+            or (span is not None and span % group_size)):
+        raise NotRepresentableError(f"scales do not stay constant over groups of {group_size} along in",
+                                    tensor=t.name, field="group_map",
+                                    expected=f"tensor, channel(out), group(in, k*{group_size}) or block with in "
+                                             f"extent k*{group_size}", found=gm.describe())
+    s64 = t.scales.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mant, exp = np.frexp(s64)
+    ok = np.isfinite(s64) & (mant == 0.5) & (exp - 1 >= E8M0_EXPONENTS[0]) & (exp - 1 <= E8M0_EXPONENTS[1])
+    if not ok.all():
+        i = tuple(int(v) for v in np.unravel_index(int(np.argmin(ok)), ok.shape))
+        v = float(s64[i])
+        why = "a value that is not a power of two" if np.isfinite(v) and v > 0 and mant[i] != 0.5 else \
+            "a value outside 2^-127..2^127, zero, negative or non-finite"
+        raise _e8m0_refusal(t, i, v, why)
+    e8 = t.scales.astype(np.float32).astype(float_dtype("F8_E8M0"))
+    n_groups = n_in // group_size
+
+    def per_row(params: np.ndarray, shape) -> np.ndarray:
+        """``(out, n_groups)`` scales of one matrix from its parameters."""
+        if g is Granularity.BLOCK:
+            _, rows = as_row_groups(gm, params, shape, (OUT, IN))
+        else:
+            rows = np.broadcast_to(params, (shape[0], params.shape[-1]))
+        rep = n_groups if span is None else span // group_size
+        return np.repeat(rows, rep, axis=1)[:, :n_groups]
+    if len(t.axes) == 2:
+        scales = per_row(e8, t.shape)
+    else:
+        scales = np.stack([per_row(e8[e], t.shape[1:]) for e in range(t.shape[0])]) if t.shape[0] else \
+            np.zeros((0, t.shape[1], n_groups), dtype=e8.dtype)
+    scheme = QuantScheme(8, False, scale_dtype="F8_E8M0", codebook=s.codebook)
+    out = QuantizedTensor(t.name, t.axes, t.packed if t.packed is not None else t.codes,
+                          np.ascontiguousarray(scales), scheme, GroupMap.per_group(group_size, IN), stored={})
+    if not _same_values(out, t):  # (cannot happen for powers of two; the claim is checked, not assumed)
+        raise NotRepresentableError("MX groups would change values", tensor=t.name, field="scales",
+                                    hint="requantize instead")
+    return out

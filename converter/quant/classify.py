@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from converter.codebooks import element_of
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
 from converter.quant.format_quant import FormatQuantizer
@@ -85,6 +86,12 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
     if s.codebook is not None:
         if ts == s and tgm is gm:
             return "exact", "unchanged codebook scheme"
+        if ts.codebook == s.codebook and tgm is gm:  # the same codebook, the scales re-stored
+            if ts.scale_dtype in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
+                return "exact", f"same {s.describe()} codes, wider scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
+            return "lossy", f"narrower scale dtype ({s.scale_dtype} -> {ts.scale_dtype})"
+        if element_of(s.codebook) is not None:  # a float element (E4M3 ...): name it
+            return "lossy", f"{s.describe()} (codebook) values are not on an integer grid"
         return "lossy", "codebook (NF4/FP4) values are not on an integer grid"
     if act:
         ok, why = True, "same act-order groups"

@@ -92,7 +92,10 @@ def tensor_report(src: QuantizedTensor, result: RequantResult, plan: tuple[str, 
     gm = out.group_map
     partial = gm.partial_tail(out.shape, out.axes)
     n_partial = 0
-    if partial:
+    if gm.granularity is Granularity.BLOCK:  # 2-D tiles partial along out, in or both, per matrix
+        n_partial = gm.partial_blocks(out.shape, out.axes) * (
+            gm.group_count(out.shape, out.axes) // max(gm.n_groups(out.shape, out.axes), 1))
+    elif partial:
         n_partial = gm.group_count(out.shape, out.axes) // max(gm.n_groups(out.shape, out.axes), 1) \
             if gm.granularity is Granularity.GROUP else 1
     row: dict[str, Any] = {

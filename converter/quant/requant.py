@@ -26,18 +26,21 @@ import dataclasses
 
 import numpy as np
 
+from converter.codebooks import element_of
+from converter.errors import QuantizationError
 from converter.groups import Granularity, GroupMap
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rtn import quantize_rows
 from converter.quant.carry import carry, carry_rounded_zero, exact_regroup
 from converter.quant.classify import classify
+from converter.quant.float_quant import quantize_float
 from converter.quant.format_quant import FormatQuantizer, quantize_with
 from converter.quant.quantize import choose_params, codes_for
 from converter.quant.result import RequantResult
 from converter.quant.search import DEFAULT_RATIOS, mse_scale_search
 from converter.quant.target import Target, resolve
 from converter.rows import Rows
-from converter.scheme import ZeroPoint
+from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor, TensorSpec
 
 __all__ = ["Target", "resolve", "classify", "carry", "exact_regroup", "mse_scale_search", "requantize",
@@ -82,6 +85,8 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
     if label is not None:  # the format's own quantizer defines this target
         gm.check_shape(t.shape, t.axes)
         return dataclasses.replace(quantize_with(fmt, t, scheme, gm), quantizer=label)
+    if scheme.codebook is not None:  # a float element (FP8) target: its own round-to-nearest
+        return _to_float_element(t, scheme, gm)
     scheme = scheme.replace(rounding="half_even")
     alt = None
     if (allow_carry and target.scale_search == "none" and t.scheme.zero_point is ZeroPoint.FLOAT
@@ -124,6 +129,28 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
                 result, tensor=alt, route="carried", vs_source=None,
                 note="float biases rounded to the nearest integer zero point; codes and scales carried")
     return result
+
+
+def _to_float_element(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) -> RequantResult:
+    """Requantize ``t`` to a float-element scheme (FP8 E4M3 / E5M2) with
+    :func:`converter.quant.float_quant.quantize_float` (float32 arithmetic on the source's float32
+    values, read in row blocks; error figures summed in the same blocks).
+
+    Raises
+    ------
+    QuantizationError
+        Another codebook (NF4 ...), a granularity other than tensor / channel / block, or a
+        tensor that is not 2-D.
+    """
+    el = element_of(scheme.codebook)
+    if el is None or el.bits != 8 or len(t.shape) != 2:
+        raise QuantizationError("requantizing to this codebook is not supported", tensor=t.name,
+                                field="scheme.codebook", expected="an FP8 element on an (out, in) matrix",
+                                found=f"{scheme.describe()} {list(t.shape)}")
+    gm.check_shape(t.shape, t.axes)
+    q, degenerate, fig = quantize_float(Rows(t), el, gm, scale_dtype=scheme.scale_dtype, arith_dtype="F32",
+                                        name=t.name, axes=t.axes, figures=True)
+    return RequantResult(q, "requantized", degenerate_groups=degenerate, vs_source=fig)
 
 
 def target_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None = None) -> QuantizedTensor:

@@ -94,12 +94,19 @@ class Target:
                 "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
 
 
+def _scale_dtype_only(scheme: QuantScheme, target: Target) -> bool:
+    """``target`` asks a codebook ``scheme`` for another float scale dtype and nothing else."""
+    return (target.scale_dtype is not None and target.granularity is None and target.symmetric is None
+            and target.bits in (None, scheme.bits) and target.scale_search == "none")
+
+
 def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,
             fmt: FormatQuantizer | None = None) -> tuple[QuantScheme, GroupMap]:
     """The concrete target scheme and group map for a source ``scheme`` / ``group_map``.
 
-    Left-out options keep the source's value. A codebook source (NF4/FP4) has no affine grid: its
-    target is a signed symmetric integer scheme unless ``--asym`` is given.
+    Left-out options keep the source's value. A codebook source (NF4/FP4, the FP8 elements) has no
+    affine grid: its target is a signed symmetric integer scheme unless ``--asym`` is given; asked
+    only for another scale dtype (``--scale-dtype``), it keeps its codebook.
     The lossy route rounds half to even, so the target's ``rounding`` is ``half_even``
     when anything but the layout changes, unless a format quantizer produces the target.
     ``fmt`` (a :class:`converter.quant.format_quant.FormatQuantizer` of the target format) then
@@ -111,6 +118,8 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,
     if scheme.codebook is not None:
         if target.is_identity():
             return scheme, group_map
+        if _scale_dtype_only(scheme, target):  # the same codebook (E4M3 ...), its scales re-stored
+            return scheme.replace(scale_dtype=sd), group_map
         sym = True if target.symmetric is None else target.symmetric
         zp, signed = (ZeroPoint.NONE, True) if sym else (ZeroPoint.INTEGER, False)
     else:

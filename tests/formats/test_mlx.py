@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from converter.errors import FormatError, MissingTensorError, NotRepresentableError
+from converter.errors import FormatError, MissingTensorError
 from converter.formats.mlx import E2M1, check_target, dequantize_like_mlx, read_mlx, write_mlx
 from converter.formats.registry import detect, get
 from converter.formats.source import Source
@@ -189,10 +189,15 @@ def test_b31_mxfp8_mode_carried(tmp_path):
     assert np.array_equal(t.dequantize()[0, :5], np.array([1.0, 2.0, -1.0, 0.0, 0.5], np.float32))
     assert t.scheme.codebook is not None and t.zero_points is None and t.scheme.scale_dtype == "F8_E8M0"
     assert ckpt.metadata["modes"]["l.weight"] == "mxfp8"
-    # the same bytes as affine codes would be [56, 64, 184, 0, 48]: the writer refuses instead.
-    assert check_target(ckpt.spec("l.weight")) is not None
-    with pytest.raises(NotRepresentableError):
-        write_mlx(ckpt, tmp_path / "w")
+    # the same bytes as affine codes would be [56, 64, 184, 0, 48]: the writer keeps the mode (mxfp8),
+    # never writing them as affine integers; the round trip gives the same words and E8M0 scale bytes
+    assert check_target(ckpt.spec("l.weight")) is None
+    write_mlx(ckpt, tmp_path / "w")
+    cfg = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert cfg["quantization"] == {"group_size": 32, "bits": 8, "mode": "mxfp8"}
+    back = read_mlx(Source(tmp_path / "w"))
+    assert back.metadata["modes"]["l.weight"] == "mxfp8"
+    assert np.array_equal(back["l.weight"].codes, codes) and back["l.weight"].scales.view(np.uint8).tolist() == [[127]]
     # mode lost (config says affine) -> uint8 scales are caught, not read as affine
     bad = make_dir(tmp_path / "lost", {"l.weight": words, "l.scales": np.array([[127]], np.uint8)},
                    {"group_size": 32, "bits": 8})

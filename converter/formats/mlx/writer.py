@@ -1,4 +1,5 @@
-"""MLX affine writer: logical tensors -> ``weight`` / ``scales`` / ``biases`` and the ``quantization`` config.
+"""MLX writer: logical tensors -> ``weight`` / ``scales`` / ``biases`` (affine) or ``weight`` /
+``scales`` (``mxfp8``: E4M3 codes, E8M0 scales per 32 along ``in``) and the ``quantization`` config.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import numpy as np
 from converter.errors import NotRepresentableError
 from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, IN, OUT
+from converter.codebooks import E4M3, element_of
+from converter.quant.carry import as_mx_groups
 from converter.quant.recode import as_float_bias, as_groups, as_unsigned
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
@@ -21,10 +24,36 @@ from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.formats.base import plan_tensors, write_directory
 from converter.formats.source import module_prefix
 
-from converter.formats.mlx.config import AFFINE_BITS, AFFINE_GROUPS, FLOAT_SCALE_DTYPES
+from converter.formats.mlx.config import AFFINE_BITS, AFFINE_GROUPS, FLOAT_SCALE_DTYPES, MODES
 from converter.formats.mlx.reader import codes_map
 
+#: The mxfp8 mode's group size (``mlx/ops.cpp`` ``fp_quantize``: 32 elements along ``in`` per E8M0 scale).
+MXFP8_GROUP = MODES["mxfp8"][0]
+
+
 # -- writer -------------------------------------------------------------------------------------
+def target_mode(spec: TensorSpec) -> str:
+    """``mxfp8`` for an FP8 E4M3 weight (written as MX groups, :func:`converter.quant.carry.as_mx_groups`),
+    else ``affine``."""
+    return "mxfp8" if spec.scheme is not None and spec.scheme.codebook == E4M3 else "affine"
+
+
+def _mxfp8_reason(spec: TensorSpec) -> str | None:
+    """None when an E4M3 ``spec`` fits mxfp8 groups (from the spec; the scales' powers of two are
+    checked on the data when written), else the reason."""
+    gm = spec.group_map
+    n_in = int(spec.shape[-1])
+    if n_in % MXFP8_GROUP:
+        return f"mxfp8 groups of {MXFP8_GROUP} along in: in_features {n_in} is not a multiple of {MXFP8_GROUP}"
+    span = {Granularity.TENSOR: None, Granularity.BLOCK: gm.extent(IN), Granularity.GROUP: gm.group_size,
+            Granularity.CHANNEL: None}.get(gm.granularity, -1)
+    if (span == -1 or (gm.granularity is Granularity.CHANNEL and gm.axis != OUT) or spec.act_order
+            or (gm.granularity is Granularity.GROUP and gm.axis != IN) or (span is not None and span % MXFP8_GROUP)):
+        return (f"mxfp8 takes one scale per {MXFP8_GROUP} along in: {gm.describe()} scales are not constant over "
+                f"those groups")
+    return None
+
+
 def target_group_size(spec: TensorSpec) -> int | None:
     """The MLX ``group_size`` a quantized ``spec`` is written with, or None if there is none.
 
@@ -33,6 +62,8 @@ def target_group_size(spec: TensorSpec) -> int | None:
     row's scale and bias (:func:`converter.quant.recode.as_groups`): an exact re-expression.
     """
     gm = spec.group_map
+    if target_mode(spec) == "mxfp8":
+        return MXFP8_GROUP
     if gm.granularity is Granularity.GROUP:
         return gm.group_size
     n_in = int(spec.shape[-1])
@@ -50,8 +81,13 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
         return f"MLX needs axes (out, in) or (expert, out, in), found {spec.axes}"
     gm, s = spec.group_map, spec.scheme
+    if target_mode(spec) == "mxfp8":
+        return _mxfp8_reason(spec)
     if s.codebook is not None:
-        return "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
+        el = element_of(s.codebook)
+        return (f"{s.describe()} cannot be written to MLX: affine takes integer grids and the writer's only fp "
+                f"mode is mxfp8 (E4M3 codes)") if el is not None else \
+            "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
     if gm.granularity is Granularity.GROUP and gm.axis != IN:
         return f"MLX groups run along 'in'; found {gm.describe()}"
     if gm.granularity not in (Granularity.GROUP, Granularity.TENSOR, Granularity.CHANNEL) or (
@@ -103,7 +139,26 @@ def as_affine(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, b
     return u.codes, u.scales, biases, exact
 
 
+def _plan_mxfp8(spec: TensorSpec) -> TensorPlan:
+    """``<p>.weight`` U32 (E4M3 bytes packed 4 per word along in) and ``<p>.scales`` U8 (E8M0 bits)
+    ``[..., out, in / 32]``: FORMATS.md section 4, ``mlx/ops.cpp`` ``fp_quantize`` (mode mxfp8)."""
+    p = module_prefix(spec.name)
+    sizes = dict(zip(spec.axes, spec.shape))
+    cmap = codes_map(tuple(spec.axes), 8)
+    pshape = GroupMap.per_group(MXFP8_GROUP, axis=IN).param_shape(spec.shape, spec.axes)
+    outs = [(f"{p}.weight", "U32", cmap.stored_shape(sizes)), (f"{p}.scales", "U8", pshape)]
+    notes = ["exact: E4M3 codes carried, power-of-two scales as E8M0 per 32 along in (mxfp8)"]
+
+    def encode(t: QuantizedTensor) -> dict[str, np.ndarray]:
+        m = as_mx_groups(t, MXFP8_GROUP)  # refuses scales that are not powers of two, naming the block
+        return {f"{p}.weight": cmap.to_stored(m.codes, t.axes),
+                f"{p}.scales": np.ascontiguousarray(m.scales).view(np.uint8)}
+    return TensorPlan(spec.name, outs, encode, notes)
+
+
 def _plan(spec: TensorSpec) -> TensorPlan:
+    if target_mode(spec) == "mxfp8":
+        return _plan_mxfp8(spec)
     p = module_prefix(spec.name)
     sizes = dict(zip(spec.axes, spec.shape))
     cmap = codes_map(tuple(spec.axes), spec.scheme.bits)
@@ -149,12 +204,16 @@ def _flatten_rope(cfg: dict) -> None:
 def mlx_config(ckpt: Checkpoint) -> dict:
     """``config.json`` for the written model: defaults = most common (group_size, bits), overrides per module."""
     q = [s for s in ckpt.specs() if s.kind == "quantized"]
-    pairs = Counter((target_group_size(s), s.scheme.bits) for s in q)
-    g, b = pairs.most_common(1)[0][0] if pairs else (64, 4)
-    quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": "affine"}
+    pairs = Counter((target_group_size(s), s.scheme.bits, target_mode(s)) for s in q)
+    g, b, mode = pairs.most_common(1)[0][0] if pairs else (64, 4, "affine")
+    quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": mode}
     for s in q:
-        if (target_group_size(s), s.scheme.bits) != (g, b):
-            quant[module_prefix(s.name)] = {"group_size": target_group_size(s), "bits": s.scheme.bits}
+        key = (target_group_size(s), s.scheme.bits, target_mode(s))
+        if key != (g, b, mode):
+            entry: dict[str, Any] = {"group_size": key[0], "bits": key[1]}
+            if key[2] != mode:
+                entry["mode"] = key[2]
+            quant[module_prefix(s.name)] = entry
     cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items()
            if k not in ("quantization", "quantization_config")}
     _flatten_rope(cfg)
@@ -165,7 +224,8 @@ def mlx_config(ckpt: Checkpoint) -> dict:
 
 def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard_bytes: int | None = None,
               **_: Any) -> dict:
-    """Write ``ckpt`` as an MLX affine model directory (``model.safetensors`` + ``config.json``).
+    """Write ``ckpt`` as an MLX model directory (``model.safetensors`` + ``config.json``): affine
+    integer weights, and FP8 E4M3 weights with power-of-two scales as ``mxfp8``.
 
     Raises
     ------
@@ -177,7 +237,7 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
     def encode(spec: TensorSpec) -> TensorPlan:
         reason = check_target(spec)
         if reason:
-            raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine",
+            raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine or mxfp8",
                                         found=f"{spec.scheme.describe()} {spec.group_map.describe()}",
                                         hint="requantize to an MLX affine scheme")
         return _plan(spec)
