@@ -35,7 +35,7 @@ def _nibbles64(L: np.ndarray) -> np.ndarray:
 
 
 def _high_bits(L: np.ndarray, bit: int) -> np.ndarray:
-    """``qh[32]`` of Q5_K: bit ``2n`` / ``2n+1`` of byte ``j`` = bit ``bit`` of element ``64n + j`` / ``64n + 32 + j``."""
+    """``qh[32]`` (Q5_K; Q3_K ``hmask``): bit ``k`` of byte ``j`` = bit ``bit`` of element ``32k + j``."""
     N = L.shape[0]
     h = ((L >> U8(bit)) & U8(1)).reshape(N, 8, 32)  # (N, 2n + half, j)
     shifts = np.arange(8, dtype=U8)[None, :, None]
