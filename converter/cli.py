@@ -24,8 +24,8 @@ from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_si
 from converter.validate import self_test as do_self_test, validate as do_validate
 from converter.validate.findings import codes_help
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS,
-                                  SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of, granularity_options,
-                                  parse_block)
+                                  QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of,
+                                  granularity_options, parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # The commands import the formats layer (converter.formats.registry and what imports it: every format
@@ -258,6 +258,9 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
               help="Requantize: per-group clipping search minimising squared error.")
 @click.option("--reference", type=click.Path(path_type=Path), default=None,
               help="Float checkpoint to measure the error against (requantize only).")
+@click.option(QUANT_TYPE_OPTION, "quant_type", default=None,
+              help="Requantize to a type the target format defines by name, with its own quantizer "
+                   "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
@@ -265,7 +268,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @run_options_flags
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_dtype, scale_search, reference,
-            overwrite, report, as_json):
+            quant_type, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     granularity = _granularity(per_tensor, per_channel, group_size, required=False)
@@ -279,13 +282,14 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
         refuse_existing(report, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
-    requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference))
+    requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
+                                                                     quant_type))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
         with _usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
-                            scale_search=scale_search or "none")
+                            scale_search=scale_search or "none", quant_type=quant_type)
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
                                  "error-report", render.render_error_report)
     else:

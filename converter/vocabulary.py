@@ -21,6 +21,10 @@ SCALE_DTYPE_CHOICES = ("f16", "bf16", "f32")
 #: ``dequantize --dtype`` choices, in the order ``--help`` lists them.
 DENSE_DTYPE_CHOICES = ("f32", "f16", "bf16")
 
+#: The option naming a quantization type the target format defines by name (GGUF: ``Q4_K_M``, ``Q6_K``, ``Q8_0``
+#: ...): the target format's quantizer resolves it per tensor (:attr:`converter.quant.requant.Target.quant_type`).
+QUANT_TYPE_OPTION = "--quant-type"
+
 #: Granularities a user can ask for (``flat_block`` is a storage fact of some formats, not a target).
 GRANULARITIES = (Granularity.TENSOR.value, Granularity.CHANNEL.value, Granularity.GROUP.value)
 

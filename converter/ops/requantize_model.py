@@ -24,9 +24,11 @@ from converter.errors import ConverterError, NotRepresentableError
 from converter.formats import registry
 from converter.write.engine import collect_results, task_result, run_tasks
 from converter.quant.error_report import summarize, tensor_report
-from converter.quant.format_quant import FormatQuantizer
+from converter.layout import EXPERT, IN, OUT
+from converter.quant.format_quant import FormatQuantizer, quantize_with
 from converter.quant.requant import Target, classify, requantize, target_probe
-from converter.tensor import Checkpoint, QuantizedTensor, spec_of
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers
 from converter.write.atomic import check_not_inside
@@ -109,6 +111,9 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
     """
     out = {}
     for s in ckpt.specs():
+        if s.kind == "dense" and s.name in (overrides or {}) and fmt is not None:
+            out[s.name] = ("lossy", "float weights quantized by the target format's own quantizer")
+            continue
         if s.kind != "quantized":
             continue
         try:
@@ -117,6 +122,29 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
             exc.with_context(file=ckpt.path, tensor=s.name)
             raise
     return out
+
+
+def _float_axes(spec: TensorSpec) -> tuple[str, ...]:
+    return (OUT, IN) if len(spec.shape) == 2 else (EXPERT, OUT, IN)
+
+
+def _float_target(spec: TensorSpec, target: Target, fmt: FormatQuantizer):
+    """Scheme and groups a target format's quantizer gives a float weight (a named ``quant_type``
+    target: the format's ``adapt`` needs no source scheme)."""
+    scheme, gm = fmt.adapt(None, None, target)
+    gm.check_shape(spec.shape, _float_axes(spec))
+    return scheme, gm
+
+
+def _float_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer) -> QuantizedTensor:
+    """A zero-filled QuantizedTensor with the target's scheme / groups for a float ``spec``."""
+    scheme, gm = _float_target(spec, target, fmt)
+    axes = _float_axes(spec)
+    ps = gm.param_shape(spec.shape, axes)
+    zp = np.zeros(ps, scheme.scale_np_dtype) if scheme.zero_point is ZeroPoint.FLOAT else None
+    fill = scheme.center if not scheme.signed else 0
+    return QuantizedTensor(spec.name, axes, np.full(spec.shape, fill, scheme.code_dtype),
+                           np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
 
 
 def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
@@ -137,13 +165,25 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     plans = plan(src, target, fmt, overrides)
     specs = {}
     for spec in src.specs():
-        specs[spec.name] = (spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
-                            if spec.kind == "quantized" else spec)
+        if spec.kind == "quantized":
+            specs[spec.name] = spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
+        elif spec.name in plans:  # a float weight the target format's quantizer quantizes
+            specs[spec.name] = spec_of(_float_probe(spec, overrides[spec.name], fmt))
+        else:
+            specs[spec.name] = spec
+
     def load(name: str):
         t = src[name]
-        if not isinstance(t, QuantizedTensor):
+        if isinstance(t, DenseTensor) and name in plans:
+            spec = src.spec(name)
+            scheme, gm = _float_target(spec, overrides[name], fmt)
+            axes = _float_axes(spec)
+            result = dataclasses.replace(quantize_with(fmt, t.data, scheme, gm, axes=axes, name=name),
+                                         quantizer=fmt.accepts(scheme, gm, tuple(spec.shape), axes))
+        elif not isinstance(t, QuantizedTensor):
             return t
-        result = requantize(t, overrides.get(name, target), fmt=fmt)
+        else:
+            result = requantize(t, overrides.get(name, target), fmt=fmt)
         out = result.tensor
         ref = None
         if reference is not None and name in reference:
@@ -151,7 +191,8 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
             if tuple(ref.shape) != tuple(t.shape):
                 raise NotRepresentableError("reference tensor shape differs", file=reference.path, tensor=name,
                                             field="shape", expected=list(t.shape), found=list(ref.shape))
-        row = tensor_report(t, result, plans[name], reference=ref, src_spec=src.spec(name))
+        row = tensor_report(t, result, plans[name], reference=ref,
+                            src_spec=src.spec(name) if isinstance(t, QuantizedTensor) else None)
         # a digest, not the tensor: one tensor in memory at a time (in the form the target's
         # reader returns it, when the format stores it differently, e.g. GGUF's 32-element blocks)
         task_result(RESULT_KIND, name,
@@ -200,8 +241,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         if d["tensor"] in chosen:
             d["reason"] = chosen[d["tensor"]][1]
     ref_ckpt = registry.load(reference) if reference is not None else None
-    view, _ = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
-                                    overrides=overrides)
+    view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
+                                        overrides=overrides)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:
@@ -214,7 +255,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
             exc.with_context(file=ckpt.path)
             raise
-        for name in ckpt.quantized_names():  # a writer that skipped a tensor still gets a row
+        for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:
                 view[name]
     rows, digests = requant_results(got)
@@ -222,7 +263,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         out = registry.load(dst, format=to)
         verify_readback(out, rows, digests)
         verify_dequantized(source, out, modules)
-    passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized"]
+    passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized" and s.name not in plans]
     doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),
                     target_format=to, target=target.to_json(),
                     reference=str(reference) if reference is not None else None, passthrough=passthrough)

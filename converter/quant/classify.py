@@ -82,6 +82,10 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
         return "lossy", "act-order (g_idx) groups regrouped in column order"
     if target.scale_search == "mse":
         return "lossy", "--scale-search mse recomputes every scale"
+    same = fmt.same_type(spec_or_tensor, ts, tgm) if fmt is not None and fmt.same_type is not None else None
+    if same is not None:
+        return ("exact", "stored in the target type already") if same else \
+            ("lossy", "requantized by the target format's own quantizer")
     reasons: list[str] = []
     if s.codebook is not None:
         if ts == s and tgm is gm:

@@ -22,7 +22,7 @@ from converter.kernels.metrics import N_INPUTS, SEED, Figures, error_stats, outp
 from converter.quant.result import RequantResult
 from converter.rows import Rows, values_of
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from converter.tensor import QuantizedTensor, TensorSpec, spec_of
+from converter.tensor import DenseTensor, QuantizedTensor, TensorSpec, spec_of
 
 __all__ = ["N_INPUTS", "SEED", "comparison", "metadata_cost", "tensor_report", "summarize"]
 
@@ -69,14 +69,23 @@ def metadata_cost(spec: TensorSpec) -> dict[str, Any]:
             "metadata_bits_per_weight": 8 * th["metadata_bytes"] / spec.numel if spec.numel else 0.0}
 
 
-def tensor_report(src: QuantizedTensor, result: RequantResult, plan: tuple[str, str],
+def dense_cost(t: DenseTensor) -> dict[str, Any]:
+    """:func:`metadata_cost` of a float source tensor: its stored bytes, no quantization metadata."""
+    nbytes = int(t.data.nbytes)
+    numel = int(np.prod(t.shape, dtype=np.int64))
+    return {"scheme": f"{t.dtype} float", "scale_dtype": None, "groups": "none", "n_groups": 0,
+            "payload_bytes": nbytes, "metadata_bytes": 0, "total_bytes": nbytes,
+            "bits_per_weight": 8 * nbytes / numel if numel else 0.0, "metadata_bits_per_weight": 0.0}
+
+
+def tensor_report(src: "QuantizedTensor | DenseTensor", result: RequantResult, plan: tuple[str, str],
                   reference: np.ndarray | None = None, src_spec: TensorSpec | None = None) -> dict[str, Any]:
     """The report row of one requantized tensor (figures as :class:`Figures`; :func:`summarize`
     writes them out).
 
     Parameters
     ----------
-    src : QuantizedTensor, the source.
+    src : QuantizedTensor, the source (or a float DenseTensor a format quantizer quantized).
     result : from :func:`converter.quant.requant.requantize` (the tensor, route, degenerate
         groups, search totals, and the figures or values it already computed).
     plan : ``(mode, reason)`` from :func:`converter.quant.requant.classify`.
@@ -84,8 +93,10 @@ def tensor_report(src: QuantizedTensor, result: RequantResult, plan: tuple[str, 
     src_spec : the source's TensorSpec (for the stored ``g_idx`` cost); defaults to ``spec_of(src)``.
     """
     out = result.tensor
+    dense = isinstance(src, DenseTensor)
     # values dequantized block by block as the comparison reads them (never whole matrices)
-    a = Rows(result.values if result.values is not None else src)
+    a = Rows(result.values if result.values is not None else
+             src.data if dense else src)
     b = a if result.identical else Rows(out)
     vs_src = result.vs_source or (_rows_comparison(a, None, out.group_map, out.axes) if result.identical else None) \
         or comparison(a, b, out.group_map, out.axes)
@@ -102,27 +113,30 @@ def tensor_report(src: QuantizedTensor, result: RequantResult, plan: tuple[str, 
         "name": src.name, "shape": list(src.shape), "planned": plan[0], "reason": plan[1],
         "route": result.route,
         "result": "exact" if vs_src.exact else "lossy",
-        "source": {"scheme": src.scheme.describe(), "groups": src.group_map.describe()},
+        "source": ({"scheme": f"{src.dtype} float", "groups": "none"} if dense else
+                   {"scheme": src.scheme.describe(), "groups": src.group_map.describe()}),
         "target": {"scheme": out.scheme.describe(), "groups": out.group_map.describe(),
                    **({"quantizer": result.quantizer} if result.quantizer else {})},
         "vs_source": vs_src,
         "degenerate_groups": int(result.degenerate_groups),
         "partial_groups": int(n_partial), "partial_tail": int(partial),
-        "metadata": {"before": metadata_cost(src_spec or spec_of(src)), "after": metadata_cost(spec_of(out))},
+        "metadata": {"before": dense_cost(src) if dense else metadata_cost(src_spec or spec_of(src)),
+                     "after": metadata_cost(spec_of(out))},
     }
     if result.scale_search is not None:
         s = result.scale_search
         gain = None
         if s.search_sse > 0 and s.absmax_sse > 0:
             gain = 10.0 * math.log10(s.absmax_sse / s.search_sse)
-        n = max(src.numel, 1)
+        n = max(out.numel, 1)
         row["scale_search"] = {"method": "mse", "absmax_mse": s.absmax_sse / n, "search_mse": s.search_sse / n,
                                "gain_db": gain, "ratios_chosen": s.ratios_chosen}
     if reference is not None:
         ref = np.asarray(reference, dtype=np.float32)
         if ref.ndim != 2:
             a, b = values_of(a), values_of(b)
-        row["vs_reference"] = {"source": comparison(ref, a, src.group_map, src.axes),
+        row["vs_reference"] = {"source": comparison(ref, a, out.group_map if dense else src.group_map,
+                                                    out.axes if dense else src.axes),
                                "target": comparison(ref, b, out.group_map, out.axes)}
     return row
 

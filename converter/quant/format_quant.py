@@ -33,7 +33,7 @@ from converter.kernels.threads import kernel_threads, run_rows
 from converter.quant.result import RequantResult
 from converter.rows import Rows
 from converter.scheme import QuantScheme
-from converter.tensor import QuantizedTensor
+from converter.tensor import DoubleQuant, QuantizedTensor
 
 __all__ = ["FormatQuantizer", "quantize_with"]
 
@@ -62,6 +62,11 @@ class FormatQuantizer:
         The same values in the form the format's reader returns them (e.g. a group-128 scale
         repeated over the format's 32-element blocks); the read-back check digests this form.
         None: the tensor as written.
+    same_type : callable(spec_or_tensor, scheme, group_map) -> bool or None, optional
+        For a target the format's quantizer alone defines (a type whose parameters are not a
+        grid qckpt can carry into, e.g. GGUF's K-quant super-blocks): True when the source is
+        stored in exactly that type (kept as it is: the exact route), False when it must be
+        requantized by ``quantize`` (no generic carry); None: the generic exact route applies.
     """
 
     format: str
@@ -69,6 +74,7 @@ class FormatQuantizer:
     accepts: Callable[..., Optional[str]]
     quantize: Callable[..., Any]
     stored: Optional[Callable[[Any], Any]] = None
+    same_type: Optional[Callable[..., Optional[bool]]] = None
 
 
 def _concat_rows(parts: Sequence[QuantizedTensor]) -> QuantizedTensor:
@@ -80,8 +86,15 @@ def _concat_rows(parts: Sequence[QuantizedTensor]) -> QuantizedTensor:
     def cat(name: str) -> np.ndarray | None:
         arrs = [getattr(p, name) for p in parts]
         return None if arrs[0] is None else np.concatenate(arrs, axis=0)
+    dq = p0.double_quant
+    if dq is not None:  # two-level scales (GGUF K-quants): the per-row records joined the same way
+        def cat_dq(field: str) -> np.ndarray | None:
+            arrs = [getattr(p.double_quant, field) for p in parts]
+            return None if arrs[0] is None else np.concatenate(arrs, axis=0)
+        dq = DoubleQuant(dq.kind, dq.super_block, cat_dq("super_scales"), cat_dq("sub_scales"),
+                         cat_dq("super_mins"), cat_dq("sub_mins"))
     return QuantizedTensor(p0.name, p0.axes, cat("codes"), cat("scales"), p0.scheme, p0.group_map,
-                           zero_points=cat("zero_points"), stored={})
+                           zero_points=cat("zero_points"), double_quant=dq, stored={})
 
 
 def _degenerate(x: np.ndarray, group_map: GroupMap, axes: Sequence[str]) -> int:
@@ -89,8 +102,12 @@ def _degenerate(x: np.ndarray, group_map: GroupMap, axes: Sequence[str]) -> int:
     return int(np.count_nonzero(group_map.reduce(np.abs(x), np.maximum, axes) == 0))
 
 
-def quantize_with(fq: FormatQuantizer, t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> RequantResult:
+def quantize_with(fq: FormatQuantizer, t: "QuantizedTensor | np.ndarray", scheme: QuantScheme, group_map: GroupMap,
+                  *, axes: Sequence[str] | None = None, name: str | None = None) -> RequantResult:
     """Requantize QuantizedTensor ``t`` with the format quantizer ``fq`` to ``scheme`` / ``group_map``.
+
+    ``t`` may also be the float32 values of a float source tensor (an ndarray; then ``axes`` and
+    ``name`` are given): the quantizer sees them as they are.
 
     The quantizer sees the source's float32 dequantized values in logical orientation. A 2-D
     ``(out, in)`` tensor with row-local groups (:meth:`converter.groups.GroupMap.row_local`) is
@@ -105,10 +122,12 @@ def quantize_with(fq: FormatQuantizer, t: QuantizedTensor, scheme: QuantScheme, 
         Route ``"requantized"``, ``degenerate_groups``, and ``vs_source`` (the summed figures)
         or ``values`` (the source values, for :func:`~converter.quant.error_report.tensor_report`).
     """
-    shape, axes = tuple(int(s) for s in t.shape), tuple(t.axes)
+    shape = tuple(int(s) for s in t.shape)
+    axes = tuple(axes if axes is not None else t.axes)
+    name = name if name is not None else t.name
     if not (len(shape) == 2 and shape[0] * shape[1] and group_map.row_local(axes)):
-        x = t.dequantize()
-        return RequantResult(fq.quantize(x, scheme, group_map, axes, t.name), "requantized",
+        x = np.asarray(t, dtype=np.float32) if isinstance(t, np.ndarray) else t.dequantize()
+        return RequantResult(fq.quantize(x, scheme, group_map, axes, name), "requantized",
                              degenerate_groups=_degenerate(x, group_map, axes), values=x)
     rows, n = shape
     sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
@@ -125,7 +144,7 @@ def quantize_with(fq: FormatQuantizer, t: QuantizedTensor, scheme: QuantScheme, 
         for r0 in range(a, b, step):
             r1 = min(b, r0 + step)
             x = vals[r0:r1]
-            q = fq.quantize(x, scheme, group_map, axes, t.name)
+            q = fq.quantize(x, scheme, group_map, axes, name)
             part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
             degenerate += _degenerate(x, group_map, axes)
             pieces.append(q)

@@ -76,7 +76,10 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
         group; hint: a wider ``--scale-dtype``).
     """
     scheme, gm = resolve(t.scheme, t.group_map, target, fmt)
-    if allow_carry and target.scale_search == "none":
+    same = fmt.same_type(t, scheme, gm) if fmt is not None and fmt.same_type is not None else None
+    if same:  # the source is stored in the very type the format defines: kept as it is
+        return RequantResult(t, "carried", identical=True)
+    if allow_carry and target.scale_search == "none" and same is None:
         out = carry(t, scheme, gm)
         if out is not None:  # carry() checked the values identical
             return RequantResult(out, "carried", identical=True)

@@ -56,6 +56,7 @@ class Target:
     scale_dtype: str | None = None
     scale_search: str = "none"
     float_bias: str = "keep"
+    quant_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.granularity is None and self.group_size is not None:
@@ -86,12 +87,15 @@ class Target:
     def is_identity(self) -> bool:
         """True when no field asks for a change (only a repack)."""
         return (self.bits is None and self.granularity is None and self.symmetric is None
-                and self.scale_dtype is None and self.scale_search == "none")
+                and self.scale_dtype is None and self.scale_search == "none" and self.quant_type is None)
 
     def to_json(self) -> dict:
         gran = self.granularity.value if self.granularity is not None else None
-        return {"bits": self.bits, "granularity": gran, "group_size": self.group_size,
-                "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
+        out = {"bits": self.bits, "granularity": gran, "group_size": self.group_size,
+               "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
+        if self.quant_type is not None:
+            out["quant_type"] = self.quant_type
+        return out
 
 
 def _scale_dtype_only(scheme: QuantScheme, target: Target) -> bool:

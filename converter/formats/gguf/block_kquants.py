@@ -1,5 +1,6 @@
 """The K-quant ggml block codecs Q2_K..Q6_K (256-element super-blocks with quantized sub-block scales):
-decode only (``dequantize_row_q*_K`` of ``ggml-quants.c``; there is no K-quant encoder).
+decode (``dequantize_row_q*_K`` of ``ggml-quants.c``), encode (llama.cpp's reference quantizers,
+:mod:`converter.formats.gguf.kquant_encode`) and pack (:mod:`converter.formats.gguf.kquant_pack`).
 """
 
 from __future__ import annotations
@@ -8,10 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from converter.errors import UnsupportedError
-from converter.formats.gguf.block_legacy import LEGACY_TYPES
+from converter.errors import QuantizationError
 from converter.formats.gguf.block_fields import (BlockFields, QK_K, BIT_SHIFTS, CRUMB_SHIFTS, NIBBLE_SHIFTS,
-                                                 block_view, f16_at, split_nibbles)
+                                                 block_view, f16_at, map_row_chunks, split_nibbles)
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def _nibble_chunks(qs: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class KQuantCodec:
-    """Decode-only codec for a ggml K-quant super-block type (``QK_K = 256``).
+    """Codec for a ggml K-quant super-block type (``QK_K = 256``).
 
     Parameters
     ----------
@@ -91,8 +91,7 @@ class KQuantCodec:
 
     Notes
     -----
-    Encoding K-quants needs llama.cpp's search-based quantizers (``quantize_row_q4_K_ref`` ...); not
-    provided here (gguf-py has none either).
+    gguf-py (0.19.0) has no K-quant quantizer; :meth:`encode` is llama.cpp's reference one in numpy.
     """
 
     name: str
@@ -172,13 +171,68 @@ class KQuantCodec:
         scales = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
         return low | (high << np.uint8(4)), f16_at(b, 208), None, scales, None
 
-    def encode(self, values: np.ndarray) -> np.ndarray:  # noqa: ARG002 - uniform interface
-        """Not available: K-quant encoding needs llama.cpp (``quantize_row_*_K_ref``)."""
-        raise UnsupportedError(f"encoding {self.name} is not supported", field="ggml_type",
-                               expected=f"one of {', '.join(LEGACY_TYPES)}", found=self.name,
-                               hint="quantize K-quants with llama.cpp's llama-quantize")
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """Quantize float rows with llama.cpp's ``quantize_row_<type>_ref`` (no importance matrix).
 
-    def pack(self, fields: BlockFields) -> np.ndarray:  # noqa: ARG002 - uniform interface
-        """Not available for K-quants (see :meth:`encode`)."""
-        raise UnsupportedError(f"packing {self.name} is not supported", field="ggml_type",
-                               expected=f"one of {', '.join(LEGACY_TYPES)}", found=self.name)
+        Bit-identical with ``ggml_quantize_chunk`` of llama.cpp (llama-cpp-python 0.3.36) without
+        an imatrix, i.e. what ``llama-quantize`` writes (:mod:`converter.formats.gguf.kquant_encode`).
+
+        Parameters
+        ----------
+        values : ndarray of float32, shape (rows, row_len)
+            ``row_len`` a multiple of 256.
+
+        Returns
+        -------
+        ndarray of uint8, shape (rows, row_len / 256 * type_size)
+
+        Raises
+        ------
+        QuantizationError
+            Row length not a multiple of 256, non-finite values, or a super-block scale that
+            overflows fp16.
+        """
+        from converter.formats.gguf.kquant_encode import quantize_kquant
+        from converter.formats.gguf.kquant_pack import PACKERS
+
+        values = np.asarray(values, dtype=np.float32)
+        if values.ndim != 2 or values.shape[1] % QK_K:
+            raise QuantizationError(f"{self.name} rows must be a whole number of {QK_K}-element super-blocks",
+                                    field="row_len", expected=f"multiple of {QK_K}",
+                                    found=values.shape[-1] if values.ndim else None)
+        rows, row_len = values.shape
+        n_super = row_len // QK_K
+        out = np.empty((rows, n_super * self.type_size), dtype=np.uint8)
+        pack = PACKERS[self.name]
+
+        def chunk(a: int, b: int) -> np.ndarray:
+            x = values[a:b]
+            if not np.isfinite(x).all():
+                raise QuantizationError(f"{self.name} input is not finite (NaN/inf)", field="values",
+                                        expected="finite", found="NaN/inf")
+            f = quantize_kquant(self.name, x.reshape(-1, QK_K))
+            for field, v in (("d", f.d), ("dmin", f.dmin)):
+                if v is not None and not np.isfinite(v).all():
+                    raise QuantizationError(f"{self.name} super-block scale {field} overflows float16",
+                                            field=field, expected=f"|{field}| <= 65504", found="inf")
+            return pack(f.codes, f.d, f.dmin, f.sc, f.m).reshape(x.shape[0], -1)
+        return map_row_chunks(out, row_len, chunk)
+
+    def pack(self, fields: BlockFields) -> np.ndarray:
+        """Lay out decoded fields as super-block bytes (the inverse of :meth:`decode`).
+
+        ``fields`` as :meth:`decode` returns them (``codes`` (rows, row_len), ``super_scales``
+        (rows, n_super), ``sub_scales`` / ``sub_mins`` (rows, n_sub)). Returns uint8
+        ``(rows, n_super * type_size)``.
+        """
+        from converter.formats.gguf.kquant_pack import PACKERS
+
+        rows, row_len = fields.codes.shape
+        n = rows * (row_len // QK_K)
+        k = QK_K // self.sub_block_size
+        d = np.asarray(fields.super_scales, dtype=np.float16).reshape(n)
+        dmin = None if fields.super_mins is None else np.asarray(fields.super_mins, dtype=np.float16).reshape(n)
+        sc = np.asarray(fields.sub_scales).reshape(n, k)
+        m = None if fields.sub_mins is None else np.asarray(fields.sub_mins).reshape(n, k)
+        codes = np.ascontiguousarray(fields.codes, dtype=np.uint8).reshape(n, QK_K)
+        return PACKERS[self.name](codes, d, dmin, sc, m).reshape(rows, -1)

@@ -71,11 +71,13 @@ from converter.formats.gguf.blocks import BlockFields, codec_for
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
 from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
-from converter.formats.gguf.schemes import (DENSE_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES, QUANTIZATION_VERSION,
-                                            FILE_TYPES, MANAGED_KEYS, gguf_module, quantize_to_gguf,
-                                            scheme_for, tensor_from_fields)
+from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES,
+                                            QUANTIZATION_VERSION, FILE_TYPES, MANAGED_KEYS, WRITE_TYPES, gguf_module,
+                                            quantize_to_gguf, scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
-from converter.formats.gguf.targets import check_target, legacy_match
+from converter.formats.gguf.targets import check_target, kquant_match, legacy_match
+from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
+from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
 from converter.formats.ties import resolve_tied_head
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
@@ -106,6 +108,24 @@ def _legacy_fields(t: QuantizedTensor, type_name: str) -> BlockFields:
     scales = _exact_f16(t.scales, tensor=t.name, field="scales").reshape(rows, -1)
     mins = _exact_f16(t.zero_points, tensor=t.name, field="zero_points").reshape(rows, -1) if codec.affine else None
     return BlockFields(type_name, np.ascontiguousarray(codes).reshape(rows, t.shape[-1]), scales=scales, mins=mins)
+
+
+def _kquant_fields(t: QuantizedTensor, type_name: str) -> BlockFields:
+    """``t``'s own K-quant super-block fields (its :class:`DoubleQuant` record) as block fields."""
+    dq = t.double_quant
+    if dq is None or dq.kind != type_name:
+        raise NotRepresentableError(f"a {type_name} tensor is written from its super-block fields; this one has none "
+                                    "(only its effective scales)", tensor=t.name, field="double_quant",
+                                    expected=type_name, found=None if dq is None else dq.kind,
+                                    hint="requantize with --quant-type to quantize it with llama.cpp's quantizer")
+    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    codec = codec_for(type_name)
+
+    def r(a):
+        return None if a is None else np.ascontiguousarray(a).reshape(rows, -1)
+    return BlockFields(type_name, np.ascontiguousarray(t.codes, dtype=np.uint8).reshape(rows, t.shape[-1]),
+                       super_scales=r(dq.super_scales), super_mins=r(dq.super_mins), sub_scales=r(dq.sub_scales),
+                       sub_mins=r(dq.sub_mins), sub_block_size=codec.sub_block_size)
 
 
 @dataclass
@@ -165,7 +185,7 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
     if spec.kind == "dense":
         type_name = spec.dtype
     else:
-        type_name = legacy_match(spec)[0]
+        type_name = kquant_match(spec) or legacy_match(spec)[0]
         if gguf_type is not None and type_name != gguf_type:
             raise NotRepresentableError(f"tensor's scheme is {type_name}, not the requested {gguf_type}",
                                         tensor=spec.name, field="gguf_type", expected=gguf_type, found=type_name,
@@ -189,6 +209,8 @@ def _encode(t, p: _Plan) -> np.ndarray:
             raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
                               expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")
         return data.view(np.uint8) if p.type_name == "BF16" else data
+    if isinstance(t, QuantizedTensor) and p.type_name in K_TYPES:
+        return codec_for(p.type_name).pack(_kquant_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
     if isinstance(t, QuantizedTensor):
         codec = codec_for(p.type_name)
         raw = codec.pack(_legacy_fields(as_groups(t, 32), p.type_name))
@@ -225,8 +247,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     """
     ckpt.refuse_opaque("gguf")
     gguf = gguf_module()
-    if gguf_type is not None and gguf_type not in LEGACY_TYPES:
-        raise UnsupportedError("unsupported GGUF output type", field="gguf_type", expected=list(LEGACY_TYPES),
+    if gguf_type is not None and gguf_type not in WRITE_TYPES:
+        raise UnsupportedError("unsupported GGUF output type", field="gguf_type", expected=list(WRITE_TYPES),
                                found=gguf_type)
     src_kv = dict(ckpt.metadata.get("gguf_kv") or {})
     src_types = dict(ckpt.metadata.get("gguf_kv_types") or {})
@@ -250,13 +272,16 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         seen[p.gguf_name] = p.name
     types = {p.name: p.type_name for p in plans}
     src_ggml = ckpt.metadata.get("ggml_types") or {}
+    mix = ckpt.metadata.get(FILE_TYPE_KEY)
     if ckpt.format == "gguf" and src_ggml == types and isinstance(src_kv.get("general.file_type"), int):
         file_type = int(src_kv["general.file_type"])
+    elif mix in MIX_FILE_TYPES:  # a --quant-type mix: llama-quantize's llama_ftype
+        file_type = MIX_FILE_TYPES[mix][0]
     else:
         weight = Counter()
         for p in plans:
             weight[p.type_name] += int(np.prod(p.shape, dtype=np.int64)) if len(p.shape) >= 2 else 0
-        quant = [t for t in weight if t in LEGACY_TYPES]
+        quant = [t for t in weight if t in LEGACY_TYPES] or [t for t in weight if t in K_TYPES]
         dom = (max(quant, key=lambda t: weight[t]) if quant
                else max(weight, key=lambda t: weight[t]) if weight else "F32")
         file_type = int(gguf.LlamaFileType[FILE_TYPES.get(dom, "ALL_F32")])

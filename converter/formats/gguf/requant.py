@@ -32,11 +32,15 @@ from converter.quant.format_quant import FormatQuantizer
 from converter.quant.recode import as_groups
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
-from converter.formats.gguf.schemes import REQUANT_OPTIONS, quantize_to_gguf, scheme_for
+from converter.formats.gguf.block_fields import QK_K
+from converter.formats.gguf.mix import FILE_TYPES
+from converter.formats.gguf.schemes import (REQUANT_OPTIONS, WRITE_TYPES, group_size_of, kquant_type_for,
+                                            quantize_to_gguf, scheme_for)
 from converter.formats.ties import HEAD, embedding_name
 from converter.quant.requant import Target
 
-__all__ = ["GGUF_QUANTIZER", "legacy_type_for", "requant_adapt", "requant_targets", "output_head"]
+__all__ = ["GGUF_QUANTIZER", "legacy_type_for", "kquant_type_for", "named_type", "requant_adapt", "requant_targets",
+           "output_head"]
 
 
 def legacy_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
@@ -76,6 +80,9 @@ def requant_adapt(scheme: QuantScheme, group_map: GroupMap, target) -> tuple[Qua
     NotRepresentableError
         ``--scale-dtype`` other than f16.
     """
+    qt = getattr(target, "quant_type", None)
+    if qt is not None:  # a named ggml type (a --quant-type mix resolved per tensor)
+        return named_type(qt)
     sd = getattr(target, "scale_dtype", None)
     if sd not in (None, "F16"):
         raise NotRepresentableError("GGUF block scales are fp16 (ggml_half)", field="--scale-dtype",
@@ -90,9 +97,42 @@ def requant_adapt(scheme: QuantScheme, group_map: GroupMap, target) -> tuple[Qua
     return (scheme_for(t) if t is not None else scheme), group_map
 
 
+def named_type(type_name: str) -> tuple[QuantScheme, GroupMap]:
+    """Scheme and groups of a ggml type named by ``--quant-type`` (a per-tensor type of a mix).
+
+    Raises
+    ------
+    NotRepresentableError
+        A name that is not a ggml type qckpt writes (a whole-file mix name is resolved per tensor
+        by :func:`requant_targets` first).
+    """
+    if type_name not in WRITE_TYPES:
+        raise NotRepresentableError("not a GGUF type qckpt writes", field="--quant-type",
+                                    expected=list(WRITE_TYPES) + list(FILE_TYPES), found=type_name)
+    return scheme_for(type_name), GroupMap.per_group(group_size_of(type_name), IN)
+
+
+def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool | None:
+    """K-quant targets: True when the source is stored in that very type (llama-quantize copies a
+    tensor already of the target type), else False (requantized from the float values; a K-quant
+    cannot be carried into from another grid). None for the legacy types (the generic carry)."""
+    t = kquant_type_for(scheme, group_map)
+    if t is None:
+        return None
+    dq = getattr(spec_or_tensor, "double_quant", None)
+    kind = getattr(dq, "kind", dq)
+    return bool(kind == t and spec_or_tensor.scheme == scheme
+                and spec_or_tensor.group_map.group_size == group_map.group_size)
+
+
 def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[int],
                      axes: Sequence[str]) -> str | None:
     """The label of llama.cpp's quantizer when :func:`quantize_to_gguf` produces this target."""
+    k = kquant_type_for(scheme, group_map)
+    if k is not None:
+        if tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN)) or len(shape) != len(axes) or shape[-1] % QK_K:
+            return None
+        return f"gguf {k}: llama.cpp quantize_row_{k.lower()}_ref (no imatrix), qckpt numpy port"
     t = legacy_type_for(scheme, group_map)
     if (t is None or scheme != scheme_for(t) or tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN))
             or len(shape) != len(axes) or shape[-1] % 32):
@@ -103,7 +143,7 @@ def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[i
 def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, axes: Sequence[str],
                       name: str) -> QuantizedTensor:
     """:func:`quantize_to_gguf` for an accepted target (rows quantized independently)."""
-    t = legacy_type_for(scheme, group_map)
+    t = kquant_type_for(scheme, group_map) or legacy_type_for(scheme, group_map)
     out = quantize_to_gguf(values, t, name=name)
     if tuple(out.axes) != tuple(axes):
         raise UnsupportedError("GGUF quantizer axes differ from the target's", tensor=name, field="axes",
@@ -113,14 +153,17 @@ def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupM
 
 def _requant_stored(t: QuantizedTensor) -> QuantizedTensor:
     """``t`` as the reader returns it: parameters repeated over the 32-element blocks (``t`` itself
-    when it has no such form: the writer then refuses it)."""
+    when it has no such form: the writer then refuses it; K-quants are read as written)."""
+    if t.double_quant is not None:
+        return t
     try:
         return as_groups(t, 32)
     except NotRepresentableError:
         return t
 
 
-GGUF_QUANTIZER = FormatQuantizer("gguf", requant_adapt, _requant_accepts, _requant_quantize, _requant_stored)
+GGUF_QUANTIZER = FormatQuantizer("gguf", requant_adapt, _requant_accepts, _requant_quantize, _requant_stored,
+                                 same_type=_same_type)
 """GGUF's format quantizer: legacy types requantized with llama.cpp's reference quantizer."""
 
 #: the output head's target when requantizing to a legacy type below 8 bits: Q8_0
@@ -135,8 +178,13 @@ def output_head(ckpt) -> str | None:
 
 
 def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
-    """``{name: (Target, reason)}``: the output head (or tied embedding) at Q8_0 when ``target``
-    asks for fewer than 8 bits; empty when there is no quantized head or it gets 8 bits anyway."""
+    """``{name: (Target, reason)}``: with ``--quant-type`` every tensor's type of the mix
+    (:func:`converter.formats.gguf.mix_targets.mix_targets`); else the output head (or tied
+    embedding) at Q8_0 when ``target`` asks for fewer than 8 bits (empty when there is no
+    quantized head or it gets 8 bits anyway)."""
+    if getattr(target, "quant_type", None) is not None:
+        from converter.formats.gguf.mix_targets import mix_targets
+        return mix_targets(ckpt, target.quant_type)
     name = output_head(ckpt)
     if name is None or ckpt.spec(name).kind != "quantized":
         return {}

@@ -11,7 +11,7 @@ import numpy as np
 
 from converter.dtypes import DTYPES
 from converter.errors import ConverterError, UnsupportedError
-from converter.groups import GroupMap
+from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import DoubleQuant, QuantizedTensor
@@ -21,6 +21,13 @@ from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, Le
 LEGACY_TYPES: tuple[str, ...] = SUPPORTED_WRITE
 """Quantized ggml types this module writes (bit-exact repack or reference quantization): the
 legacy block codecs of :mod:`gguf_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
+
+K_TYPES: tuple[str, ...] = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+"""K-quant types written by llama.cpp's reference quantizers (:mod:`converter.formats.gguf.kquant_encode`)
+or repacked from a K-quant source's own super-block fields."""
+
+WRITE_TYPES: tuple[str, ...] = LEGACY_TYPES + K_TYPES
+"""Every quantized ggml type qckpt writes."""
 
 DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy
                                    for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
@@ -35,7 +42,10 @@ QUANTIZATION_VERSION = 2
 MANAGED_KEYS = ("general.architecture", "general.quantization_version", "general.file_type",
                  "general.alignment")
 FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0": "MOSTLY_Q4_0",
-              "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0"}
+              "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0",
+              # a file of one K-quant type (no mix): llama.cpp's "_S" file type of that type
+              "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_S", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S",
+              "Q6_K": "MOSTLY_Q6_K"}
 
 
 def gguf_module():
@@ -65,6 +75,17 @@ def scheme_for(type_name: str) -> QuantScheme:
 def group_size_of(type_name: str) -> int:
     codec = codec_for(type_name)
     return codec.block_size if isinstance(codec, LegacyCodec) else codec.sub_block_size
+
+
+def kquant_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
+    """The K-quant type whose logical form is exactly ``scheme`` over ``group_map`` (F32 effective
+    scales over 16/32-element sub-blocks along ``in``: no legacy target has F32 scales), or None."""
+    if group_map.granularity is not Granularity.GROUP or group_map.axis != IN or group_map.g_idx is not None:
+        return None
+    for t in K_TYPES:
+        if scheme == scheme_for(t) and group_map.group_size == group_size_of(t):
+            return t
+    return None
 
 
 def axes_for(ndim: int) -> tuple[str, ...] | None:
@@ -122,7 +143,7 @@ def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int]) -> 
 
 
 def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor") -> QuantizedTensor:
-    """Requantize float values to a legacy ggml type with llama.cpp's reference quantizer.
+    """Requantize float values to a ggml type with llama.cpp's reference quantizer.
 
     Bytes are identical with ``gguf.quants.quantize`` (``quantize_row_q*_ref``, round half away
     from zero); the result is the decode of those bytes, so writing it packs them back unchanged.
@@ -132,7 +153,7 @@ def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor"
     values : ndarray of float, shape (out, in) or (expert, out, in)
         ``in`` a multiple of 32.
     type_name : str
-        One of :data:`LEGACY_TYPES`.
+        One of :data:`WRITE_TYPES`.
 
     Returns
     -------
@@ -141,9 +162,12 @@ def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor"
     Raises
     ------
     UnsupportedError
-        K-quants and other types (no encoder).
+        Types without an encoder (IQ*, TQ* ...).
     QuantizationError
         Bad row length, non-finite input, fp16 overflow of a block scale.
+
+    K-quants (Q2_K..Q6_K): llama.cpp's ``quantize_row_q*_K_ref`` (no importance matrix), ``in`` a
+    multiple of 256; the result carries the super-block fields (:class:`DoubleQuant`).
     """
     values = np.asarray(values, dtype=np.float32)
     if values.ndim not in (2, 3):

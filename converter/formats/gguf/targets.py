@@ -1,22 +1,34 @@
-"""Which checkpoint tensors GGUF holds exactly (no requantization): the legacy-type match.
+"""Which checkpoint tensors GGUF holds exactly (no requantization): the legacy-type and K-quant match.
 
 A quantized tensor is written to GGUF as it is only when its scheme *is* a legacy ggml type
 (Q4_0/Q5_0/Q8_0 symmetric, Q4_1/Q5_1 float bias) in 32-element blocks along ``in`` (or a
-per-tensor / per-channel / 32k-group scale that each block repeats exactly); K-quants are read
-but not written. :func:`check_target` is the handler's answer, :func:`legacy_match` the type.
+per-tensor / per-channel / 32k-group scale that each block repeats exactly), or a K-quant whose
+super-block fields it carries (a K-quant source, or llama.cpp's quantizer's output).
+:func:`check_target` is the handler's answer, :func:`legacy_match` / :func:`kquant_match` the type.
 """
 
 from __future__ import annotations
 
 from converter.formats.gguf.blocks import CODECS, KQuantCodec
-from converter.formats.gguf.schemes import DENSE_TYPES, REQUANT_OPTIONS
+from converter.formats.gguf.schemes import DENSE_TYPES, REQUANT_OPTIONS, kquant_type_for
 from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.groups import Granularity
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import ZeroPoint
 from converter.tensor import TensorSpec, opaque_reason
 
-__all__ = ["check_target", "legacy_match"]
+__all__ = ["check_target", "legacy_match", "kquant_match"]
+
+
+def kquant_match(spec: TensorSpec) -> str | None:
+    """The K-quant type ``spec`` is stored as (a K-quant source's own super-blocks, or a K-quant
+    requantize target), or None. Its super-block fields are packed as they are at write time."""
+    if spec.scheme is None or spec.group_map is None or spec.axes is None or spec.act_order:
+        return None
+    t = kquant_type_for(spec.scheme, spec.group_map)
+    if t is None or spec.double_quant not in (None, t) or tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
+        return None
+    return t if spec.shape[-1] % 256 == 0 else None
 
 
 def _k_quant_note(spec: TensorSpec) -> str | None:
@@ -35,8 +47,9 @@ def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
         return None, "tensor has no supported quantization scheme (" + "; ".join(spec.notes) + ")"
     kq = _k_quant_note(spec)
     if kq:
-        return None, (f"{kq} K-quant (two-level scales): writing K-quants is not supported (gguf-py has no K-quant "
-                      "encoder) and d*sc is generally not one fp16 block scale; requantize to a legacy type")
+        return None, (f"{kq} K-quant (two-level scales) is written only as {kq} itself (from its super-block "
+                      "fields): d*sc is generally not one fp16 block scale; requantize to a legacy type, or "
+                      "pass --quant-type")
     if s.codebook is not None:
         return None, "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
     # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
@@ -74,11 +87,14 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     """None if ``spec`` can be written to GGUF without requantizing, else the reason.
 
     Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
-    32 along ``in``). F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is
-    checked at write time (NotRepresentableError when a cast would round).
+    32 along ``in``), or a K-quant type (:func:`kquant_match`: written from its super-block fields).
+    Legacy types: F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is checked
+    at write time (NotRepresentableError when a cast would round).
     """
     if spec.kind == "opaque":
         return opaque_reason(spec)
     if spec.kind == "dense":
         return None if spec.dtype in DENSE_TYPES else f"dtype {spec.dtype} has no GGUF tensor type"
+    if kquant_match(spec) is not None:
+        return None
     return legacy_match(spec)[1]

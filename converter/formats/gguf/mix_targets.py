@@ -1,0 +1,89 @@
+"""``--quant-type Q4_K_M`` (a llama-quantize file type) -> one requantize target per tensor.
+
+The GGUF handler's ``requant_targets`` hook for a named file type: each tensor of the checkpoint
+gets the GGUF name, row length and hyperparameters the writer will use, :func:`choose_types` of
+:mod:`converter.formats.gguf.mix` picks its ggml type, and the tensor's target names that type
+(``Target(quant_type="Q6_K")``), which :data:`~converter.formats.gguf.requant.GGUF_QUANTIZER`
+resolves. Float weights the mix quantizes get a target too (the requantize then quantizes them
+from their float32 values); tensors llama-quantize leaves alone get none (float) or keep their
+own type (quantized). The file type is recorded in ``ckpt.metadata["gguf_file_type"]`` for the
+writer's ``general.file_type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from converter.errors import NotRepresentableError
+from converter.formats.gguf.mix import FILE_TYPES, ModelInfo, TensorInfo, choose_types
+from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf
+from converter.formats.ties import resolve_tied_head
+
+__all__ = ["mix_targets", "FILE_TYPE_KEY"]
+
+#: ``ckpt.metadata`` key of the llama.cpp file type a mix was resolved for (read by the writer).
+FILE_TYPE_KEY = "gguf_file_type"
+
+
+def _arch_and_kv(ckpt) -> tuple[str, dict[str, Any]]:
+    from converter.formats.gguf.format import _config_kv
+    kv = dict(ckpt.metadata.get("gguf_kv") or {})
+    arch = kv.get("general.architecture") or HF_MODEL_TYPE_TO_ARCH.get(ckpt.config.get("model_type")) \
+        or ckpt.config.get("model_type")
+    if not isinstance(arch, str) or not arch:
+        raise NotRepresentableError("no GGUF architecture to choose the mix by", file=ckpt.path,
+                                    field="general.architecture", expected="a GGUF source or config.json model_type",
+                                    found=None)
+    if not kv and ckpt.config:
+        kv = _config_kv(ckpt.config, arch)
+        experts = ckpt.config.get("num_local_experts") or ckpt.config.get("num_experts")
+        if isinstance(experts, int):
+            kv[f"{arch}.expert_count"] = experts
+    return arch, kv
+
+
+def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
+    """``{name: (Target, reason)}`` for llama-quantize file type ``file_type`` (or one ggml type).
+
+    Raises
+    ------
+    NotRepresentableError
+        Unknown file type, no architecture, or a tensor the mix would make F16 from a quantized
+        source (row length not a multiple of 32).
+    """
+    from converter.quant.requant import Target
+    from converter.formats.gguf.schemes import WRITE_TYPES
+
+    if file_type not in FILE_TYPES:
+        if file_type in WRITE_TYPES:  # one type for every quantized tensor
+            return {s.name: (Target(quant_type=file_type), f"--quant-type {file_type}")
+                    for s in ckpt.specs() if s.kind == "quantized"}
+        raise NotRepresentableError("unknown GGUF quantization type", field="--quant-type",
+                                    expected=list(FILE_TYPES) + list(WRITE_TYPES), found=file_type)
+    arch, kv = _arch_and_kv(ckpt)
+    names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
+    drop, _, _ = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
+    specs = [s for s in ckpt.specs() if s.name not in drop and s.kind in ("dense", "quantized")]
+    gname = {s.name: names.get(s.name) or hf_to_gguf(s.name, arch) for s in specs}
+    infos = [TensorInfo(gname[s.name], int(s.shape[-1]) if s.shape else 1, len(s.shape)) for s in specs]
+    types = choose_types(file_type, infos, ModelInfo.from_kv(kv, arch))
+    ckpt.metadata[FILE_TYPE_KEY] = file_type
+    out: dict[str, tuple[Any, str]] = {}
+    for s in specs:
+        t = types[gname[s.name]]
+        if t is None:
+            if s.kind == "quantized":
+                out[s.name] = (Target(), f"llama-quantize {file_type}: not quantized by llama.cpp (kept)")
+            continue
+        if t == "F16":
+            if s.kind == "quantized":
+                raise NotRepresentableError("llama-quantize would store this tensor as F16 (row length not a "
+                                            "multiple of 32); qckpt does not dequantize it to F16 here",
+                                            tensor=s.name, field="shape", expected="a multiple of 32",
+                                            found=list(s.shape))
+            continue
+        if s.kind == "dense" and s.dtype not in ("F32", "F16", "BF16", "F64"):
+            continue
+        out[s.name] = (Target(quant_type=t), f"llama-quantize {file_type} (llama_tensor_get_type): {gname[s.name]} "
+                                             f"-> {t}")
+    return out
