@@ -44,6 +44,13 @@ GPTQ_F32 = "GPTQ stores fp16 scales; F32 scales round"
 MLX_BIAS = "float bias is not an integer zero point"
 NO_QUANT = "the source has no quantized tensors"
 GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
+MODELOPT_FP8 = "ModelOpt is written as FP8 (E4M3) only"
+CODEBOOK_GGUF = "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
+FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
+               "modelopt_fp8_pb_wo_smollm2tiny")
+INT_SAMPLES = ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp", "ct_pack_w4a16_channel_sym",
+               "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym",
+               "mlx_affine_g64_b4", "mlx_affine_g32_b8", "bnb_int8", "bnb_nf4_bs64")
 
 EXPECTED = {
     # --- GPTQ 4-bit sym, G=128 along in, fp16 scales (FORMATS 1.1-1.4) ------------------------
@@ -163,6 +170,16 @@ EXPECTED = {
     ("minilm_fp16.safetensors", "mlx"): REFUSE,
     ("minilm_fp16.safetensors", "native"): PASS,
     ("minilm_fp16.safetensors", "plain"): PASS,
+    # --- FP8 E4M3 (issue 14): compressed-tensors float-quantized, ModelOpt FP8 / PC_PT / PB_WO ----------
+    # E4M3 weights are a codebook scheme: the integer-grid targets refuse them; compressed-tensors
+    # float-quantized, ModelOpt (per tensor / per channel / 128 x 128 blocks) and native hold them
+    # exactly (codes = the element bytes, scales kept in their dtype).
+    **{(s, t): REFUSE for s in FP8_SAMPLES for t in ("awq", "gptq", "mlx", "gguf")},
+    **{(s, t): EXACT for s in FP8_SAMPLES for t in ("compressed-tensors", "modelopt", "native")},
+    **{(s, "plain"): DEQ for s in FP8_SAMPLES},
+    # ModelOpt is written as FP8 only: every integer / NF4 sample is refused, the float one has nothing to repack.
+    **{(s, "modelopt"): REFUSE for s in INT_SAMPLES},
+    ("minilm_fp16.safetensors", "modelopt"): REFUSE,
 }
 
 REASONS = {
@@ -184,7 +201,13 @@ REASONS = {
     ("mlx_affine_g32_b8", "gguf"): "no affine GGUF legacy type has 8-bit codes",
     ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
     ("bnb_nf4_bs64", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
-    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf")},
+    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf",
+                                                           "modelopt")},
+    **{(s, "awq"): CODEBOOK_AWQ for s in FP8_SAMPLES},
+    **{(s, "gptq"): CODEBOOK_GPTQ for s in FP8_SAMPLES},
+    **{(s, "mlx"): CODEBOOK_MLX for s in FP8_SAMPLES},
+    **{(s, "gguf"): CODEBOOK_GGUF for s in FP8_SAMPLES},
+    **{(s, "modelopt"): MODELOPT_FP8 for s in INT_SAMPLES},
 }
 
 REAL = sorted({s for s, _ in EXPECTED})

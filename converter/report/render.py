@@ -46,6 +46,11 @@ def render_inspect(doc: dict) -> None:
     c = console()
     c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{doc['format']}[/bold]  "
             f"tensors: {doc['n_tensors']} ({doc['n_quantized']} quantized)")
+    meta = doc.get("metadata") or {}
+    for key, label in (("input_activations", "input activations (metadata, not applied to weights)"),
+                       ("unreadable_groups", "unreadable (opaque)")):
+        if meta.get(key):
+            c.print(f"{label}: {meta[key]}")
     t = Table("tensor", "kind", "shape", "storage", "scheme", "groups")
     for r in doc["tensors"]:
         storage = ", ".join(f"{s['role']}:{s['dtype']}{s['shape']}" for s in r["stored"])

@@ -129,7 +129,9 @@ def dense_plan(spec, name: str | None = None) -> TensorPlan:
     """Pass a dense tensor through bit-exact."""
     out = name or spec.name
     plan = TensorPlan(spec.name, [(out, spec.dtype, tuple(spec.shape))],
-                      lambda t, out=out: {out: np.ascontiguousarray(t.data)}, ["passed through"])
+                      # reshape: np.ascontiguousarray makes a 0-dim array 1-D (ModelOpt's 0-dim scales)
+                      lambda t, out=out: {out: np.ascontiguousarray(t.data).reshape(np.shape(t.data))},
+                      ["passed through"])
     if spec.shape and DTYPES.get(spec.dtype) is not None and DTYPES[spec.dtype].numpy is not None:
         rows_plan(plan)
     return plan

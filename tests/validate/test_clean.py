@@ -8,6 +8,8 @@ from tests.validate.helpers import FP16
 
 DIRS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "gguf")
 GGUF = sorted(p.name for p in (SAMPLES / "gguf").glob("*.gguf"))
+#: Samples made from MiniLM (FP16 is their float source); the FP8 samples come from SmolLM2 weights.
+MINILM = [d for d in DIRS if "smollm2" not in d]
 
 
 @pytest.mark.parametrize("name", DIRS)
@@ -19,7 +21,7 @@ def test_real_sample_is_clean(name):
         assert stats["saturation"]["declared"] == 1.0
 
 
-@pytest.mark.parametrize("name", DIRS)
+@pytest.mark.parametrize("name", MINILM)
 def test_real_sample_is_clean_against_the_float_reference(name):
     rep = validate(SAMPLES / name, reference=FP16, strict=True)
     assert rep.findings == [] and rep.exit_code == 0

@@ -2,7 +2,8 @@
 
 - :mod:`.config`: parse / emit ``quantization_config`` (groups, targets, ignore, version).
 - :mod:`.reader`: ``pack-quantized`` (dense >= 0.18 and padded <= 0.17 packing), ``int-quantized``,
-  ``naive-quantized``; signed codes, ``s * (q - zp)``.
+  ``naive-quantized``; signed codes, ``s * (q - zp)``; ``float-quantized`` (FP8, :mod:`.float_layout`);
+  mixed ``config_groups`` (each group with its own codec, an unreadable group's modules opaque).
 - :mod:`.writer`: the same formats, config keys exactly as compressed-tensors 0.20.1 writes them.
 
 FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.

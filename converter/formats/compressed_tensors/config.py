@@ -17,13 +17,17 @@ from typing import Any, Mapping, Sequence
 from converter.errors import ErrorKind, FormatError, UnsupportedError
 
 QUANT_METHOD = "compressed-tensors"
-#: Formats this module reads and writes.
+#: Integer formats this module reads and writes.
 READ_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+#: The float format (FP8 ``weight`` + ``weight_scale``; ``FloatQuantizationCompressor``), read and written.
+FLOAT_FORMAT = "float-quantized"
 #: Formats that are valid compressed-tensors but not read here (honest refusal).
-REFUSED_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
+REFUSED_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
                    "mxfp8-quantized", "marlin-24", "sparse-bitmask", "sparse-24-bitmask")
-KNOWN_FORMATS = READ_FORMATS + REFUSED_FORMATS + ("dense", "mixed-precision")
+KNOWN_FORMATS = READ_FORMATS + (FLOAT_FORMAT,) + REFUSED_FORMATS + ("dense", "mixed-precision")
 STRATEGIES = ("tensor", "channel", "group")
+#: Strategies of ``type: "float"`` weights read here (``block`` with ``block_structure: [bo, bi]``).
+FLOAT_STRATEGIES = ("tensor", "channel", "block")
 #: Version written by default (the one that made sample_checkpoints/ct_*).
 DEFAULT_VERSION = "0.20.1"
 #: First version with dense (stream) packing of 3/5/6/7-bit codes (PR #732; FORMATS.md section 3.4).
@@ -74,16 +78,41 @@ class WeightArgs:
     strategy: str
     group_size: int | None
     actorder: str | None = None
+    type: str = "int"
+    block: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ActivationArgs:
+    """The ``input_activations`` of one config group: ``type`` (``"float"`` / ``"int"``), ``bits``,
+    ``strategy`` (``"tensor"``, ``"token"`` ...) and ``dynamic`` (True: scales computed at run time,
+    nothing stored; False: a static ``<module>.input_scale``). Runtime metadata, never applied to weights."""
+
+    type: str
+    bits: int
+    strategy: str | None
+    dynamic: bool
+
+    def describe(self) -> str:
+        how = "dynamic" if self.dynamic else "static"
+        return f"{self.type} {self.bits}-bit {how} per-{self.strategy or 'tensor'}"
 
 
 @dataclass(frozen=True)
 class ConfigGroup:
-    """One entry of ``config_groups``: targets and the weight arguments (None: weights unquantized)."""
+    """One entry of ``config_groups``: targets and the weight arguments (None: weights unquantized).
+
+    ``unreadable`` is the :class:`~converter.errors.UnsupportedError` for a group this reader cannot
+    decode (a refused format, an unsupported strategy): in a mixed config only that group's modules
+    are unreadable (opaque), the rest read normally.
+    """
 
     name: str
     targets: tuple[str, ...]
     weights: WeightArgs | None
     format: str | None
+    input_activations: ActivationArgs | None = None
+    unreadable: UnsupportedError | None = None
 
 
 @dataclass(frozen=True)
@@ -138,9 +167,11 @@ def _weight_args(obj: Any, *, file: Any, field: str) -> WeightArgs:
         raise FormatError("weights arguments must be an object", file=file, field=field, found=type(obj).__name__)
     qtype = obj.get("type", "int")
     bits = obj.get("num_bits", 8)
+    if qtype == "float":
+        return _float_weight_args(obj, bits, file=file, field=field)
     if qtype != "int":
         raise UnsupportedError(f"{qtype} weight quantization is not read by the compressed-tensors reader",
-                               file=file, field=field + ".type", expected="int", found=qtype)
+                               file=file, field=field + ".type", expected=["int", "float"], found=qtype)
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
         raise FormatError("num_bits must be an integer in 1..8", file=file, field=field + ".num_bits",
                           expected="1..8", found=bits)
@@ -175,7 +206,56 @@ def _weight_args(obj: Any, *, file: Any, field: str) -> WeightArgs:
     return WeightArgs(bits=bits, symmetric=symmetric, strategy=strategy, group_size=gs, actorder=actorder)
 
 
+
+def _float_weight_args(obj: Mapping, bits: Any, *, file: Any, field: str) -> WeightArgs:
+    """``type: "float"`` weights: 8 bits, symmetric, strategy tensor / channel / block
+    (``QuantizationArgs`` 0.20.1: ``pytorch_dtype`` is ``float8_e4m3fn`` for 8-bit floats)."""
+    if bits != 8 or isinstance(bits, bool):
+        raise UnsupportedError(f"{bits}-bit float weights are not read by the float-quantized reader "
+                               "(FP4 is nvfp4/mxfp4-pack-quantized)", file=file, field=field + ".num_bits",
+                               expected=8, found=bits)
+    gs = obj.get("group_size")
+    strategy = obj.get("strategy")
+    if strategy is None:  # QuantizationArgs.validate_model_after
+        strategy = ("block" if obj.get("block_structure") else
+                    "tensor" if gs is None else ("channel" if gs == -1 else "group"))
+    if strategy not in FLOAT_STRATEGIES:
+        raise UnsupportedError(f"strategy {strategy!r} is not supported for float weights", file=file,
+                               field=field + ".strategy", expected=list(FLOAT_STRATEGIES), found=strategy)
+    symmetric = obj.get("symmetric", True)
+    if symmetric is not True:
+        raise UnsupportedError("asymmetric float weights are not supported", file=file, field=field + ".symmetric",
+                               expected=True, found=symmetric)
+    if obj.get("actorder") not in (None, False):
+        raise FormatError(ACTORDER_MSG, file=file, field=field + ".actorder", expected=None, found=obj["actorder"])
+    block = None
+    if strategy == "block":
+        bs = obj.get("block_structure")
+        if (not isinstance(bs, (list, tuple)) or len(bs) != 2
+                or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bs)):
+            raise FormatError("block strategy needs block_structure [block_out, block_in] of positive integers",
+                              file=file, field=field + ".block_structure", expected="[bo, bi]", found=bs)
+        block = (int(bs[0]), int(bs[1]))
+    return WeightArgs(bits=8, symmetric=True, strategy=strategy, group_size=None, type="float", block=block)
+
+
+def _activation_args(obj: Any, *, file: Any, field: str) -> ActivationArgs | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, Mapping):
+        raise FormatError("input_activations must be an object or null", file=file, field=field,
+                          found=type(obj).__name__)
+    dynamic = obj.get("dynamic", False)
+    if dynamic not in (True, False, "local"):
+        raise FormatError("input_activations.dynamic must be a boolean", file=file, field=field + ".dynamic",
+                          expected="true / false", found=dynamic)
+    bits = obj.get("num_bits", 8)
+    return ActivationArgs(type=str(obj.get("type", "int")), bits=bits if isinstance(bits, int) else 8,
+                          strategy=obj.get("strategy"), dynamic=dynamic is not False)
+
+
 def _check_format(fmt: Any, *, file: Any, field: str) -> None:
+    """Raise FormatError for an unknown format, UnsupportedError for a refused one."""
     if fmt is None:
         return
     if fmt not in KNOWN_FORMATS:
@@ -183,7 +263,7 @@ def _check_format(fmt: Any, *, file: Any, field: str) -> None:
                           expected=list(KNOWN_FORMATS), found=fmt)
     if fmt in REFUSED_FORMATS:
         raise UnsupportedError(f"compressed-tensors format {fmt!r} is not supported", file=file, field=field,
-                               expected=list(READ_FORMATS), found=fmt)
+                               expected=list(READ_FORMATS + (FLOAT_FORMAT,)), found=fmt)
 
 
 def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
@@ -201,7 +281,7 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
                           field="quantization_config.quant_method", expected=QUANT_METHOD,
                           found=qc.get("quant_method") if isinstance(qc, Mapping) else qc)
     fmt = qc.get("format")
-    _check_format(fmt, file=file, field="quantization_config.format")
+    _check_format(fmt if fmt not in REFUSED_FORMATS else None, file=file, field="quantization_config.format")
     status = qc.get("quantization_status")
     if status not in (None, "compressed"):
         raise UnsupportedError("only compressed checkpoints are read", file=file,
@@ -226,11 +306,24 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
             targets = [targets]
         _check_str_list(targets, file=file, field=field + ".targets")
         gfmt = g.get("format")
-        _check_format(gfmt, file=file, field=field + ".format")
+        acts = _activation_args(g.get("input_activations"), file=file, field=field + ".input_activations")
         w = g.get("weights")
-        groups.append(ConfigGroup(gname, tuple(targets),
-                                  _weight_args(w, file=file, field=field + ".weights") if w else None,
-                                  gfmt if gfmt is not None else fmt))
+        try:  # a group this reader cannot decode is recorded, not raised (mixed configs; see ConfigGroup)
+            if gfmt is not None:
+                _check_format(gfmt, file=file, field=field + ".format")
+            elif w:
+                _check_format(fmt, file=file, field="quantization_config.format")
+            args = _weight_args(w, file=file, field=field + ".weights") if w else None
+        except UnsupportedError as exc:
+            groups.append(ConfigGroup(gname, tuple(targets), None, gfmt if gfmt is not None else fmt, acts, exc))
+            continue
+        groups.append(ConfigGroup(gname, tuple(targets), args, gfmt if gfmt is not None else fmt, acts))
+    readable = [g for g in groups if g.unreadable is None and g.weights is not None]
+    refused = [g for g in groups if g.unreadable is not None]
+    if refused and not readable:  # nothing this reader could decode: refuse the checkpoint, as before
+        raise refused[0].unreadable
+    if not groups:
+        _check_format(fmt, file=file, field="quantization_config.format")
     ignore = qc.get("ignore") or []
     if isinstance(ignore, str):
         ignore = [ignore]
@@ -242,22 +335,38 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
 def weights_json(args: WeightArgs) -> dict[str, Any]:
     """``weights`` object with exactly the keys compressed-tensors 0.20.1 writes (sample_checkpoints/ct_*)."""
     obj: dict[str, Any] = {"dynamic": False, "group_size": args.group_size, "num_bits": args.bits,
-                           "strategy": args.strategy, "symmetric": args.symmetric, "type": "int"}
+                           "strategy": args.strategy, "symmetric": args.symmetric, "type": args.type}
     if args.actorder is not None:
         obj["actorder"] = args.actorder
+    if args.block is not None:
+        obj["block_structure"] = list(args.block)
     return obj
 
 
+#: ``input_activations`` as llm-compressor's FP8 presets write them (0.20.1 key set):
+#: ``FP8_DYNAMIC`` (per-token, dynamic) and ``FP8`` (per-tensor, static ``input_scale``).
+DYNAMIC_TOKEN_FP8 = {"dynamic": True, "group_size": None, "num_bits": 8, "strategy": "token", "symmetric": True,
+                     "type": "float"}
+STATIC_TENSOR_FP8 = {"dynamic": False, "group_size": None, "num_bits": 8, "strategy": "tensor", "symmetric": True,
+                     "type": "float"}
+
+
 def emit_config(groups: Sequence[tuple[WeightArgs, Sequence[str]]], *, fmt: str, version: str,
-                ignore: Sequence[str]) -> dict[str, Any]:
+                ignore: Sequence[str], activations: Sequence[Mapping | None] | None = None) -> dict[str, Any]:
     """A ``quantization_config`` as ``ModelCompressor.update_config`` writes it (0.20.1 key set).
 
     ``groups`` pairs each weight-args set with its targets (``["Linear"]`` when one set covers
-    every quantized module; module names otherwise).
+    every quantized module; module names otherwise). Float groups get ``format: "float-quantized"``,
+    the others ``fmt``; the top-level ``format`` is ``"mixed-precision"`` when they differ.
+    ``activations``: each group's ``input_activations`` object (None: weight-only).
     """
-    cg = {f"group_{i}": {"format": fmt, "input_activations": None, "output_activations": None,
+    acts = list(activations) if activations is not None else [None] * len(groups)
+    cg = {f"group_{i}": {"format": FLOAT_FORMAT if args.type == "float" else fmt,
+                         "input_activations": dict(act) if act is not None else None, "output_activations": None,
                          "targets": list(targets), "weights": weights_json(args)}
-          for i, (args, targets) in enumerate(groups)}
+          for i, ((args, targets), act) in enumerate(zip(groups, acts))}
+    formats = {g["format"] for g in cg.values()}
+    fmt = formats.pop() if len(formats) == 1 else ("mixed-precision" if formats else fmt)
     return {"config_groups": cg, "format": fmt, "global_compression_ratio": None, "ignore": list(ignore),
             "kv_cache_scheme": None, "moe_sparsity_config": None, "quant_method": QUANT_METHOD,
             "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {}, "version": version}

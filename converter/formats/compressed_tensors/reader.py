@@ -37,7 +37,9 @@ from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpe
 from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection
 from converter.formats.source import Source
-from converter.formats.compressed_tensors.config import ACTORDER_MSG, CTConfig, WeightArgs, packing_for, parse_config
+from converter.formats.compressed_tensors.config import (ACTORDER_MSG, ConfigGroup, CTConfig, WeightArgs, packing_for,
+                                                         parse_config)
+from converter.formats.compressed_tensors.float_layout import FloatLayout, activation_spec, float_layout, load_float
 
 FORMAT = "compressed-tensors"
 AXES = (OUT, IN)
@@ -169,6 +171,13 @@ def module_layout(src: Source, cfg: CTConfig, prefix: str) -> ModuleLayout:
     """
     group = cfg.group_for(prefix)
     packed = src.has(prefix + ".weight_packed")
+    if group is not None and group.weights is not None and group.weights.type != "int":
+        name = prefix + (".weight_packed" if packed else ".weight")
+        raise FormatError(f"config group quantizes {group.weights.type} weights but the module stores "
+                          f"{src.info(name).dtype} {name.rsplit('.', 1)[1]!r} (an integer layout)",
+                          file=src.file_of(name), tensor=name,
+                          field=f"quantization_config.config_groups.{group.name}.weights.type", expected="int",
+                          found=group.weights.type, kind=ErrorKind.CONFIG_MISMATCH)
     if group is None or group.weights is None:
         raise FormatError("module holds quantized tensors but no config group quantizes its weights",
                           file=src.path, tensor=prefix + (".weight_packed" if packed else ".weight"),
@@ -317,16 +326,42 @@ def load_module(src: Source, m: ModuleLayout) -> QuantizedTensor:
 
 
 def quantized_prefixes(src: Source) -> list[str]:
-    """Modules with ``<p>.weight_packed``, or int8 ``<p>.weight`` next to ``<p>.weight_scale``."""
+    """Modules with ``<p>.weight_packed``, or an int8 / 8-bit float ``<p>.weight`` next to ``<p>.weight_scale``."""
     out = []
     for n in src.tensor_names():
         if n.endswith(".weight_packed"):
             out.append(n[: -len(".weight_packed")])
         elif n.endswith(".weight_scale"):
             p = n[: -len(".weight_scale")]
-            if not src.has(p + ".weight_packed") and src.has(p + ".weight") and src.info(p + ".weight").dtype == "I8":
+            if not src.has(p + ".weight_packed") and src.has(p + ".weight") and (
+                    src.info(p + ".weight").dtype == "I8" or src.info(p + ".weight").dtype.startswith("F8_")):
                 out.append(p)
     return out
+
+
+def _module_tensors(src: Source, prefix: str) -> list[str]:
+    """Every stored quantization tensor of module ``prefix`` (``weight*``, ``input_*``): an opaque module's arrays."""
+    head = prefix + "."
+    return [n for n in src.tensor_names() if n.startswith(head) and "." not in n[len(head):]
+            and (n[len(head):].startswith("weight") or n[len(head):].startswith("input_"))]
+
+
+def opaque_spec(src: Source, group: ConfigGroup, prefix: str) -> TensorSpec:
+    """Module ``prefix`` of a config group this reader cannot decode: listed (inspect, audit), never decoded."""
+    names = _module_tensors(src, prefix)
+    shape_name = prefix + ".weight_shape"
+    if src.has(shape_name) and src.info(shape_name).dtype in ("I64", "I32") and len(src.info(shape_name).shape) == 1:
+        shape = tuple(int(v) for v in np.asarray(src.read(shape_name)))
+    else:
+        main = prefix + ".weight" if src.has(prefix + ".weight") else prefix + ".weight_packed"
+        shape = tuple(src.info(main).shape)
+    roles = {"weight": "codes", "weight_packed": "codes", "weight_scale": "scales", "weight_zero_point": "zero_points",
+             "weight_g_idx": "g_idx", "input_scale": "activation_scale"}
+    stored = tuple(src.stored_array(n, roles.get(n.rsplit(".", 1)[-1], "other")) for n in names)
+    return TensorSpec(prefix + ".weight", "opaque", shape, stored,
+                      dtype=f"compressed-tensors {group.format or 'unknown format'} (config group {group.name!r})",
+                      notes=(str(group.unreadable.render() if hasattr(group.unreadable, "render")
+                                 else group.unreadable),))
 
 
 def read_ct(src: Source) -> Checkpoint:
@@ -339,19 +374,37 @@ def read_ct(src: Source) -> Checkpoint:
     """
     cfg_file = Path(src.directory) / "config.json"
     cfg = parse_config(src.quantization_config, file=cfg_file)
-    layouts = {m.name: m for m in (module_layout(src, cfg, p) for p in quantized_prefixes(src))}
-    owned = {s for m in layouts.values() for s in m.stored_names()}
+    layouts: dict[str, ModuleLayout | FloatLayout] = {}
+    opaque: dict[str, TensorSpec] = {}
+    for p in quantized_prefixes(src):
+        group = cfg.group_for(p)
+        if group is not None and group.unreadable is not None:
+            opaque[p + ".weight"] = opaque_spec(src, group, p)
+        elif group is not None and group.weights is not None and src.has(p + ".weight") \
+                and src.info(p + ".weight").dtype.startswith("F8_"):
+            m = float_layout(src, group, p)
+            layouts[m.name] = m
+        else:
+            m = module_layout(src, cfg, p)
+            layouts[m.name] = m
+    owned = {s for m in layouts.values() for s in (a.name for a in m.stored)}
+    owned |= {a.name for spec in opaque.values() for a in spec.stored}
     # Stray partner tensors of modules that are not quantized would be silently dense otherwise.
     for n in src.tensor_names():
         if n not in owned and n.rsplit(".", 1)[-1] in SUFFIXES:
             raise FormatError("quantization partner tensor without its quantized module", file=src.file_of(n),
                               tensor=n, field="name", expected="weight_packed or int8 weight beside it", found="absent")
+    activations = {m.prefix + ".input_scale" for m in layouts.values() if isinstance(m, FloatLayout)}
     specs: dict[str, TensorSpec] = {}
     for n in src.tensor_names():
         if n in owned:
             continue
-        specs[n] = src.dense_spec(n)
+        specs[n] = activation_spec(src, n) if n in activations and src.has(n) else src.dense_spec(n)
+    specs.update(opaque)
     for name, m in layouts.items():
+        if isinstance(m, FloatLayout):
+            specs[name] = m.spec()
+            continue
         notes = []
         if m.args.strategy == "group" and m.in_features % m.args.group_size:
             notes.append(f"partial final group: I={m.in_features} is not a multiple of {m.args.group_size}")
@@ -359,8 +412,36 @@ def read_ct(src: Source) -> Checkpoint:
             notes.append("padded pack_to_int32 layout (compressed-tensors <= 0.17)")
         specs[name] = TensorSpec(name, "quantized", (m.out_features, m.in_features), m.stored, axes=AXES,
                                  scheme=m.scheme, group_map=m.group_map, act_order=m.has_g_idx, notes=tuple(notes))
-    return source_checkpoint(src, FORMAT, specs, lambda name: load_module(src, layouts[name]), layouts,
-                             {"ct_format": cfg.format, "ct_version": cfg.version})
+
+    def load(name: str) -> QuantizedTensor:
+        m = layouts[name]
+        return load_float(src, m) if isinstance(m, FloatLayout) else load_module(src, m)
+    return source_checkpoint(src, FORMAT, specs, load, layouts,
+                             {"ct_format": cfg.format, "ct_version": cfg.version,
+                              **activation_metadata(cfg, layouts.values(), opaque)})
+
+
+def activation_metadata(cfg: CTConfig, layouts, opaque: dict[str, TensorSpec]) -> dict:
+    """Checkpoint metadata on activations and unreadable groups (inspect shows the scalar entries).
+
+    ``activations``: ``{module: "dynamic" | "static"}`` for every quantized module whose group quantizes
+    its input activations (the key both FP8 readers fill; writers use it to declare activations);
+    ``input_activations``: one line per group; ``unreadable_groups``: the groups read as opaque.
+    """
+    out: dict = {}
+    acts = {m.prefix: ("dynamic" if m.group.input_activations.dynamic else "static") for m in layouts
+            if isinstance(m, FloatLayout) and m.group.input_activations is not None}
+    if acts:
+        out["activations"] = acts
+    lines = [f"{g.name}: {g.input_activations.describe()}" for g in cfg.groups if g.input_activations is not None]
+    if lines:
+        out["input_activations"] = "; ".join(lines)
+    if opaque:
+        by_group: dict[str, int] = {}
+        for spec in opaque.values():
+            by_group[spec.dtype] = by_group.get(spec.dtype, 0) + 1
+        out["unreadable_groups"] = "; ".join(f"{k}: {n} module(s) opaque" for k, n in by_group.items())
+    return out
 
 
 def detect_ct(src: Source) -> Detection | None:

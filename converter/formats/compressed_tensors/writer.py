@@ -39,8 +39,10 @@ from converter.formats.base import write_directory
 from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
-from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_UNTIL, READ_FORMATS, WeightArgs,
-                                                         emit_config, packing_for, parse_version)
+from converter.codebooks import element_of
+from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, DYNAMIC_TOKEN_FP8, G_IDX_UNTIL,
+                                                         READ_FORMATS, STATIC_TENSOR_FP8, WeightArgs, emit_config,
+                                                         packing_for, parse_version)
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 from converter.quant import recode
 
@@ -80,6 +82,8 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
     if spec.kind != "quantized":
         return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
+    if s.codebook is not None and element_of(s.codebook) is not None and element_of(s.codebook).bits == 8:
+        return float_target(spec)
     if s.codebook is not None:
         return "compressed-tensors int formats have no codebook (NF4/FP4 need requantization)"
     if s.bits > 8:
@@ -105,8 +109,33 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
     return None
 
 
+def float_target(spec: TensorSpec) -> str | None:
+    """``None`` when an 8-bit float spec can be written exactly as ``float-quantized``, else the reason."""
+    s, gm = spec.scheme, spec.group_map
+    el = element_of(s.codebook)
+    if el.name != "e4m3":
+        return (f"{el.name} weights: compressed-tensors float-quantized declares only type float / num_bits 8, "
+                "which its loaders create as float8_e4m3fn (QuantizationArgs.pytorch_dtype, 0.20.1)")
+    if s.scale_dtype not in ("F16", "BF16", "F32"):
+        return f"scale dtype {s.scale_dtype} is not a float-quantized weight_scale dtype (F16/BF16/F32)"
+    if tuple(spec.axes) != AXES:
+        return f"axes {list(spec.axes)}: only 2-D [out, in] weights are written"
+    if gm.granularity is Granularity.CHANNEL and gm.axis != OUT:
+        return "per-column (channel along in) scales have no compressed-tensors strategy"
+    if gm.granularity is Granularity.BLOCK and (gm.extent(OUT) is None or gm.extent(IN) is None):
+        return "a block spanning a whole axis has no block_structure [bo, bi]"
+    if gm.granularity not in (Granularity.TENSOR, Granularity.CHANNEL, Granularity.BLOCK):
+        return f"{gm.describe()} FP8 scales: float-quantized writes strategies tensor, channel and block"
+    return None
+
+
 def _args_of(t: QuantizedTensor | TensorSpec, g_idx: bool) -> WeightArgs:
     gm = t.group_map
+    if t.scheme.codebook is not None:  # an FP8 element (float_target accepted it)
+        strategy = {Granularity.TENSOR: "tensor", Granularity.CHANNEL: "channel",
+                    Granularity.BLOCK: "block"}[gm.granularity]
+        block = (gm.extent(OUT), gm.extent(IN)) if strategy == "block" else None
+        return WeightArgs(bits=8, symmetric=True, strategy=strategy, group_size=None, type="float", block=block)
     strategy = {Granularity.TENSOR: "tensor", Granularity.CHANNEL: "channel",
                 Granularity.GROUP: "group"}[gm.granularity]
     return WeightArgs(bits=t.scheme.bits, symmetric=t.scheme.zero_point is ZeroPoint.NONE, strategy=strategy,
@@ -179,6 +208,57 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     return out
 
 
+def encode_float(t: QuantizedTensor, prefix: str) -> dict:
+    """float-quantized arrays of one module: ``weight`` (the element bytes as F8) and ``weight_scale``
+    (``[1]`` tensor, ``[O, 1]`` channel, ``[ceil(O/bo), ceil(I/bi)]`` block; scale dtype kept)."""
+    el = element_of(t.scheme.codebook)
+    scales = np.ascontiguousarray(t.scales)
+    return {prefix + ".weight": np.ascontiguousarray(t.codes).view(el.numpy),
+            prefix + ".weight_scale": scales.reshape(1) if t.group_map.granularity is Granularity.TENSOR else scales}
+
+
+def _float_outputs(spec: TensorSpec, prefix: str) -> list:
+    tensor = spec.group_map.granularity is Granularity.TENSOR
+    return [(prefix + ".weight", element_of(spec.scheme.codebook).storage_dtype, tuple(spec.shape)),
+            (prefix + ".weight_scale", spec.scheme.scale_dtype,
+             (1,) if tensor else tuple(spec.group_map.param_shape(spec.shape, spec.axes)))]
+
+
+def _float_plan(spec: TensorSpec, prefix: str) -> TensorPlan:
+    plan = TensorPlan(spec.name, _float_outputs(spec, prefix), lambda t, prefix=prefix: encode_float(t, prefix), [])
+    gm = spec.group_map
+    if gm.granularity is Granularity.TENSOR:
+        return rows_plan(plan, once=[prefix + ".weight_scale"])
+    if gm.granularity is Granularity.CHANNEL:
+        return rows_plan(plan)
+    return plan  # block scales are per block of rows: written whole
+
+
+def _is_activation(spec: TensorSpec) -> bool:
+    return any(a.role == "activation_scale" for a in spec.stored)
+
+
+def activation_plan(spec: TensorSpec, shape: tuple[int, ...]) -> TensorPlan:
+    """A stored activation scale written with the target's shape (values and dtype bit-exact):
+    compressed-tensors' per-tensor ``input_scale`` is ``[1]`` (``initialize_qparams``), ModelOpt's 0-dim."""
+    return TensorPlan(spec.name, [(spec.name, spec.dtype, shape)],
+                      lambda t, shape=shape: {spec.name: np.ascontiguousarray(t.data).reshape(shape)},
+                      [f"activation scale reshaped {list(spec.shape)} -> {list(shape)} (values exact)"])
+
+
+def _activation_json(ckpt: Checkpoint, prefix: str) -> dict | None:
+    """``input_activations`` of a module: static per-tensor FP8 when the source stores ``<p>.input_scale``
+    as an activation scale, dynamic per-token FP8 when the source says its activations are dynamic
+    (``metadata["activations"]``, filled by the FP8 readers), else None (weight-only)."""
+    name = prefix + ".input_scale"
+    if name in ckpt and any(a.role == "activation_scale" for a in ckpt.spec(name).stored):
+        return STATIC_TENSOR_FP8
+    acts = (ckpt.metadata or {}).get("activations")
+    if isinstance(acts, dict) and acts.get(prefix) == "dynamic":
+        return DYNAMIC_TOKEN_FP8
+    return None
+
+
 def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> list:
     """(name, dtype, shape) of every array :func:`encode` returns, from the spec alone."""
     s, gm = spec.scheme, spec.group_map
@@ -223,7 +303,11 @@ def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> Ten
     return rows_plan(plan, once=once, fixed=fixed)
 
 
-def _has_unquantized_head(ckpt: Checkpoint, by_args: dict[WeightArgs, list[str]]) -> bool:
+def _freeze(obj: dict | None) -> tuple | None:
+    return None if obj is None else tuple(sorted(obj.items()))
+
+
+def _has_unquantized_head(ckpt: Checkpoint, by_args: dict[tuple, list[str]]) -> bool:
     """True when the model has an output head ``lm_head`` that is not among the quantized modules:
     stored dense, or not stored because it is tied to the embedding (``tie_word_embeddings``), or
     implied by a causal-LM architecture in ``config.json``."""
@@ -249,12 +333,12 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     ckpt.refuse_opaque("compressed-tensors")
     version, vt, fmt = _options(ct_version, ct_format)
     plans: list[TensorPlan] = []
-    by_args: dict[WeightArgs, list[str]] = {}
+    by_args: dict[tuple, list[str]] = {}
     ignore: list[str] = []
     notes: dict[str, list[str]] = {}
     for spec in ckpt.specs():
         if spec.kind == "dense":
-            plans.append(dense_plan(spec))
+            plans.append(activation_plan(spec, (1,)) if spec.shape == () and _is_activation(spec) else dense_plan(spec))
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
                 ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
@@ -266,8 +350,13 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
             raise NotRepresentableError("compressed-tensors stores quantized weights as <module>.weight_*",
                                         tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
+        if spec.scheme.codebook is not None:  # FP8: float-quantized
+            act = _activation_json(ckpt, prefix)
+            by_args.setdefault((_args_of(spec, False), _freeze(act)), []).append(prefix)
+            plans.append(_float_plan(spec, prefix))
+            continue
         keep = bool(spec.act_order) and vt[:2] <= G_IDX_UNTIL
-        by_args.setdefault(_args_of(spec, keep), []).append(prefix)
+        by_args.setdefault((_args_of(spec, keep), None), []).append(prefix)
         mnotes = []
         if spec.group_map.granularity is Granularity.GROUP and spec.shape[1] % spec.group_map.group_size:
             mnotes.append("partial final group: compressed-tensors >= 0.20 kernels require I % G == 0")
@@ -284,10 +373,12 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         # embedding, not stored) must be ignored or the loader expects a compressed lm_head
         ignore.append("lm_head")
     if len(by_args) == 1:
-        groups = [(next(iter(by_args)), ["Linear"])]
+        keyed = [(next(iter(by_args)), ["Linear"])]
     else:
-        groups = [(a, sorted(mods)) for a, mods in sorted(by_args.items(), key=lambda kv: kv[1][0])]
-    qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore))
+        keyed = [(a, sorted(mods)) for a, mods in sorted(by_args.items(), key=lambda kv: kv[1][0])]
+    groups = [(key[0], mods) for key, mods in keyed]
+    acts = [dict(key[1]) if key[1] is not None else None for key, _ in keyed]
+    qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore), activations=acts)
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
     return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,

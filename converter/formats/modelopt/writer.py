@@ -1,0 +1,200 @@
+"""Write NVIDIA ModelOpt FP8 exports: tensors, ``hf_quant_config.json`` and ``config.json`` as ModelOpt 0.47.0 does.
+
+Per quantized module ``<p>`` (:mod:`converter.formats.modelopt.reader` has the layouts and sources):
+per-tensor E4M3 -> ``FP8`` (``weight_scale`` 0-dim; the source's ``<p>.input_scale`` is required:
+ModelOpt FP8 is W8A8 with a static activation scale, vLLM ``ModelOptFp8LinearMethod``),
+per-channel -> ``FP8_PER_CHANNEL_PER_TOKEN`` (``weight_scale`` ``[O]``), 128 x 128 blocks ->
+``FP8_PB_WO`` (``weight_scale`` ``[ceil(O/128), 1, ceil(I/128), 1]``). Several algorithms in one
+checkpoint -> ``MIXED_PRECISION`` with ``quantized_layers``. Codes are written as stored (exact);
+the scale dtype is kept (ModelOpt itself writes F32; its loaders widen BF16 / F16 exactly), so a
+conversion to and from compressed-tensors is byte-identical. ``exclude_modules`` lists every
+module kept dense that ModelOpt lists (Linear layers, the token embedding, an unstored tied head).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converter.codebooks import element_of
+from converter.errors import NotRepresentableError
+from converter.groups import Granularity
+from converter.layout import IN, OUT
+from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats.base import write_directory
+from converter.formats.modules import dense_linear_modules, token_embedding_name
+from converter.formats.source import module_prefix
+from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.formats.modelopt.config import (DEFAULT_VERSION, FP8, FP8_PB_WO, FP8_PC_PT, HF_QUANT_CONFIG, MIXED,
+                                               PB_WO_BLOCK, QUANT_METHOD, WRITTEN_NAME)
+
+AXES = (OUT, IN)
+
+
+def check_target(spec: TensorSpec, options: Any = None) -> str | None:
+    """``None`` when ``spec`` can be written exactly as a ModelOpt FP8 layer, else the reason."""
+    if spec.kind != "quantized":
+        return opaque_reason(spec)
+    s, gm = spec.scheme, spec.group_map
+    el = element_of(s.codebook) if s.codebook is not None else None
+    if el is None:
+        return "ModelOpt is written as FP8 (E4M3) only; integer / NVFP4 layouts are not written (requantize to FP8)"
+    if el.name != "e4m3":
+        return f"{el.name} weights: ModelOpt FP8 stores E4M3 only (FP8QTensor.quantize)"
+    if s.scale_dtype not in ("F32", "BF16", "F16"):
+        return f"scale dtype {s.scale_dtype} is not a ModelOpt weight_scale dtype (F32; BF16 / F16 kept)"
+    if tuple(spec.axes) != AXES:
+        return f"axes {list(spec.axes)}: only 2-D [out, in] weights are written"
+    if gm.granularity is Granularity.TENSOR:
+        return None
+    if gm.granularity is Granularity.CHANNEL:
+        return None if gm.axis == OUT else "per-column (channel along in) scales have no ModelOpt algorithm"
+    if gm.granularity is Granularity.BLOCK:
+        if gm.extent(OUT) == PB_WO_BLOCK and gm.extent(IN) == PB_WO_BLOCK:
+            return None
+        return (f"{gm.describe()}: ModelOpt FP8_PB_WO uses 128 x 128 blocks only (FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG, "
+                "vLLM ModelOptFp8PbWoLinearMethod)")
+    return f"{gm.describe()} FP8 scales have no ModelOpt algorithm (per tensor, per channel, 128 x 128 blocks)"
+
+
+def activation_plan(spec: TensorSpec, shape: tuple[int, ...]) -> TensorPlan:
+    """A stored activation scale written 0-dim as ModelOpt writes ``input_scale`` (values and dtype exact)."""
+    return TensorPlan(spec.name, [(spec.name, spec.dtype, shape)],
+                      lambda t, shape=shape: {spec.name: np.ascontiguousarray(t.data).reshape(shape)},
+                      [f"activation scale reshaped {list(spec.shape)} -> {list(shape)} (values exact)"])
+
+
+def algo_of(spec: TensorSpec) -> str:
+    g = spec.group_map.granularity
+    return FP8 if g is Granularity.TENSOR else (FP8_PC_PT if g is Granularity.CHANNEL else FP8_PB_WO)
+
+
+def encode(t: QuantizedTensor, prefix: str) -> dict:
+    """``<p>.weight`` (E4M3 bytes as F8_E4M3) and ``<p>.weight_scale`` in ModelOpt's shape for the algorithm."""
+    scales = np.ascontiguousarray(t.scales)
+    algo = algo_of(t)
+    if algo == FP8:
+        scales = scales.reshape(())
+    elif algo == FP8_PC_PT:
+        scales = scales.reshape(-1)
+    else:
+        scales = scales.reshape(scales.shape[0], 1, scales.shape[1], 1)
+    return {prefix + ".weight": np.ascontiguousarray(t.codes).view(element_of(t.scheme.codebook).numpy),
+            prefix + ".weight_scale": scales}
+
+
+def _plan(spec: TensorSpec, prefix: str) -> TensorPlan:
+    algo = algo_of(spec)
+    o, i = spec.shape
+    shape = {FP8: (), FP8_PC_PT: (o,), FP8_PB_WO: (-(-o // PB_WO_BLOCK), 1, -(-i // PB_WO_BLOCK), 1)}[algo]
+    plan = TensorPlan(spec.name, [(prefix + ".weight", "F8_E4M3", tuple(spec.shape)),
+                                  (prefix + ".weight_scale", spec.scheme.scale_dtype, shape)],
+                      lambda t, prefix=prefix: encode(t, prefix), [])
+    if algo == FP8:
+        return rows_plan(plan, once=[prefix + ".weight_scale"])
+    return rows_plan(plan) if algo == FP8_PC_PT else plan
+
+
+def _excluded(ckpt: Checkpoint, quantized: set[str]) -> list[str]:
+    """Modules ModelOpt lists in ``exclude_modules``: dense Linear layers, the token embedding and an
+    output head that is not stored quantized (tied or dense), as ``get_quant_config`` lists them."""
+    out = set(dense_linear_modules(ckpt.specs()))
+    emb = token_embedding_name(ckpt.names())
+    if emb is not None:
+        out.add(module_prefix(emb))
+    cfg = ckpt.config or {}
+    archs = cfg.get("architectures") or []
+    if "lm_head" not in quantized and ("lm_head.weight" in ckpt or cfg.get("tie_word_embeddings") is True
+                                       or any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)):
+        out.add("lm_head")
+    return sorted(out - quantized)
+
+
+def _group_config(algo: str) -> dict:
+    """``convert_hf_config._quant_algo_to_group_config`` for the FP8 algorithms."""
+    if algo == FP8:
+        return {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                "weights": {"dynamic": False, "num_bits": 8, "type": "float"}}
+    if algo == FP8_PC_PT:
+        return {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                "weights": {"dynamic": False, "num_bits": 8, "type": "float", "strategy": "channel"}}
+    return {"quant_algo": WRITTEN_NAME[algo]}
+
+
+def configs(by_algo: dict[str, list[str]], exclude: list[str], kv: str | None, version: str) -> tuple[dict, dict]:
+    """(``hf_quant_config.json``, ``config.json`` ``quantization_config``) as ModelOpt writes them."""
+    producer = {"name": QUANT_METHOD, "version": version}
+    if len(by_algo) <= 1:  # nothing quantized: quant_algo null, as get_quant_config leaves it
+        algo = WRITTEN_NAME[next(iter(by_algo))] if by_algo else None
+        quant = {"quant_algo": algo, "kv_cache_quant_algo": kv, "exclude_modules": exclude}
+    else:
+        algo = MIXED
+        layers = {p: {"quant_algo": WRITTEN_NAME[a]} for a, mods in by_algo.items() for p in sorted(mods)}
+        quant = {"quant_algo": MIXED, "kv_cache_quant_algo": kv, "quantized_layers": layers}
+    qc: dict[str, Any] = {}
+    if algo == FP8:
+        qc["config_groups"] = {"group_0": {**_group_config(FP8), "targets": ["Linear"]}}
+    elif algo == MIXED:
+        qc["config_groups"] = {f"group_{i}": {**_group_config(a), "targets": sorted(mods)}
+                               for i, (a, mods) in enumerate(by_algo.items())}
+        qc["quantized_layers"] = quant["quantized_layers"]
+    qc["ignore"] = quant.get("exclude_modules", [])
+    qc["quant_algo"] = algo
+    if kv:
+        qc["kv_cache_scheme"] = {"dynamic": False, "num_bits": 8, "type": "float"} if kv == "FP8" else kv
+    qc["producer"] = producer
+    qc["quant_method"] = QUANT_METHOD
+    return {"producer": producer, "quantization": quant}, qc
+
+
+def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard_bytes: int | None = None,
+                   modelopt_version: str | None = None, **_: Any) -> dict:
+    """Write ``ckpt`` as a ModelOpt FP8 export (atomically).
+
+    Raises
+    ------
+    NotRepresentableError
+        A tensor :func:`check_target` refuses, or a per-tensor FP8 weight without a static ``input_scale``.
+    UnsupportedError
+        An opaque tensor.
+    """
+    ckpt.refuse_opaque(QUANT_METHOD)
+    plans: list[TensorPlan] = []
+    by_algo: dict[str, list[str]] = {}
+    notes: dict[str, list[str]] = {}
+    for spec in ckpt.specs():
+        if spec.kind == "dense":
+            act = spec.shape == (1,) and any(a.role == "activation_scale" for a in spec.stored)
+            plans.append(activation_plan(spec, ()) if act else dense_plan(spec))
+            continue
+        reason = check_target(spec)
+        if reason:
+            raise NotRepresentableError(f"cannot write as modelopt: {reason}", tensor=spec.name, field="scheme",
+                                        hint="requantize to FP8 E4M3 (per tensor, per channel or 128 x 128 blocks)")
+        if not spec.name.endswith(".weight"):
+            raise NotRepresentableError("ModelOpt stores quantized weights as <module>.weight", tensor=spec.name,
+                                        field="name", expected="<module>.weight", found=spec.name)
+        prefix = module_prefix(spec.name)
+        algo = algo_of(spec)
+        if algo == FP8 and prefix + ".input_scale" not in ckpt:
+            raise NotRepresentableError(
+                "ModelOpt FP8 (per-tensor weight scale) is W8A8 with a static input_scale; the source has none",
+                tensor=spec.name, field="input_scale", expected=prefix + ".input_scale", found="absent",
+                hint="ModelOpt has no per-tensor-weight algorithm with dynamic activations; requantize per channel "
+                     "(FP8_PER_CHANNEL_PER_TOKEN) or write compressed-tensors")
+        if algo == FP8_PC_PT and prefix + ".input_scale" in ckpt:
+            notes[spec.name] = ["FP8_PER_CHANNEL_PER_TOKEN quantizes activations dynamically: the source's static "
+                                "input_scale is kept as stored but ModelOpt runtimes do not use it"]
+        by_algo.setdefault(algo, []).append(prefix)
+        plans.append(_plan(spec, prefix))
+    quantized = {p for mods in by_algo.values() for p in mods}
+    kv = (ckpt.metadata or {}).get("kv_cache_quant_algo") if ckpt.format == QUANT_METHOD else None
+    hf, qc = configs(by_algo, _excluded(ckpt, quantized), kv if isinstance(kv, str) else None,
+                     modelopt_version or DEFAULT_VERSION)
+    config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
+    config["quantization_config"] = qc
+    return write_directory(ckpt, dst, plans, config=config, extra_json={HF_QUANT_CONFIG: hf},
+                           max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                           notes=lambda: {k: v for k, v in notes.items() if v})
