@@ -40,6 +40,8 @@ CODEBOOK_AWQ = "a codebook (NF4/FP4) scheme is not representable"
 CODEBOOK_CT = "compressed-tensors int formats have no codebook"
 CODEBOOK_GPTQ = "GPTQ stores integer grids, not codebook indices"
 CODEBOOK_MLX = "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
+# FP8 E4M3 -> MLX mxfp8 is exact only when every scale is a power of two (E8M0)
+FP8_MLX_POW2 = "scales are not all powers of two"
 GPTQ_F32 = "GPTQ stores fp16 scales; F32 scales round"
 MLX_BIAS = "float bias is not an integer zero point"
 NO_QUANT = "the source has no quantized tensors"
@@ -205,7 +207,7 @@ REASONS = {
                                                            "modelopt")},
     **{(s, "awq"): CODEBOOK_AWQ for s in FP8_SAMPLES},
     **{(s, "gptq"): CODEBOOK_GPTQ for s in FP8_SAMPLES},
-    **{(s, "mlx"): CODEBOOK_MLX for s in FP8_SAMPLES},
+    **{(s, "mlx"): FP8_MLX_POW2 for s in FP8_SAMPLES},
     **{(s, "gguf"): CODEBOOK_GGUF for s in FP8_SAMPLES},
     **{(s, "modelopt"): MODELOPT_FP8 for s in INT_SAMPLES},
 }
