@@ -44,6 +44,7 @@ GPTQ_F32 = "GPTQ stores fp16 scales; F32 scales round"
 MLX_BIAS = "float bias is not an integer zero point"
 NO_QUANT = "the source has no quantized tensors"
 GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
+FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
 
 EXPECTED = {
     # --- GPTQ 4-bit sym, G=128 along in, fp16 scales (FORMATS 1.1-1.4) ------------------------
@@ -163,6 +164,21 @@ EXPECTED = {
     ("minilm_fp16.safetensors", "mlx"): REFUSE,
     ("minilm_fp16.safetensors", "native"): PASS,
     ("minilm_fp16.safetensors", "plain"): PASS,
+    # --- DeepSeek-style block FP8 (E4M3 codes, BF16 weight_scale_inv per 128x128 block) -----------
+    # A float element is not an integer grid: every integer target refuses; native, plain and fp8
+    # hold it. Every integer sample -> fp8: an E4M3 codebook cannot hold an integer grid.
+    ("deepseek_fp8_block_smollm2tiny", "awq"): REFUSE,
+    ("deepseek_fp8_block_smollm2tiny", "compressed-tensors"): REFUSE,
+    ("deepseek_fp8_block_smollm2tiny", "gptq"): REFUSE,
+    ("deepseek_fp8_block_smollm2tiny", "mlx"): REFUSE,
+    ("deepseek_fp8_block_smollm2tiny", "gguf"): REFUSE,
+    ("deepseek_fp8_block_smollm2tiny", "native"): EXACT,
+    ("deepseek_fp8_block_smollm2tiny", "plain"): DEQ,
+    ("deepseek_fp8_block_smollm2tiny", "fp8"): EXACT,
+    **{(s, "fp8"): REFUSE for s in ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp",
+                                    "ct_pack_w4a16_channel_sym", "ct_pack_w4a16_group128_asym",
+                                    "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym", "mlx_affine_g64_b4",
+                                    "mlx_affine_g32_b8", "bnb_int8", "bnb_nf4_bs64", "minilm_fp16.safetensors")},
 }
 
 REASONS = {
@@ -184,7 +200,17 @@ REASONS = {
     ("mlx_affine_g32_b8", "gguf"): "no affine GGUF legacy type has 8-bit codes",
     ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
     ("bnb_nf4_bs64", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
-    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf")},
+    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf", "fp8")},
+    ("deepseek_fp8_block_smollm2tiny", "awq"): CODEBOOK_AWQ,
+    ("deepseek_fp8_block_smollm2tiny", "compressed-tensors"): CODEBOOK_CT,
+    ("deepseek_fp8_block_smollm2tiny", "gptq"): CODEBOOK_GPTQ,
+    ("deepseek_fp8_block_smollm2tiny", "mlx"): CODEBOOK_MLX,
+    ("deepseek_fp8_block_smollm2tiny", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
+    **{(s, "fp8"): FP8_INTEGER for s in ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp",
+                                         "ct_pack_w4a16_channel_sym", "ct_pack_w4a16_group128_asym",
+                                         "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym",
+                                         "mlx_affine_g64_b4", "mlx_affine_g32_b8", "bnb_int8")},
+    ("bnb_nf4_bs64", "fp8"): "fp8 stores FP8 E4M3 / E5M2 elements, not this codebook",
 }
 
 REAL = sorted({s for s, _ in EXPECTED})

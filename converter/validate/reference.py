@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from converter.codebooks import element_of
 from converter.tensor import QuantizedTensor
 from converter.validate.findings import Finding, finding
 from converter.validate.interpretations import alternatives
@@ -36,10 +37,30 @@ BATCH = 8
 SEED = 20240607
 
 
+def _element_gaps(codebook) -> np.ndarray | None:
+    """A float element's step at each code (the gap from its magnitude to the next larger one), or None
+    for a learned codebook (NF4 ...): a float grid's step grows with the magnitude, so one median gap
+    would measure the error of large values in steps far too small."""
+    if element_of(codebook) is None:
+        return None
+    cb = np.abs(np.asarray(codebook, dtype=np.float64))
+    mags = np.unique(cb[np.isfinite(cb)])
+    if mags.size < 2:
+        return None
+    up = np.append(np.diff(mags), np.diff(mags)[-1])  # the largest magnitude: the gap below it
+    idx = np.searchsorted(mags, np.where(np.isfinite(cb), cb, 0.0))
+    return np.where(np.isfinite(cb), up[np.minimum(idx, mags.size - 1)], np.nan)
+
+
 def step_rms(t: QuantizedTensor) -> float:
-    """RMS of the quantization step per element (scale, or scale x median codebook gap)."""
+    """RMS of the quantization step per element (scale; scale x the element's gap at each code for a float
+    element (FP8, FP4); scale x median codebook gap for another codebook)."""
     s = np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes)).astype(np.float64)
-    if t.scheme.codebook is not None:
+    gaps = _element_gaps(t.scheme.codebook) if t.scheme.codebook is not None else None
+    if gaps is not None:
+        s = s * gaps[np.asarray(t.codes, dtype=np.intp)]
+        s = s[np.isfinite(s)]
+    elif t.scheme.codebook is not None:
         cb = np.unique(np.asarray(t.scheme.codebook, dtype=np.float64))
         cb = cb[np.isfinite(cb)]
         s = s * (float(np.median(np.diff(cb))) if cb.size > 1 else 1.0)

@@ -1,6 +1,8 @@
 """Every real checkpoint in sample_checkpoints/ validates clean: no finding at all, with and without the reference."""
 
+import ml_dtypes  # noqa: F401  (bfloat16 references load as numpy arrays)
 import pytest
+from safetensors.numpy import load_file
 
 from converter.validate import validate
 from tests.conftest import SAMPLES
@@ -8,6 +10,8 @@ from tests.validate.helpers import FP16
 
 DIRS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "gguf")
 GGUF = sorted(p.name for p in (SAMPLES / "gguf").glob("*.gguf"))
+#: the samples of MiniLM, the model of the float reference FP16 (the FP8 sample is a SmolLM2 layer)
+MINILM = [d for d in DIRS if d != "deepseek_fp8_block_smollm2tiny"]
 
 
 @pytest.mark.parametrize("name", DIRS)
@@ -19,7 +23,7 @@ def test_real_sample_is_clean(name):
         assert stats["saturation"]["declared"] == 1.0
 
 
-@pytest.mark.parametrize("name", DIRS)
+@pytest.mark.parametrize("name", MINILM)
 def test_real_sample_is_clean_against_the_float_reference(name):
     rep = validate(SAMPLES / name, reference=FP16, strict=True)
     assert rep.findings == [] and rep.exit_code == 0
@@ -35,9 +39,12 @@ def test_against_the_tools_own_decode_the_error_is_tiny(name):
     rep = validate(SAMPLES / name, reference=SAMPLES / name / "reference_dequant.safetensors")
     assert rep.exit_code == 0
     assert not [f for f in rep.findings if f.severity != "warning" or f.code != "reference-missing"]
+    dtypes = {v.dtype.name for v in load_file(str(SAMPLES / name / "reference_dequant.safetensors")).values()}
+    # the tool decoded two of the weights, in fp16 (rounding: 2^-11 relative), or bf16 (2^-8: auto-round's fp8)
+    limit = 4e-3 if "bfloat16" in dtypes else 1e-3
     for stats in rep.tensors.values():
-        if "reference" in stats:  # the tool decoded two of the weights, in fp16
-            assert stats["reference"]["rel_rms"] < 1e-3
+        if "reference" in stats:
+            assert stats["reference"]["rel_rms"] < limit
 
 
 def test_plain_float_file_is_clean():
