@@ -313,6 +313,26 @@ def test_fp8_weight_in_modules_to_not_convert(tmp_path):
     assert e.field == "quantization_config.modules_to_not_convert"
 
 
+# -- the table decode to bf16 / f16 (the dequantize path) ----------------------------------------------------
+@pytest.mark.parametrize("sdt", ["F32", "BF16", "F16", "F8_E8M0"])
+@pytest.mark.parametrize("out_dtype", [ml_dtypes.bfloat16, np.float16])
+def test_table_decode_equals_float32_then_one_rounding(sdt, out_dtype):
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 256, size=(2, 300, 200), dtype=np.uint8)  # every code, NaNs (0x7F, 0xFF) included
+    raw = rng.uniform(1e-4, 3.0, size=(2, 3, 2)).astype(np.float32)  # 128 x 128 blocks, partial in both axes
+    scheme = QuantScheme(8, False, scale_dtype=sdt, codebook=E4M3)
+    scales = raw.astype(scheme.scale_np_dtype)
+    if sdt == "F8_E8M0":
+        scales.view(np.uint8)[0, 1, 1] = 0xFF  # a NaN scale
+    t3 = QuantizedTensor("m.experts.down_proj", (EXPERT, OUT, IN), codes, scales, scheme, GroupMap.per_block(128, 128))
+    t2 = QuantizedTensor("m.down_proj.weight", (OUT, IN), codes[1], scales[1], scheme, GroupMap.per_block(128, 128))
+    for t in (t3, t2):
+        want = t.dequantize().astype(out_dtype)
+        got = t.dequantize(out_dtype)
+        assert got.dtype == np.dtype(out_dtype) and got.shape == t.shape
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 # -- writer ---------------------------------------------------------------------------------------------
 def _block_tensor(name="model.layers.0.mlp.down_proj.weight", sdt="F32", element="e4m3", block=(2, 2)):
     el = ELEMENTS[element]
