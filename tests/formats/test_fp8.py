@@ -179,6 +179,14 @@ def test_vllm_weight_scale_and_input_scale(tmp_path):
     assert ck.spec(f"{p}.input_scale").stored[0].role == "activation_scale"
 
 
+def test_a_matrix_within_one_block_may_store_a_scalar_scale(tmp_path):
+    d = make_dir(tmp_path, {"model.layers.0.mlp.down_proj.weight": f8(W35),
+                            "model.layers.0.mlp.down_proj.weight_scale_inv": np.array(0.5, np.float32)},
+                 dict(QCFG, weight_block_size=[128, 128]))
+    _, t = _one(d)
+    assert t.scales.shape == (1, 1) and np.array_equal(t.dequantize(), np.asarray(W35, np.float32) * 0.5)
+
+
 def test_e5m2_fmt(tmp_path):
     w = np.asarray(W35, np.float32).astype(ml_dtypes.float8_e5m2)
     d = make_dir(tmp_path, {"model.layers.0.mlp.down_proj.weight": w,

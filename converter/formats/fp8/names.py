@@ -19,8 +19,10 @@ Every weight scale multiplies: ``w = fp8 * scale``. Sources: DeepSeek-V3 ``infer
 ``quantizers/quantizer_finegrained_fp8.py`` ``update_weight_conversions`` (renames Mistral's
 ``.qscale_weight`` to ``.weight_scale_inv``: the same multiplier); vLLM ``fp8.py``
 (``weight_scale`` per tensor, ``weight_scale_inv`` per block, both multipliers) and its Mistral
-remapping ``qscale_act`` -> ``input_scale``; ComfyUI ``comfy/ops.py`` ``scaled_fp8_ops``
-(``weight * scale_weight``; ``scale_input`` is the activation scale).
+consolidated-checkpoint remapping (``.qscale_act`` -> ``.input_scale``, ``.qscale_weight`` ->
+``.weight_scale``); transformers' Mistral conversion maps ``qscale_act`` to ``activation_scale``;
+ComfyUI ``comfy/ops.py`` ``scaled_fp8_ops`` (``weight * scale_weight``; ``scale_input`` is the
+activation scale).
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def _group_map(src: Source, wname: str, sname: str | None, block: tuple[int, int
     lead = shape[:-2]
     if block is not None:
         want = _ceil_grid(shape, block)
-        if sshape != want:
+        one_block = not lead and want == (1, 1) and sshape in ((), (1,))  # a matrix within one block: a scalar
+        if sshape != want and not one_block:
             raise FormatError("weight scale extents do not match ceil(shape / weight_block_size)",
                               file=src.file_of(sname), tensor=sname, field="shape", expected=list(want),
                               found=list(sshape), hint=f"weight {list(shape)}, weight_block_size {list(block)} "
