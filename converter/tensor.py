@@ -203,10 +203,10 @@ class QuantizedTensor:
         value = self.__dict__["_codes"]
         return value if isinstance(value, PackedCodes) else None
 
-    def dequantize(self) -> np.ndarray:
-        """Reconstructed values: float32, shape ``shape`` (named by ``axes``); see
-        :func:`converter.values.dequantize` for the formula."""
-        return dequantize(self)
+    def dequantize(self, dtype=None) -> np.ndarray:
+        """Reconstructed values: float32 (or rounded once to the numpy float ``dtype``), shape ``shape``
+        (named by ``axes``); see :func:`converter.values.dequantize` for the formula."""
+        return dequantize(self, dtype)
 
     def replace(self, **changes: Any) -> "QuantizedTensor":
         """A copy with ``changes``; codes still packed stay packed."""

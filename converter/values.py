@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from converter.groups import Granularity, GroupMap, as_row_groups
-from converter.kernels.dequant import byte_table, dequantize_block, dequantize_rows
+from converter.kernels.dequant import byte_table, dequantize_block, dequantize_block_tables, dequantize_rows
 from converter.layout import EXPERT, PackedCodes
 from converter.scheme import QuantScheme, ZeroPoint
 
@@ -24,17 +24,24 @@ if TYPE_CHECKING:  # (annotations only: converter.tensor imports this module)
     from converter.tensor import QuantizedTensor
 
 
-def dequantize(t: "QuantizedTensor") -> np.ndarray:
-    """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32.
+def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
+    """Reconstruct a :class:`~converter.tensor.QuantizedTensor` in float32 (or rounded to ``dtype``).
 
     ``x = s * (q - c)`` (symmetric), ``s * (q - z)`` (integer zero point), ``s * q + b`` (float
     bias) or ``s * codebook[q]``; every operand widened to float32 first (fp16/bf16 scales are
-    exact in float32).
+    exact in float32). ``dtype`` (a numpy float dtype): the float32 values rounded once to it, as
+    ``dequantize(t).astype(dtype)``; a block-tiled 8-bit codebook tensor (FP8) rounded to a 2-byte
+    float is decoded through per-block tables instead (:func:`~converter.kernels.dequant.dequantize_block_tables`:
+    the same values, bit for bit, without a float32 matrix).
 
     Returns
     -------
-    ndarray of float32, shape ``t.shape`` (named by ``t.axes``).
+    ndarray of float32 (or ``dtype``), shape ``t.shape`` (named by ``t.axes``).
     """
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        if _table_decodable(t, np.dtype(dtype)):
+            return _dequantize_tables(t, np.dtype(dtype))
+        return dequantize(t).astype(dtype)
     s, gm = t.scheme, t.group_map
     if gm.granularity is Granularity.BLOCK:
         return _dequantize_blocks(t)
@@ -57,6 +64,26 @@ def dequantize(t: "QuantizedTensor") -> np.ndarray:
     return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
                            group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
                            center=center, table=table, codebook=codebook)
+
+
+def _table_decodable(t: "QuantizedTensor", dtype: np.dtype) -> bool:
+    """An 8-bit codebook tensor tiled in 2-D blocks, to a 2-byte float: the per-block table decode applies."""
+    gm, s = t.group_map, t.scheme
+    return dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16") and s.codebook is not None \
+        and len(s.codebook) == 256 and gm.granularity is Granularity.BLOCK and gm.extent("out") is not None \
+        and gm.extent("in") is not None and t.axes in (("out", "in"), (EXPERT, "out", "in"))
+
+
+def _dequantize_tables(t: "QuantizedTensor", dtype: np.dtype) -> np.ndarray:
+    codebook = np.asarray(t.scheme.codebook, dtype=np.float32)
+    block = (t.group_map.extent("out"), t.group_map.extent("in"))
+    codes, scales = t.codes, t.scales.astype(np.float32)
+    if t.axes == ("out", "in"):
+        return dequantize_block_tables(np.ascontiguousarray(codes), scales, codebook, block, dtype)
+    out = np.empty(t.shape, dtype=dtype)
+    for e in range(t.shape[0]):
+        out[e] = dequantize_block_tables(np.ascontiguousarray(codes[e]), scales[e], codebook, block, dtype)
+    return out
 
 
 def _dequantize_blocks(t: "QuantizedTensor") -> np.ndarray:

@@ -48,8 +48,9 @@ NO_QUANT = "the source has no quantized tensors"
 GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
 MODELOPT_FP8 = "ModelOpt is written as FP8 (E4M3) only"
 CODEBOOK_GGUF = "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
+FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
 FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
-               "modelopt_fp8_pb_wo_smollm2tiny")
+               "modelopt_fp8_pb_wo_smollm2tiny", "deepseek_fp8_block_smollm2tiny")
 INT_SAMPLES = ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp", "ct_pack_w4a16_channel_sym",
                "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym",
                "mlx_affine_g64_b4", "mlx_affine_g32_b8", "bnb_int8", "bnb_nf4_bs64")
@@ -172,16 +173,25 @@ EXPECTED = {
     ("minilm_fp16.safetensors", "mlx"): REFUSE,
     ("minilm_fp16.safetensors", "native"): PASS,
     ("minilm_fp16.safetensors", "plain"): PASS,
-    # --- FP8 E4M3 (issue 14): compressed-tensors float-quantized, ModelOpt FP8 / PC_PT / PB_WO ----------
-    # E4M3 weights are a codebook scheme: the integer-grid targets refuse them; compressed-tensors
-    # float-quantized, ModelOpt (per tensor / per channel / 128 x 128 blocks) and native hold them
+    # --- FP8 E4M3 (issue 14): compressed-tensors float-quantized, ModelOpt FP8 / PC_PT / PB_WO, DeepSeek-style
+    # block FP8 (BF16 weight_scale_inv per 128x128 block). E4M3 weights are a codebook scheme: the
+    # integer-grid targets refuse them (MLX: mxfp8 holds E4M3 only under power-of-two scales, which these
+    # are not); compressed-tensors float-quantized, ModelOpt, native and fp8 hold what their layouts can
     # exactly (codes = the element bytes, scales kept in their dtype).
     **{(s, t): REFUSE for s in FP8_SAMPLES for t in ("awq", "gptq", "mlx", "gguf")},
     **{(s, t): EXACT for s in FP8_SAMPLES for t in ("compressed-tensors", "modelopt", "native")},
     **{(s, "plain"): DEQ for s in FP8_SAMPLES},
-    # ModelOpt is written as FP8 only: every integer / NF4 sample is refused, the float one has nothing to repack.
-    **{(s, "modelopt"): REFUSE for s in INT_SAMPLES},
+    # fp8 (DeepSeek / FineGrainedFP8) holds 2-D blocks and one scale per tensor, not per-channel scales
+    ("deepseek_fp8_block_smollm2tiny", "fp8"): EXACT,
+    ("modelopt_fp8_pb_wo_smollm2tiny", "fp8"): EXACT,
+    ("modelopt_fp8_smollm2tiny", "fp8"): EXACT,
+    ("ct_fp8_channel_smollm2", "fp8"): REFUSE,
+    ("modelopt_fp8_pc_pt_smollm2tiny", "fp8"): REFUSE,
+    # ModelOpt and fp8 are written as FP8 only: every integer / NF4 sample is refused, the float one has
+    # nothing to repack.
+    **{(s, t): REFUSE for s in INT_SAMPLES for t in ("modelopt", "fp8")},
     ("minilm_fp16.safetensors", "modelopt"): REFUSE,
+    ("minilm_fp16.safetensors", "fp8"): REFUSE,
 }
 
 REASONS = {
@@ -204,12 +214,16 @@ REASONS = {
     ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
     ("bnb_nf4_bs64", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
     **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf",
-                                                           "modelopt")},
+                                                           "modelopt", "fp8")},
     **{(s, "awq"): CODEBOOK_AWQ for s in FP8_SAMPLES},
     **{(s, "gptq"): CODEBOOK_GPTQ for s in FP8_SAMPLES},
     **{(s, "mlx"): FP8_MLX_POW2 for s in FP8_SAMPLES},
     **{(s, "gguf"): CODEBOOK_GGUF for s in FP8_SAMPLES},
     **{(s, "modelopt"): MODELOPT_FP8 for s in INT_SAMPLES},
+    **{(s, "fp8"): FP8_INTEGER for s in INT_SAMPLES if s != "bnb_nf4_bs64"},
+    ("bnb_nf4_bs64", "fp8"): "fp8 stores FP8 E4M3 / E5M2 elements, not this codebook",
+    ("ct_fp8_channel_smollm2", "fp8"): "fp8 scales are per 2-D block or per tensor",
+    ("modelopt_fp8_pc_pt_smollm2tiny", "fp8"): "fp8 scales are per 2-D block or per tensor",
 }
 
 REAL = sorted({s for s, _ in EXPECTED})

@@ -50,7 +50,7 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
             plans.append(dense_plan(spec))
         else:
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                              lambda t, n=spec.name: {n: t.dequantize().astype(np_dt)},
+                                              lambda t, n=spec.name: {n: t.dequantize(np_dt)},
                                               [f"dequantized to {dtype}"])))
     return plans
 

@@ -25,7 +25,9 @@ from converter.write.files import INDEX_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_JSON_BYTES = 64 * 1024 * 1024
-_KNOWN_JSON = ("config.json", "quantize_config.json", INDEX_NAME)
+#: JSON files a reader interprets: never copied into an output, where they would describe the source's layout
+#: (``quantization_config.json``: auto-round's standalone copy of an fp8 ``quantization_config``).
+_KNOWN_JSON = ("config.json", "quantize_config.json", "quantization_config.json", INDEX_NAME)
 
 
 def module_prefix(name: str) -> str:

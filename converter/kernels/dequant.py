@@ -148,3 +148,40 @@ def _apply(o: np.ndarray, p: np.ndarray, G: int | None, full: int, ufunc: np.ufu
     if full < o.shape[1]:
         tail = o[:, full:]
         ufunc(tail, p[:, nfull:nfull + 1], out=tail)
+
+
+def dequantize_block_tables(codes: np.ndarray, scales: np.ndarray, codebook: np.ndarray, block: tuple[int, int],
+                            dtype: np.dtype) -> np.ndarray:
+    """``codebook[q] * s`` of a 2-D block-tiled ``(out, in)`` matrix of 8-bit codebook codes, rounded to
+    ``dtype`` (2-byte floats: bfloat16 / float16), without a float32 matrix.
+
+    Per block ``(i, j)`` a 256-entry table ``dtype(float32(codebook) * float32(s[i, j]))`` maps each
+    code to its rounded value: the same float32 product and the same one rounding as
+    ``(codebook[q] * s).astype(dtype)`` element by element (bit-identical, NaN codes and scales
+    included), at one table lookup (a 2-byte write) per element.
+
+    Parameters
+    ----------
+    codes : ndarray of uint8, ``(out, in)``
+    scales : ndarray of float32, ``(ceil(out / block[0]), ceil(in / block[1]))``
+    codebook : ndarray of float32, ``(256,)``
+    block : (block_out, block_in)
+    dtype : numpy dtype of 2 bytes
+
+    Returns
+    -------
+    ndarray of ``dtype``, ``(out, in)``.
+    """
+    dtype = np.dtype(dtype)
+    rows, n = codes.shape
+    bo, bi = block
+    out = np.empty((rows, n), dtype=np.uint16)
+    if out.size == 0:
+        return out.view(dtype)
+    tables = (codebook[None, None, :] * scales[:, :, None]).astype(dtype).view(np.uint16)
+    for i in range(tables.shape[0]):
+        r = slice(i * bo, min(rows, (i + 1) * bo))
+        for j in range(tables.shape[1]):
+            c = slice(j * bi, min(n, (j + 1) * bi))
+            np.take(tables[i, j], codes[r, c], out=out[r, c], mode="wrap")  # uint8 codes < 256: in range
+    return out.view(dtype)

@@ -156,6 +156,19 @@ def render_convert(doc: dict) -> None:
             "CHANGED: the output does not reproduce the source")
     render_modules(doc, c)
     render_side_files(doc, c)
+    render_write_warnings(doc, c)
+
+
+def render_write_warnings(doc: dict, c: Console | None = None) -> None:
+    """The writer's notes marked ``warning: `` (a loader that will refuse what was written ...), once each,
+    with how many tensors they concern."""
+    warned: dict[str, list[str]] = {}
+    for name, notes in ((doc.get("written") or {}).get("notes") or {}).items():
+        for note in notes:
+            if note.startswith("warning: "):
+                warned.setdefault(note[len("warning: "):], []).append(name)
+    for note, names in warned.items():
+        (c or console()).print(f"warning: {note} ({len(names)} tensors, e.g. {names[0]})")
 
 
 def render_side_files(doc: dict, c: Console | None = None) -> None:

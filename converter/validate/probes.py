@@ -80,6 +80,33 @@ def probe_tensor(out: int, inp: int, group: int, bits: int, signed: bool, zero: 
     return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp)
 
 
+def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | None, element: str = "e4m3", *,
+                       name: str = PROBE_NAME) -> QuantizedTensor:
+    """An FP8 probe ``(out, in)``: distinct finite element codes along ``in`` (``(5i + 3o) mod 120 + 1``,
+    the sign bit set on odd ``i + o``), F32 power-of-two scales per ``block`` tile (``(block_out,
+    block_in)``; None: one scale) varying by block row and block column."""
+    from converter.codebooks import element as float_element
+    o = np.arange(out)[:, None]
+    i = np.arange(inp)[None, :]
+    codes = (((5 * i + 3 * o) % 120 + 1) | (((i + o) % 2) << 7)).astype(np.uint8)
+    scheme = QuantScheme(8, False, ZeroPoint.NONE, "F32", codebook=float_element(element).values)
+    if block is None:
+        return QuantizedTensor(name, (OUT, IN), codes, np.full((1, 1), 0.125, np.float32), scheme,
+                               GroupMap.per_tensor())
+    gm = GroupMap.per_block(*block)
+    go, gi = np.meshgrid(np.arange(-(-out // block[0])), np.arange(-(-inp // block[1])), indexing="ij")
+    scales = np.exp2((3 * go) % 7 - 3 + 2 * (gi % 3) - 2).astype(np.float32)
+    return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm)
+
+
+def _float_candidates(handler) -> Iterator[QuantizedTensor]:
+    """FP8 E4M3 probes (13 x 40) a format accepts: 8 x 16 blocks (partial in both axes), then one scale."""
+    for block in ((8, 16), None):
+        t = float_probe_tensor(13, 40, block)
+        if handler.target_reason(spec_of(t)) is None:
+            yield t
+
+
 def _shapes(group: int) -> Iterator[tuple[int, int]]:
     """(out, in) candidates: distinct odd sizes with a partial tail first, then what strict formats need."""
     yield 13, 2 * group + group // 2
@@ -128,6 +155,7 @@ def _candidates(handler) -> Iterator[QuantizedTensor]:
             t = _first_accepted(handler, bits, signed, zero, act)
             if t is not None:
                 yield t
+    yield from _float_candidates(handler)
 
 
 def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:

@@ -125,13 +125,16 @@ def shard_plans(plans: Sequence[TensorPlan], max_shard_bytes: int | None) -> lis
     return shards
 
 
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous with its own shape (``np.ascontiguousarray`` turns a 0-d scalar into shape (1,))."""
+    return np.ascontiguousarray(a).reshape(a.shape)
+
+
 def dense_plan(spec, name: str | None = None) -> TensorPlan:
     """Pass a dense tensor through bit-exact."""
     out = name or spec.name
     plan = TensorPlan(spec.name, [(out, spec.dtype, tuple(spec.shape))],
-                      # reshape: np.ascontiguousarray makes a 0-dim array 1-D (ModelOpt's 0-dim scales)
-                      lambda t, out=out: {out: np.ascontiguousarray(t.data).reshape(np.shape(t.data))},
-                      ["passed through"])
+                      lambda t, out=out: {out: _contiguous(t.data)}, ["passed through"])
     if spec.shape and DTYPES.get(spec.dtype) is not None and DTYPES[spec.dtype].numpy is not None:
         rows_plan(plan)
     return plan
