@@ -80,11 +80,12 @@ def probe_tensor(out: int, inp: int, group: int, bits: int, signed: bool, zero: 
     return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm, zero_points=zp)
 
 
-def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | None, element: str = "e4m3", *,
+def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | str | None, element: str = "e4m3", *,
                        name: str = PROBE_NAME) -> QuantizedTensor:
     """An FP8 probe ``(out, in)``: distinct finite element codes along ``in`` (``(5i + 3o) mod 120 + 1``,
     the sign bit set on odd ``i + o``), F32 power-of-two scales per ``block`` tile (``(block_out,
-    block_in)``; None: one scale) varying by block row and block column."""
+    block_in)``), per output channel (``"channel"``) or one for the tensor (None), varying by block row
+    and block column (by row for channels)."""
     from converter.codebooks import element as float_element
     o = np.arange(out)[:, None]
     i = np.arange(inp)[None, :]
@@ -93,16 +94,35 @@ def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | None, elemen
     if block is None:
         return QuantizedTensor(name, (OUT, IN), codes, np.full((1, 1), 0.125, np.float32), scheme,
                                GroupMap.per_tensor())
+    if block == "channel":
+        scales = np.exp2((3 * np.arange(out)) % 7 - 3).astype(np.float32)[:, None]
+        return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, GroupMap.per_channel(OUT))
     gm = GroupMap.per_block(*block)
     go, gi = np.meshgrid(np.arange(-(-out // block[0])), np.arange(-(-inp // block[1])), indexing="ij")
     scales = np.exp2((3 * go) % 7 - 3 + 2 * (gi % 3) - 2).astype(np.float32)
     return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm)
 
 
+def probe_tensors(t: QuantizedTensor) -> list:
+    """The checkpoint a probe is written as: ``t``, and for a per-tensor FP8 probe its static activation
+    scale ``<module>.input_scale`` (float32 0.5, 0-dim), as every per-tensor W8A8 FP8 checkpoint
+    stores it (ModelOpt FP8 requires it)."""
+    from converter.codebooks import element_of
+    from converter.groups import Granularity
+    from converter.tensor import DenseTensor
+    if element_of(t.scheme.codebook) is not None and t.group_map.granularity is Granularity.TENSOR:
+        prefix = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
+        return [t, DenseTensor(prefix + ".input_scale", np.array(0.5, dtype=np.float32))]
+    return [t]
+
+
 def _float_candidates(handler) -> Iterator[QuantizedTensor]:
-    """FP8 E4M3 probes (13 x 40) a format accepts: 8 x 16 blocks (partial in both axes), then one scale."""
-    for block in ((8, 16), None):
-        t = float_probe_tensor(13, 40, block)
+    """FP8 E4M3 probes a format accepts: 8 x 16 blocks on 13 x 40 (partial in both axes; else
+    128 x 128 blocks on 136 x 200), per output channel, then one scale per tensor."""
+    blocked = float_probe_tensor(13, 40, (8, 16))
+    if handler.target_reason(spec_of(blocked)) is not None:
+        blocked = float_probe_tensor(136, 200, (128, 128))
+    for t in (blocked, float_probe_tensor(13, 40, "channel"), float_probe_tensor(13, 40, None)):
         if handler.target_reason(spec_of(t)) is None:
             yield t
 
@@ -165,7 +185,7 @@ def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
     if handler.output.suffix:
         dst = dst.with_suffix(handler.output.suffix)
     try:
-        handler.write(Checkpoint.from_tensors([t], format="memory", config=PROBE_CONFIG), dst)
+        handler.write(Checkpoint.from_tensors(probe_tensors(t), format="memory", config=PROBE_CONFIG), dst)
         back = registry.read(Source(dst), handler)[t.name]
     except ConverterError as exc:
         res.error = exc.render()
