@@ -86,7 +86,8 @@ def test_deepseek_block_fp8_to_compressed_tensors_and_back_is_byte_identical(tmp
     for n in a:
         for x, y in ((a[n], b[n]), (a[n], c[n])):
             assert np.array_equal(x[0], y[0]) and x[1].dtype == y[1].dtype
-            assert np.array_equal(x[1].view(np.uint16), y[1].view(np.uint16)) and x[2] == y[2] == "block(out 128 x in 128)"
+            assert np.array_equal(x[1].view(np.uint16), y[1].view(np.uint16))
+            assert x[2] == y[2] == "block(out 128 x in 128)"
     # the tool's own decode (auto-round, bf16) of the tensors shipped with the sample
     ref = load_file(str(DEEPSEEK / "reference_dequant.safetensors"))
     got = load(back)
