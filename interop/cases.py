@@ -62,6 +62,12 @@ def smollm2_cases() -> list[dict]:
            "llama_quantize", "same_as_tool", needs="llama_cpp", ftype=2),
         _c("gguf-Q8_0/llama-quantize", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "llama_quantize", "same_as_tool", needs="llama_cpp", ftype=7),
+        # a K-quant mix (--quant-type): llama-quantize's own Q4_K_M of the same source (ftype
+        # LLAMA_FTYPE_MOSTLY_Q4_K_M = 15), tensor for tensor (types chosen and bytes)
+        _c("gguf-Q4_K_M/llama-quantize", "q4_k_m.gguf", ["convert", "--to", "gguf", "--quant-type", "Q4_K_M"],
+           "llama_quantize", "same_as_tool", needs="llama_cpp", ftype=15),
+        _c("gguf-Q4_K_M/llama.cpp", "q4_k_m.gguf", ["convert", "--to", "gguf", "--quant-type", "Q4_K_M"],
+           "llama_cpp", "lossy", needs="llama_cpp"),
         _c("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "transformers", "lossy"),
         _c("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",
