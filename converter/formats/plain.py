@@ -51,7 +51,7 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
         else:
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
                                               lambda t, n=spec.name: {n: t.dequantize(np_dt)},
-                                              [f"dequantized to {dtype}"])))
+                                              [f"dequantized to {dtype}"]), values=True))
     return plans
 
 

@@ -140,7 +140,8 @@ def render_convert(doc: dict) -> None:
     t = Table("tensor", "mode", "codes identical", "scales identical", "max |diff|",
               title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']}")
     for r in doc["tensors"]:
-        t.add_row(r["name"], r["mode"], fmt(r.get("codes_identical")), fmt(r.get("scales_identical")),
+        mode = r["mode"] + (" (reshaped {} -> {})".format(*r["reshaped"]) if r.get("reshaped") else "")
+        t.add_row(r["name"], mode, fmt(r.get("codes_identical")), fmt(r.get("scales_identical")),
                   fmt(r.get("max_abs_diff")))
     c.print(t)
     s = doc["summary"]

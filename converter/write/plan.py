@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from converter.dtypes import DTYPES, lookup
+from converter.groups import Granularity
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class RowSplit:
     fixed : dict of str -> ndarray
         Outputs whose value is known from the spec (compressed-tensors ``weight_shape``): written
         as given, whatever the blocks return for them.
+    values : bool
+        The outputs are the tensor's values (a dequantize): any row block will do. A 2-D
+        block-tiled tensor's rows come back grouped per row (:func:`converter.tensor.take_rows`),
+        which only such a plan can write; others work on block-tiled tensors whole.
 
     Formats whose stored arrays put ``out`` on a later axis (GPTQ / AWQ ``[in, out]``) or pack
     along ``out`` declare no split: their tensors are worked on whole (a transposed block
@@ -44,6 +49,7 @@ class RowSplit:
     rows: tuple[str, ...]
     once: tuple[str, ...] = ()
     fixed: Mapping[str, np.ndarray] = field(default_factory=dict)
+    values: bool = False
 
 
 @dataclass
@@ -81,12 +87,13 @@ class TensorPlan:
 
 
 def rows_plan(plan: TensorPlan, *, once: Sequence[str] = (), fixed: Mapping[str, np.ndarray] | None = None,
-              rows: Sequence[str] | None = None) -> TensorPlan:
-    """``plan`` marked row-splittable: every output not in ``once`` / ``fixed`` is a rows output."""
+              rows: Sequence[str] | None = None, values: bool = False) -> TensorPlan:
+    """``plan`` marked row-splittable: every output not in ``once`` / ``fixed`` is a rows output
+    (``values``: see :class:`RowSplit`)."""
     fixed = dict(fixed or {})
     if rows is None:
         rows = [o[0] for o in plan.outputs if o[0] not in once and o[0] not in fixed]
-    plan.row_split = RowSplit(tuple(rows), tuple(once), fixed)
+    plan.row_split = RowSplit(tuple(rows), tuple(once), fixed, values)
     return plan
 
 
@@ -103,6 +110,10 @@ def block_rows(plan: TensorPlan, spec, budget: int) -> int | None:
     of working memory, else None (worked on whole)."""
     if plan.row_split is None or spec is None or not spec.shape or spec.shape[0] < 2:
         return None
+    gm = getattr(spec, "group_map", None)
+    if (gm is not None and gm.granularity is Granularity.BLOCK and gm.extent("out") not in (None, 1)
+            and tuple(spec.axes) == ("out", "in") and not plan.row_split.values):
+        return None  # row blocks of a block-tiled matrix carry per-row scales: only a values plan takes them
     est = work_bytes(plan, spec)
     if est <= budget:
         return None
