@@ -96,7 +96,10 @@ class Runner:
             return {"ok": False, "stage": "timeout", "error": f"no result after {timeout:.0f} s",
                     "seconds": round(time.time() - t, 1)}
         if out_p.exists():
-            return json.loads(out_p.read_text())
+            res = json.loads(out_p.read_text())
+            if not res.get("ok"):  # what the loader printed before failing (transformers' CONVERSION report ...)
+                res["log_tail"] = ((p.stdout or "") + (p.stderr or ""))[-4000:]
+            return res
         return {"ok": False, "stage": "crash", "error": f"worker exit {rc}: {last_error_line(err)}",
                 "seconds": round(time.time() - t, 1)}
 

@@ -66,7 +66,7 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
     if result is None:
         return "FAIL", "loader did not run"
     if expect == "tool_limit" and not result.get("ok"):  # a documented limit of this loader version
-        err = (result.get("error") or "").lower()
+        err = ((result.get("error") or "") + "\n" + (result.get("log_tail") or "")).lower()
         if any(w.lower() in err for w in case.get("limit_match", [])):
             return "TOOL-LIMIT", f"the loader refuses the file: {result.get('error')}"
         return "FAIL", f"{result.get('stage', 'load')}: {result.get('error', 'no result')}"
@@ -101,6 +101,9 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         greedy_ok = m.get("greedy_equal") if ref_key else result.get("greedy_equal")
         if not greedy_ok:
             problems.append("greedy tokens differ")
+    elif case.get("lossy_top1_pct") is not None:  # a small model without a natural-language prompt
+        if result["top1_agree_pct"] < case["lossy_top1_pct"]:
+            problems.append(f"top-1 agreement {result['top1_agree_pct']:.1f}% < {case['lossy_top1_pct']:g}%")
     else:
         if not result["france_last_is_paris"]:
             problems.append(case.get("top1_problem", "top-1 after 'The capital of France is' is not ' Paris'"))
