@@ -82,6 +82,15 @@ check("tool limit that loads is judged exact",
       V.model_verdict(limit, ok, dict(ok=True, top1_agree_pct=100.0, max_abs_logit_diff=5.0, ref_max_abs_logit=10.0,
                                       greedy_equal=True, france_last_is_paris=True))[0], "FAIL")
 
+small = {"expect": "lossy", "lossy_top1_pct": 90.0}
+res = dict(ok=True, max_abs_logit_diff=3.0, ref_max_abs_logit=20.0, greedy_equal=False, france_last_is_paris=False)
+check("small-model lossy pass", V.model_verdict(small, ok, dict(res, top1_agree_pct=92.1))[0], "PASS")
+check("small-model lossy below", V.model_verdict(small, ok, dict(res, top1_agree_pct=85.0))[0], "FAIL")
+check("tool limit in the loader's log",
+      V.model_verdict(limit, ok, {"ok": False, "stage": "load", "error": "RuntimeError: issues during conversion",
+                                  "log_tail": "ValueError('Weight shape (576, 1536) not divisible by scale grid')"})[0],
+      "TOOL-LIMIT")
+
 
 def layer_result(dw=0.0, dy=0.0, w=1.0, y=10.0, **kw):
     r = {"ok": True, "tensors": [{"tensor": "a.weight", "max_abs_weight_diff": dw, "max_abs_weight": w,
