@@ -62,3 +62,18 @@ def test_block_tiled_matrices_split_only_for_values_plans():
     assert block_rows(quantized, spec, budget=1000) is None
     step = block_rows(values, spec, budget=1000)
     assert step is not None and 1 <= step < 200
+
+
+def test_quantize_refuses_an_already_quantized_source(tmp_path):
+    """A quantized source used to crash with a KeyError traceback (exit 1); now one typed line, exit 3."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+    for sample, args in (("deepseek_fp8_block_smollm2tiny", ["--fp8", "e4m3", "--per-tensor"]),
+                         ("gptq_w4_g128_sym", ["--bits", "4", "--per-channel"])):
+        dst = tmp_path / sample
+        r = CliRunner().invoke(main, ["quantize", str(SAMPLES / sample), str(dst), *args])
+        assert r.exit_code == 3, r.output
+        assert "already quantized (7 quantized tensors" in r.output and "qckpt convert" in r.output
+        assert "Traceback" not in r.output and not dst.exists()

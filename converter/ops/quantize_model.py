@@ -23,7 +23,7 @@ import numpy as np
 
 from converter.codebooks import element as float_element
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from converter.errors import FormatError, NotRepresentableError
+from converter.errors import FormatError, NotRepresentableError, UnsupportedError
 from converter.formats import registry
 from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
@@ -190,6 +190,8 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
 
     Raises
     ------
+    UnsupportedError
+        ``src`` already holds quantized (or undecodable) tensors: quantize takes a float checkpoint.
     NotRepresentableError
         Before writing: a quantized tensor format ``to`` cannot store (hint names the options).
 
@@ -199,11 +201,31 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
         As the write's tasks returned them (the input of :func:`summarize`).
     """
     handler = registry.check_writable(to)
+    refuse_quantized_source(src)
     view = quantize_checkpoint(src, opts)
     check_quantize_target(view, to)
     with collect_results() as got:
         handler.write(view, Path(dst), overwrite=overwrite)
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
+
+
+def refuse_quantized_source(src: Checkpoint) -> None:
+    """``qckpt quantize`` reads float weights: a source with quantized (or opaque) tensors is refused,
+    pointing at ``convert`` (requantize, with the error against the source's own decode) and ``dequantize``.
+
+    Raises
+    ------
+    UnsupportedError
+        Naming the source, its format and the first quantized tensor.
+    """
+    quantized = [n for n in src.names() if src.spec(n).kind != "dense"]
+    if quantized:
+        raise UnsupportedError(
+            f"the source is already quantized ({len(quantized)} quantized tensors, format {src.format}): "
+            "quantize takes a float checkpoint", file=src.path, tensor=quantized[0], field="kind",
+            expected="dense float tensors", found=src.spec(quantized[0]).kind,
+            hint="requantize it with `qckpt convert SRC DST --to FORMAT` and layout options (the error is "
+                 "reported against its own decode), or `qckpt dequantize` it first")
 
 
 def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:

@@ -85,6 +85,12 @@ def encode(t: QuantizedTensor, prefix: str) -> dict:
             prefix + ".weight_scale": scales}
 
 
+#: transformers 5.24 logs "Unknown quantization type, got modelopt ... we will skip the quantization" and
+#: loads the stored FP8 codes as if they were weights (measured: top-1 agreement 12 % on SmolLM2 layers).
+TRANSFORMERS_NOTE = ("warning: transformers 5.24 does not read ModelOpt quantization: it skips quantization_config "
+                     "and loads the raw FP8 codes as weights; load ModelOpt checkpoints with vLLM or TensorRT-LLM")
+
+
 def _plan(spec: TensorSpec, prefix: str) -> TensorPlan:
     algo = algo_of(spec)
     o, i = spec.shape
@@ -187,6 +193,7 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
         if algo == FP8_PC_PT and prefix + ".input_scale" in ckpt:
             notes[spec.name] = ["FP8_PER_CHANNEL_PER_TOKEN quantizes activations dynamically: the source's static "
                                 "input_scale is kept as stored but ModelOpt runtimes do not use it"]
+        notes.setdefault(spec.name, []).append(TRANSFORMERS_NOTE)
         by_algo.setdefault(algo, []).append(prefix)
         plans.append(_plan(spec, prefix))
     quantized = {p for mods in by_algo.values() for p in mods}
