@@ -77,3 +77,15 @@ def test_quantize_refuses_an_already_quantized_source(tmp_path):
         assert r.exit_code == 3, r.output
         assert "already quantized (7 quantized tensors" in r.output and "qckpt convert" in r.output
         assert "Traceback" not in r.output and not dst.exists()
+
+
+def test_nan_scale_copied_exactly_is_exact_and_the_report_is_json():
+    """A NaN scale copied bit for bit: scales identical, exact, and the JSON report has no NaN."""
+    t = _block(128)
+    scales = t.scales.copy()
+    scales[1, 0] = np.nan
+    a = t.replace(scales=scales)
+    row = compare_tensors(a, a.replace(scales=scales.copy()))
+    assert row["scales_identical"] and row["mode"] == "exact" and row["max_abs_diff"] == 0.0
+    import json
+    json.dumps(row, allow_nan=False)

@@ -42,7 +42,7 @@ def compare_tensors(a, b) -> dict[str, Any]:
     ua, ub = as_unsigned(a), as_unsigned(b)
     codes_same = ua.shape == ub.shape and (_same_words(ua, ub) or bool(np.array_equal(ua.codes, ub.codes)))
     sa, sb = a.scales.astype(np.float32), b.scales.astype(np.float32)
-    scales_same = sa.shape == sb.shape and bool(np.array_equal(sa, sb))
+    scales_same = sa.shape == sb.shape and bool(np.array_equal(sa, sb, equal_nan=True))
     if codes_same and scales_same and _same_parameters(ua, ub):
         # dequantize is a function of (codes, float32 scales, zero points, scheme, groups) alone:
         # with all of them identical the values are identical, so they are not recomputed
