@@ -87,10 +87,13 @@ def source_checkpoint(src: Source, fmt: str, specs: Mapping[str, TensorSpec], de
                       files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
 
 
-def plan_tensors(ckpt: Checkpoint, encode: Callable[[TensorSpec], TensorPlan]) -> list[TensorPlan]:
+def plan_tensors(ckpt: Checkpoint, encode: Callable[[TensorSpec], TensorPlan],
+                 dense: Optional[Callable[[TensorSpec], TensorPlan]] = None) -> list[TensorPlan]:
     """Every tensor's plan, made before any data moves: dense tensors pass through bit-exact
-    (:func:`~converter.write.plan.dense_plan`), each quantized spec goes through ``encode``."""
-    return [dense_plan(spec) if spec.kind == "dense" else encode(spec) for spec in ckpt.specs()]
+    (:func:`~converter.write.plan.dense_plan`, or ``dense`` when given), each quantized spec goes
+    through ``encode``."""
+    dense = dense or dense_plan
+    return [dense(spec) if spec.kind == "dense" else encode(spec) for spec in ckpt.specs()]
 
 
 def write_directory(ckpt: Checkpoint, dst: Path, plans: list[TensorPlan], *, config: Mapping[str, Any] | None,
@@ -114,11 +117,16 @@ def define_format(name: str, description: str, *, detect: Callable[[Source], Opt
                   encode: Optional[Callable[[TensorSpec], TensorPlan]] = None,
                   config: Optional[Callable[[Checkpoint], dict]] = None,
                   check_target: Optional[Callable[[TensorSpec, TargetOptions], Optional[str]]] = None,
+                  metadata: Optional[Callable[[Source, Mapping[str, Any]], Mapping[str, Any]]] = None,
+                  dense: Optional[Callable[[Checkpoint, TensorSpec], TensorPlan]] = None,
                   **capabilities: Any) -> FormatHandler:
     """Register a model-directory format made of its four functions (see the module docstring).
 
     ``encode`` and ``config`` (the ``config.json`` to write, default the source's) make it
     writable; ``check_target`` refuses, before any data moves, a spec it cannot hold.
+    ``metadata(src, layers)`` adds format-level facts to ``ckpt.metadata``; ``dense(ckpt, spec)``
+    plans a dense tensor the target stores under its own name or shape (default: passed through).
+    A plan written under another name is listed in the summary's ``renamed`` ({source: written}).
     ``capabilities`` are the other :class:`FormatHandler` fields.
     """
     def read(src: Source) -> Checkpoint:
@@ -126,8 +134,8 @@ def define_format(name: str, description: str, *, detect: Callable[[Source], Opt
         owned = {s.name for spec, _ in found.values() for s in spec.stored}
         specs = {n: src.dense_spec(n) for n in src.tensor_names() if n not in owned}
         specs.update({n: spec for n, (spec, _) in found.items()})
-        return source_checkpoint(src, name, specs, lambda n: decode(src, found[n][0], found[n][1]), found,
-                                 {"format": name})
+        meta = {"format": name, **(metadata(src, found) if metadata is not None else {})}
+        return source_checkpoint(src, name, specs, lambda n: decode(src, found[n][0], found[n][1]), found, meta)
 
     def target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
         return check_target(spec, options) if check_target is not None else None
@@ -145,9 +153,14 @@ def define_format(name: str, description: str, *, detect: Callable[[Source], Opt
             except ConverterError as exc:
                 exc.with_context(file=ckpt.path, tensor=spec.name)
                 raise
-        plans = plan_tensors(ckpt, plan)
-        return write_directory(ckpt, dst, plans, config=config(ckpt) if config is not None else ckpt.config,
-                               max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+        plans = plan_tensors(ckpt, plan, None if dense is None else lambda spec: dense(ckpt, spec))
+        summary = write_directory(ckpt, dst, plans, config=config(ckpt) if config is not None else ckpt.config,
+                                  max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+        renamed = {p.source: p.outputs[0][0] for p in plans
+                   if ckpt.spec(p.source).kind == "dense" and p.outputs[0][0] != p.source}
+        if renamed:
+            summary["renamed"] = renamed  # the convert proof reads these back under the written name
+        return summary
 
     return register(FormatHandler(name, description, detect, read, write if encode is not None else None,
                                   check_target=target, **capabilities))

@@ -154,6 +154,10 @@ class FormatHandler:
     output : OutputKind
         What the writer makes: one file (its suffix) or a model directory, quantized or dense only,
         and whether a float-only checkpoint may be written.
+    probe_companions : callable(QuantizedTensor) -> list of Tensor, optional
+        The tensors the format requires beside a quantized probe tensor to write it (ModelOpt FP8:
+        the static ``<module>.input_scale`` of a per-tensor W8A8 layer); used by ``--self-test``
+        probes (:func:`converter.validate.probes.probe_tensors`). None: the tensor alone.
     """
 
     name: str
@@ -172,6 +176,7 @@ class FormatHandler:
     word_orders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     validation: ValidationHooks = field(default_factory=ValidationHooks)
     output: OutputKind = field(default_factory=OutputKind)
+    probe_companions: Optional[Callable[[Any], list]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

@@ -113,14 +113,22 @@ def _refuse_partial_groups(ckpt: Checkpoint, handler) -> None:
                                 expected=f"a group size dividing in_features {width}", found=g, hint=hint)
 
 
-def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any] | None = None) -> dict[str, Any]:
+def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any] | None = None,
+              renamed: dict[str, str] | None = None) -> dict[str, Any]:
     """The report row of source tensor ``name``: :func:`compare_tensors` against ``out[name]``.
 
     A tensor absent from ``out`` is ``missing``, except an ``lm_head`` stored once as the
     embedding (``tied``: the writer's ``tied_head`` summary, identical): it is compared with the
-    embedding read back and is ``tied`` when bit-exact.
+    embedding read back and is ``tied`` when bit-exact; and a tensor the writer stored under the
+    target's spelling (``renamed``: the writer's summary, source -> written name; activation scales)
+    is compared with that one and the row names it (``renamed_to``).
     """
     tied = tied or {}
+    new = (renamed or {}).get(name)
+    if name not in out and new is not None and new in out:
+        row = compare_tensors(ckpt[name], out[new])
+        row["renamed_to"] = new
+        return row
     b = out[name] if name in out else None
     if b is None and tied.get("identical") and name == tied.get("head") and tied.get("embedding") in out:
         # stored once as the embedding (tie_word_embeddings): prove the embedding holds its values
@@ -136,7 +144,7 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
 
 
 def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None = None, *,
-                  meanwhile=None) -> list[dict[str, Any]]:
+                  meanwhile=None, renamed: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Prove ``out`` (the written checkpoint, opened with the target's reader) against ``ckpt``.
 
     One :func:`proof_row` per source tensor, in ``ckpt.names()`` order. Tensors are compared
@@ -156,8 +164,8 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
 
     def done(i: int, row: dict[str, Any]) -> None:
         rows[i] = row
-    run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied), workers=auto_workers(total, len(names)),
-              on_result=done, meanwhile=meanwhile)
+    run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed),
+              workers=auto_workers(total, len(names)), on_result=done, meanwhile=meanwhile)
     return rows
 
 
@@ -181,7 +189,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
             exc.args = (exc.render(),)
             raise
         out = registry.load(dst, format=to)
-        rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced)
+        rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
+                             renamed=(written or {}).get("renamed"))
     proven = {r["name"]: bool(r["bit_exact"]) for r in rows}
     for d in modules:
         if d["decision"] == "dequantized":

@@ -103,17 +103,10 @@ def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | str | None, 
     return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm)
 
 
-def probe_tensors(t: QuantizedTensor) -> list:
-    """The checkpoint a probe is written as: ``t``, and for a per-tensor FP8 probe its static activation
-    scale ``<module>.input_scale`` (float32 0.5, 0-dim), as every per-tensor W8A8 FP8 checkpoint
-    stores it (ModelOpt FP8 requires it)."""
-    from converter.codebooks import element_of
-    from converter.groups import Granularity
-    from converter.tensor import DenseTensor
-    if element_of(t.scheme.codebook) is not None and t.group_map.granularity is Granularity.TENSOR:
-        prefix = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
-        return [t, DenseTensor(prefix + ".input_scale", np.array(0.5, dtype=np.float32))]
-    return [t]
+def probe_tensors(t: QuantizedTensor, handler) -> list:
+    """The checkpoint a probe is written as with ``handler``: ``t`` and the tensors the format requires
+    beside it (:attr:`FormatHandler.probe_companions`; none by default)."""
+    return [t] + list(handler.probe_companions(t) if handler.probe_companions is not None else [])
 
 
 def _float_candidates(handler) -> Iterator[QuantizedTensor]:
@@ -185,7 +178,7 @@ def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:
     if handler.output.suffix:
         dst = dst.with_suffix(handler.output.suffix)
     try:
-        handler.write(Checkpoint.from_tensors(probe_tensors(t), format="memory", config=PROBE_CONFIG), dst)
+        handler.write(Checkpoint.from_tensors(probe_tensors(t, handler), format="memory", config=PROBE_CONFIG), dst)
         back = registry.read(Source(dst), handler)[t.name]
     except ConverterError as exc:
         res.error = exc.render()

@@ -83,7 +83,7 @@ class FormatConformance:
             from converter.tensor import DenseTensor
             t = DenseTensor("encoder.layer.0.attention.self.query.weight", np.ones((13, 40), np.float32))
         dst = self._destination(tmp_path, "hostile")
-        tensors = probe_tensors(t) if probes else [t]
+        tensors = probe_tensors(t, self.handler) if probes else [t]
         self.handler.write(Checkpoint.from_tensors(tensors, format="memory", config=PROBE_CONFIG), dst)
         return dst
 
@@ -113,7 +113,8 @@ class QuantizedFormatConformance(FormatConformance):
         for i, t in enumerate(self._probes()):
             assert t.shape[0] == 13 or t.shape[0] % 2 == 0  # 13 rows unless the format needs even ones
             dst = self._destination(tmp_path, f"rt{i}")
-            self.handler.write(Checkpoint.from_tensors(probe_tensors(t), format="memory", config=PROBE_CONFIG), dst)
+            tensors = probe_tensors(t, self.handler)
+            self.handler.write(Checkpoint.from_tensors(tensors, format="memory", config=PROBE_CONFIG), dst)
             back = registry.read(Source(dst), self.handler)[t.name]
             assert isinstance(back, QuantizedTensor) and back.shape == t.shape, (self.FORMAT, t.scheme)
             assert np.array_equal(as_unsigned(back).codes, as_unsigned(t).codes), (self.FORMAT, t.scheme)

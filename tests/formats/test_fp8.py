@@ -162,7 +162,10 @@ def test_mistral_qscale_weight_and_qscale_act(tmp_path):
     registry.get("fp8").write(ck, out)
     back = registry.load(out)
     assert np.array_equal(back[f"{p}.weight"].dequantize(), t.dequantize())
-    assert float(back[f"{p}.qscale_act"].data) == 0.0625
+    # written under transformers' name: FP8Linear.activation_scale, a 0-d F32 parameter (finegrained_fp8.py)
+    assert f"{p}.qscale_act" not in back
+    assert Source(out).info(f"{p}.activation_scale").shape == ()
+    assert float(back[f"{p}.activation_scale"].data) == 0.0625
     with open(out / "config.json") as fh:
         q = json.load(fh)["quantization_config"]
     assert q["activation_scheme"] == "static" and q["weight_block_size"] is None
@@ -361,8 +364,10 @@ def test_writer_keeps_the_scale_dtype(tmp_path, sdt):
     assert src.info("model.layers.0.mlp.down_proj.weight").dtype == "F8_E4M3"
     assert src.info("model.layers.0.mlp.down_proj.weight_scale_inv").dtype == sdt
     q = json.loads((tmp_path / "o" / "config.json").read_text())["quantization_config"]
+    # E8M0 scales are declared scale_fmt "ue8m0" (transformers FineGrainedFP8Config.scale_fmt; DeepSeek-V3.1)
+    ue8m0 = {"scale_fmt": "ue8m0"} if sdt == "F8_E8M0" else {}
     assert q == {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [2, 2], "activation_scheme": "dynamic",
-                 "modules_to_not_convert": ["lm_head"]}
+                 "modules_to_not_convert": ["lm_head"], **ue8m0}
     back = registry.load(tmp_path / "o")["model.layers.0.mlp.down_proj.weight"]
     assert np.array_equal(back.codes, t.codes) and np.array_equal(back.dequantize(), t.dequantize(), equal_nan=True)
 
@@ -382,7 +387,10 @@ def test_check_target_refusals():
     int_t = QuantizedTensor("a.weight", (OUT, IN), np.zeros((3, 5), np.uint8), np.ones((3, 1), np.float16),
                             QuantScheme(4, False, scale_dtype="F16"), GroupMap.per_channel(OUT))
     assert "integer scheme" in check_target(spec_of(int_t))
-    assert "not E4M3FNUZ" in check_target(spec_of(_block_tensor(element="e4m3fnuz")))
+    # transformers creates every FineGrainedFP8 weight as float8_e4m3fn (_FP8_DTYPE): E5M2 / fnuz are refused
+    for el in ("e4m3fnuz", "e5m2"):
+        reason = check_target(spec_of(_block_tensor(element=el)))
+        assert reason.startswith(el.upper() + " weights") and "float8_e4m3fn" in reason
     chan = _block_tensor().replace(scales=np.ones((3, 1), np.float32), group_map=GroupMap.per_channel(OUT))
     assert "per 2-D block or per tensor" in check_target(spec_of(chan))
     half = _block_tensor().replace(scales=np.ones((1, 3), np.float32), group_map=GroupMap.per_block(None, 2))

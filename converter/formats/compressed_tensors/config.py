@@ -85,17 +85,26 @@ class WeightArgs:
 @dataclass(frozen=True)
 class ActivationArgs:
     """The ``input_activations`` of one config group: ``type`` (``"float"`` / ``"int"``), ``bits``,
-    ``strategy`` (``"tensor"``, ``"token"`` ...) and ``dynamic`` (True: scales computed at run time,
-    nothing stored; False: a static ``<module>.input_scale``). Runtime metadata, never applied to weights."""
+    ``strategy`` (``"tensor"``, ``"token"``, ``"group"`` ...), ``dynamic`` (True: scales computed at run
+    time, nothing stored; False: a static ``<module>.input_scale``) and ``group_size`` (``group``
+    strategy: ``FP8_BLOCK``'s 128). Runtime metadata, never applied to weights."""
 
     type: str
     bits: int
     strategy: str | None
     dynamic: bool
+    group_size: int | None = None
 
     def describe(self) -> str:
         how = "dynamic" if self.dynamic else "static"
-        return f"{self.type} {self.bits}-bit {how} per-{self.strategy or 'tensor'}"
+        size = f" {self.group_size}" if self.strategy == "group" and self.group_size else ""
+        return f"{self.type} {self.bits}-bit {how} per-{self.strategy or 'tensor'}{size}"
+
+    def metadata_value(self) -> str:
+        """The ``ckpt.metadata["activations"]`` value: ``static``, ``dynamic`` or ``dynamic:group:<n>``."""
+        if not self.dynamic:
+            return "static"
+        return f"dynamic:group:{self.group_size}" if self.strategy == "group" and self.group_size else "dynamic"
 
 
 @dataclass(frozen=True)
@@ -250,8 +259,10 @@ def _activation_args(obj: Any, *, file: Any, field: str) -> ActivationArgs | Non
         raise FormatError("input_activations.dynamic must be a boolean", file=file, field=field + ".dynamic",
                           expected="true / false", found=dynamic)
     bits = obj.get("num_bits", 8)
+    gs = obj.get("group_size")
     return ActivationArgs(type=str(obj.get("type", "int")), bits=bits if isinstance(bits, int) else 8,
-                          strategy=obj.get("strategy"), dynamic=dynamic is not False)
+                          strategy=obj.get("strategy"), dynamic=dynamic is not False,
+                          group_size=gs if isinstance(gs, int) and not isinstance(gs, bool) and gs > 0 else None)
 
 
 def _check_format(fmt: Any, *, file: Any, field: str) -> None:

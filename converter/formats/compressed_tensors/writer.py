@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from converter.layout import IN, OUT
 from converter.kernels.packing import packed_length
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats import activations
 from converter.formats.base import write_directory
 from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
@@ -94,6 +95,9 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
         return f"axes {list(spec.axes)}: only 2-D [out, in] weights are written"
     if gm.granularity is Granularity.FLAT_BLOCK:
         return "flat blocks (bitsandbytes) straddle rows; compressed-tensors groups run along in"
+    if gm.granularity is Granularity.BLOCK:
+        return (f"{gm.describe()} integer scales: compressed-tensors writes the block strategy for float-quantized "
+                "(FP8) weights only; int pack-quantized strategies are tensor, channel and group; requantize")
     if gm.granularity is Granularity.CHANNEL and gm.axis != OUT:
         return "per-column (channel along in) scales have no compressed-tensors strategy"
     if gm.granularity is Granularity.GROUP and gm.axis != IN:
@@ -234,29 +238,42 @@ def _float_plan(spec: TensorSpec, prefix: str) -> TensorPlan:
     return plan  # block scales are per block of rows: written whole
 
 
-def _is_activation(spec: TensorSpec) -> bool:
-    return any(a.role == "activation_scale" for a in spec.stored)
+def _float_module(ckpt: Checkpoint, module: str | None) -> bool:
+    """Whether ``module`` has an FP8 (float-quantized) ``<module>.weight`` in ``ckpt``."""
+    w = f"{module}.weight"
+    return module is not None and w in ckpt and ckpt.spec(w).kind == "quantized" \
+        and ckpt.spec(w).scheme.codebook is not None
 
 
-def activation_plan(spec: TensorSpec, shape: tuple[int, ...]) -> TensorPlan:
-    """A stored activation scale written with the target's shape (values and dtype bit-exact):
-    compressed-tensors' per-tensor ``input_scale`` is ``[1]`` (``initialize_qparams``), ModelOpt's 0-dim."""
-    return TensorPlan(spec.name, [(spec.name, spec.dtype, shape)],
-                      lambda t, shape=shape: {spec.name: np.ascontiguousarray(t.data).reshape(shape)},
-                      [f"activation scale reshaped {list(spec.shape)} -> {list(shape)} (values exact)"])
+def _dense(ckpt: Checkpoint, spec: TensorSpec) -> TensorPlan:
+    """A dense tensor's plan: the activation scale of an FP8 module, whatever its source spelling
+    (``activation_scale``, ``qscale_act`` ...), is written as compressed-tensors' ``<p>.input_scale``
+    ``[1]`` (``initialize_qparams`` in 0.20.1, per-tensor strategy); the rest passes through."""
+    mod = activations.owner(spec.name) if activations.is_activation_scale(spec) else None
+    if _float_module(ckpt, mod) and int(np.prod(spec.shape, dtype=np.int64)) == 1:
+        return activations.activation_plan(spec, f"{mod}.input_scale", (1,))
+    return dense_plan(spec)
 
 
-def _activation_json(ckpt: Checkpoint, prefix: str) -> dict | None:
-    """``input_activations`` of a module: static per-tensor FP8 when the source stores ``<p>.input_scale``
-    as an activation scale, dynamic per-token FP8 when the source says its activations are dynamic
-    (``metadata["activations"]``, filled by the FP8 readers), else None (weight-only)."""
-    name = prefix + ".input_scale"
-    if name in ckpt and any(a.role == "activation_scale" for a in ckpt.spec(name).stored):
+def _dynamic(value: Any) -> dict | None:
+    """The ``input_activations`` of a ``metadata["activations"]`` value ``dynamic`` (per token) or
+    ``dynamic:group:<n>`` (per token group, as compressed-tensors' ``FP8_BLOCK`` preset declares)."""
+    if value == "dynamic":
+        return DYNAMIC_TOKEN_FP8
+    if isinstance(value, str) and value.startswith("dynamic:group:") and value.rsplit(":", 1)[1].isdigit():
+        return {**DYNAMIC_TOKEN_FP8, "strategy": "group", "group_size": int(value.rsplit(":", 1)[1])}
+    return None
+
+
+def _activation_json(ckpt: Checkpoint, prefix: str, static: Mapping[str, TensorSpec]) -> dict | None:
+    """``input_activations`` of a module: static per-tensor FP8 when the source stores an activation
+    scale for it (``static``: :func:`converter.formats.activations.activation_scales`, any spelling),
+    dynamic FP8 when the source says its activations are dynamic (``metadata["activations"]``, filled
+    by the FP8 readers: per token, or per token group), else None (weight-only)."""
+    if prefix in static and int(np.prod(static[prefix].shape, dtype=np.int64)) == 1:
         return STATIC_TENSOR_FP8
     acts = (ckpt.metadata or {}).get("activations")
-    if isinstance(acts, dict) and acts.get(prefix) == "dynamic":
-        return DYNAMIC_TOKEN_FP8
-    return None
+    return _dynamic(acts.get(prefix)) if isinstance(acts, dict) else None
 
 
 def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> list:
@@ -336,9 +353,10 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     by_args: dict[tuple, list[str]] = {}
     ignore: list[str] = []
     notes: dict[str, list[str]] = {}
+    static = activations.activation_scales(ckpt)
     for spec in ckpt.specs():
         if spec.kind == "dense":
-            plans.append(activation_plan(spec, (1,)) if spec.shape == () and _is_activation(spec) else dense_plan(spec))
+            plans.append(_dense(ckpt, spec))
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
                 ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
@@ -351,7 +369,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
                                         tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
         if spec.scheme.codebook is not None:  # FP8: float-quantized
-            act = _activation_json(ckpt, prefix)
+            act = _activation_json(ckpt, prefix, static)
             by_args.setdefault((_args_of(spec, False), _freeze(act)), []).append(prefix)
             plans.append(_float_plan(spec, prefix))
             continue
@@ -381,5 +399,6 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore), activations=acts)
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
-    return write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
-                           notes=lambda: {k: v for k, v in notes.items() if v})
+    summary = write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                              notes=lambda: {k: v for k, v in notes.items() if v})
+    return activations.declare(summary, plans)

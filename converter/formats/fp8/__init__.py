@@ -15,10 +15,15 @@ The layout of DeepSeek V3 / R1 / V3.1, Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-
   transformers 5.24 ``integrations/finegrained_fp8.py`` ``Fp8Dequantize._dequantize_one``: ``q * s``).
   The "inverse" is of the quantizer's scale (``fp8 = w / s``).
 - Expert stacks (transformers ``FP8Experts``): ``<x>`` = ``...mlp.experts.gate_up_proj`` /
-  ``down_proj``, ``[expert, out, in]`` with ``<x>_scale_inv`` ``[expert, ceil(out/bo), ceil(in/bi)]``.
+  ``down_proj``, ``[expert, out, in]`` with ``<x>_scale_inv`` ``[expert, ceil(out/bo), ceil(in/bi)]``;
+  per tensor ``[expert, 1, 1]``, and ``[expert, 2, 1]`` for ``gate_up_proj`` (transformers
+  ``_alloc_expert_proj(min_sf_out=2)``: the gate and up halves each have a scale).
+- No ``weight_block_size`` key: inferred from the scale shapes (:func:`converter.formats.fp8.reader.infer_block`;
+  transformers defaults it to 128 x 128, vLLM to per tensor).
 - Activation scales (``activation_scheme: "static"``): ``<p>.activation_scale`` / ``input_scale`` /
   Mistral ``qscale_act`` (``<x>_activation_scale`` for experts) are dense tensors with stored role
-  ``activation_scale``: kept as stored, written through, never applied to the weight.
+  ``activation_scale``: kept as stored, never applied to the weight; written as ``<p>.activation_scale``
+  (0-dim) / ``<x>_activation_scale`` whatever the source called them (:mod:`converter.formats.activations`).
 - Other spellings of the weight scale (:mod:`converter.formats.fp8.names`): Mistral's
   ``<p>.qscale_weight`` (transformers renames it to ``weight_scale_inv``: the same per-tensor
   multiplier) and vLLM / AutoFP8's per-tensor ``<p>.weight_scale``.
@@ -40,11 +45,11 @@ from __future__ import annotations
 
 from converter.formats.base import define_format
 from converter.formats.fp8.config import FORMAT
-from converter.formats.fp8.reader import decode, detect, layers
-from converter.formats.fp8.writer import check_target, encode, fp8_config, keep_dense
+from converter.formats.fp8.reader import decode, detect, layers, metadata
+from converter.formats.fp8.writer import check_target, dense_plan_of, encode, fp8_config, keep_dense
 
 HANDLER = define_format(FORMAT, "DeepSeek-V3 / transformers FineGrainedFP8 block FP8 (and bare FP8 safetensors)",
                         detect=detect, layers=layers, decode=decode, encode=encode, config=fp8_config,
-                        check_target=check_target, keep_dense=keep_dense)
+                        check_target=check_target, keep_dense=keep_dense, metadata=metadata, dense=dense_plan_of)
 
 __all__ = ["HANDLER", "FORMAT"]

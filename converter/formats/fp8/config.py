@@ -10,7 +10,15 @@ Read from ``config.json["quantization_config"]``, else from a standalone
   null / absent: one scale per tensor (per expert for expert stacks);
 - ``activation_scheme``: ``"dynamic"`` (activations scaled per token group at run time) or
   ``"static"`` (a stored activation scale per module);
-- ``modules_to_not_convert``: modules kept dense (their weights are ordinary floats).
+- ``modules_to_not_convert``: modules kept dense (their weights are ordinary floats);
+- ``scale_fmt``: ``"float"`` (default) or ``"ue8m0"`` (power-of-two scales, DeepSeek-V3.1).
+
+A missing ``weight_block_size`` is ambiguous between the tools: transformers' ``FineGrainedFP8Config``
+defaults it to ``(128, 128)`` (``utils/quantization_config.py``), while vLLM's ``Fp8Config.from_config``
+reads an absent key as None, i.e. per-tensor scales (``model_executor/layers/quantization/fp8.py``).
+The reader decides from the stored scale shapes (:func:`converter.formats.fp8.reader.infer_block`): a
+scalar / ``[1]`` scale is per tensor, a 2-D grid is blocks of 128 x 128 checked against
+``ceil(shape / 128)``. An explicit ``null`` means per tensor.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ SIDE_CONFIG = "quantization_config.json"
 #: ``fmt`` values and their elements (transformers' FineGrainedFP8 stores E4M3; E5M2 is accepted the same way).
 FMTS = ("e4m3", "e5m2")
 ACTIVATION_SCHEMES = ("dynamic", "static")
+#: ``scale_fmt`` values (transformers 5.24 ``FineGrainedFP8Config.post_init``).
+SCALE_FMTS = ("float", "ue8m0")
+#: the block transformers' FineGrainedFP8Config assumes when ``weight_block_size`` is absent.
+DEFAULT_BLOCK = (128, 128)
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class Fp8Config:
         Where the config was read (for error messages).
     raw : dict
         The config as found.
+    block_given : bool
+        Whether ``weight_block_size`` is present (an absent one is inferred from the scale shapes).
     """
 
     element: FloatElement
@@ -55,6 +69,7 @@ class Fp8Config:
     modules_to_not_convert: tuple[str, ...]
     file: Path
     raw: dict
+    block_given: bool = True
 
 
 def raw_config(src: Source) -> tuple[dict | None, Path | None]:
@@ -108,7 +123,12 @@ def parse_config(raw: dict, file: Path) -> Fp8Config:
         raise FormatError("modules_to_not_convert must be a list of module names", file=file,
                           field="quantization_config.modules_to_not_convert", expected="list of str",
                           found=skip, kind=ErrorKind.CONFIG_MISMATCH)
-    return Fp8Config(ELEMENTS[fmt], _block(raw.get("weight_block_size"), file), scheme, tuple(skip), file, dict(raw))
+    sfmt = raw.get("scale_fmt", "float")
+    if sfmt not in SCALE_FMTS:
+        raise FormatError("unknown scale_fmt", file=file, field="quantization_config.scale_fmt",
+                          expected=list(SCALE_FMTS), found=sfmt, kind=ErrorKind.CONFIG_MISMATCH)
+    return Fp8Config(ELEMENTS[fmt], _block(raw.get("weight_block_size"), file), scheme, tuple(skip), file, dict(raw),
+                     "weight_block_size" in raw)
 
 
 def read_config(src: Source) -> Fp8Config | None:
@@ -118,7 +138,11 @@ def read_config(src: Source) -> Fp8Config | None:
 
 
 def write_config(element: str, block: tuple[int, int] | None, activation_scheme: str,
-                 dense_modules: list[str]) -> dict:
-    """The ``quantization_config`` a writer stores (the fields transformers' FineGrainedFP8Config reads)."""
-    return {"quant_method": FORMAT, "fmt": element, "weight_block_size": list(block) if block else None,
-            "activation_scheme": activation_scheme, "modules_to_not_convert": list(dense_modules)}
+                 dense_modules: list[str], scale_fmt: str | None = None) -> dict:
+    """The ``quantization_config`` a writer stores (the fields transformers' FineGrainedFP8Config reads;
+    ``scale_fmt`` only when given)."""
+    out = {"quant_method": FORMAT, "fmt": element, "weight_block_size": list(block) if block else None,
+           "activation_scheme": activation_scheme, "modules_to_not_convert": list(dense_modules)}
+    if scale_fmt is not None:
+        out["scale_fmt"] = scale_fmt
+    return out

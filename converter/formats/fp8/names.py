@@ -27,17 +27,15 @@ activation scale).
 
 from __future__ import annotations
 
+from converter.formats.activations import ACT_SUFFIXES, EXPERT_ACT
 from converter.formats.source import module_prefix
 
 #: weight-scale suffixes after ``<p>.`` (config fp8 checkpoints), in order of precedence.
 SCALE_SUFFIXES = ("weight_scale_inv", "qscale_weight", "weight_scale")
 #: weight-scale suffixes of a bare FP8 file (no config).
 BARE_SCALE_SUFFIXES = ("scale_weight", "weight_scale")
-#: activation-scale suffixes after ``<p>.``.
-ACT_SUFFIXES = ("activation_scale", "input_scale", "qscale_act", "scale_input")
-#: fused expert parameter suffixes: ``<x>_scale_inv`` and ``<x>_activation_scale``.
+#: fused expert parameter suffix: ``<x>_scale_inv`` (``<x>_activation_scale``: :mod:`converter.formats.activations`).
 EXPERT_SCALE = "_scale_inv"
-EXPERT_ACT = "_activation_scale"
 #: ComfyUI's marker tensor of a ``scaled_fp8`` checkpoint (its dtype names the FP8 type).
 COMFY_MARKER = "scaled_fp8"
 
@@ -56,6 +54,12 @@ def activation_candidates(weight: str) -> list[str]:
         p = module_prefix(weight)
         return [f"{p}.{s}" for s in ACT_SUFFIXES]
     return [weight + EXPERT_ACT]
+
+
+def activation_name(weight: str) -> str:
+    """The name a writer gives the activation scale of ``weight``'s module (transformers' spelling:
+    ``<p>.activation_scale``, ``<x>_activation_scale``)."""
+    return activation_candidates(weight)[0]
 
 
 def scale_name(weight: str) -> str:

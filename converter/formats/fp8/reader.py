@@ -15,14 +15,14 @@ import numpy as np
 
 from converter.codebooks import ELEMENTS, FloatElement, element_for_storage
 from converter.errors import ErrorKind, FormatError, LayoutError, MissingTensorError
-from converter.groups import GroupMap
+from converter.groups import GroupMap, Granularity
 from converter.layout import EXPERT, IN, OUT, AxisMap
 from converter.scheme import QuantScheme
 from converter.tensor import DenseTensor, QuantizedTensor, StoredArray, TensorSpec
 from converter.formats.registry import Detection
 from converter.formats.source import Source, module_prefix
 
-from converter.formats.fp8.config import FORMAT, Fp8Config, raw_config, read_config
+from converter.formats.fp8.config import DEFAULT_BLOCK, FORMAT, Fp8Config, raw_config, read_config
 from converter.formats.fp8.names import (COMFY_MARKER, activation_candidates, is_scale_name, scale_candidates,
                                          weight_of_scale)
 
@@ -63,8 +63,51 @@ def _scale_dtype(src: Source, sname: str, raw: Mapping[str, Any]) -> str:
     return info.dtype
 
 
+def infer_block(src: Source, wname: str, sname: str, cfg_file) -> tuple[int, int] | None:
+    """The block of a weight whose config has no ``weight_block_size``, from its scale's shape.
+
+    transformers' ``FineGrainedFP8Config`` defaults an absent ``weight_block_size`` to ``(128, 128)``;
+    vLLM's ``Fp8Config`` reads it as per-tensor. The stored scale decides: one value per tensor (per
+    expert; ``[]``, ``[1]``, ``[1, 1]``, ``[E]``, ``[E, 1, 1]``, a fused gate_up's ``[E, 2, 1]``) ->
+    None; a 2-D grid -> ``(128, 128)``, its extents checked against ``ceil(shape / 128)``.
+
+    Raises
+    ------
+    FormatError
+        A grid other than ``ceil(shape / 128)`` (``kind=SHAPE``), naming both sources' readings.
+    """
+    shape = tuple(int(d) for d in src.info(wname).shape)
+    sshape = tuple(int(d) for d in src.info(sname).shape)
+    if sshape in _per_tensor_shapes(wname, shape):
+        return None
+    want = _ceil_grid(shape, DEFAULT_BLOCK)
+    if sshape != want:
+        raise FormatError("weight scale is neither one value per tensor nor a ceil(shape / 128) block grid, and the "
+                          "config gives no weight_block_size", file=src.file_of(sname), tensor=sname, field="shape",
+                          expected=[list(want)] + [list(p) for p in sorted(_per_tensor_shapes(wname, shape))],
+                          found=list(sshape), hint=f"weight {list(shape)}; transformers defaults an absent "
+                          f"weight_block_size to [128, 128], vLLM reads it as per-tensor ({cfg_file.name})",
+                          kind=ErrorKind.SHAPE)
+    return DEFAULT_BLOCK
+
+
+def _per_tensor_shapes(wname: str, shape: tuple[int, ...]) -> set[tuple[int, ...]]:
+    lead = shape[:-2]
+    if not lead:
+        return {(), (1,), (1, 1)}
+    out = {lead, lead + (1, 1)}
+    if wname.endswith(".experts.gate_up_proj"):
+        out.add(lead + (2, 1))  # transformers _alloc_expert_proj(min_sf_out=2): one row per half
+    return out
+
+
 def _group_map(src: Source, wname: str, sname: str | None, block: tuple[int, int] | None, cfg_file) -> GroupMap:
-    """The group map of ``wname`` from its scale's shape, checked against the config's block size."""
+    """The group map of ``wname`` from its scale's shape, checked against the config's block size.
+
+    A fused ``gate_up_proj`` expert stack's per-tensor scale ``[E, 2, 1]`` (transformers
+    ``_alloc_expert_proj(min_sf_out=2)``: one scale for the gate half, one for the up half) reads as
+    blocks of ``out / 2`` rows spanning ``in``: the two values may differ.
+    """
     shape = tuple(int(d) for d in src.info(wname).shape)
     if sname is None:
         return GroupMap.per_tensor()
@@ -79,13 +122,19 @@ def _group_map(src: Source, wname: str, sname: str | None, block: tuple[int, int
                               found=list(sshape), hint=f"weight {list(shape)}, weight_block_size {list(block)} "
                               f"({cfg_file.name})", kind=ErrorKind.SHAPE)
         return GroupMap.per_block(*block)
-    per_tensor = {(), (1,), (1, 1)} if not lead else {lead, lead + (1, 1)}
+    per_tensor = _per_tensor_shapes(wname, shape)
     if sshape not in per_tensor:
         raise FormatError("weight scale is not one value per tensor, and the config gives no weight_block_size",
                           file=src.file_of(sname), tensor=sname, field="shape",
                           expected=[list(s) for s in sorted(per_tensor)], found=list(sshape),
                           hint="a block-scaled checkpoint names its block in quantization_config.weight_block_size",
                           kind=ErrorKind.CONFIG_MISMATCH)
+    if lead and sshape == lead + (2, 1):
+        if shape[-2] % 2:
+            raise FormatError("a fused gate_up_proj scale [expert, 2, 1] needs an even out extent", tensor=sname,
+                              file=src.file_of(sname), field="shape", expected="out divisible by 2",
+                              found=list(shape), kind=ErrorKind.SHAPE)
+        return GroupMap.per_block(shape[-2] // 2, None)
     return GroupMap.per_tensor()
 
 
@@ -151,7 +200,8 @@ def config_layers(src: Source, cfg: Fp8Config) -> dict[str, tuple[TensorSpec, An
             continue
         sname = next(s for s in scale_candidates(w) if src.has(s))
         _check_weight(src, w, sname, cfg)
-        gm = _group_map(src, w, sname, cfg.block, cfg.file)
+        block = cfg.block if cfg.block_given else infer_block(src, w, sname, cfg.file)
+        gm = _group_map(src, w, sname, block, cfg.file)
         found[w] = (_spec(src, w, sname, cfg.element, gm, _scale_dtype(src, sname, cfg.raw), []),
                     Layer(sname, cfg.element))
         found.update(_activation_specs(src, w))
@@ -202,6 +252,39 @@ def layers(src: Source) -> dict[str, tuple[TensorSpec, Any]]:
     return bare_layers(src) if cfg is None else config_layers(src, cfg)
 
 
+def metadata(src: Source, found: Mapping[str, tuple[TensorSpec, Any]]) -> dict:
+    """``activations``: ``{module: "static" | "dynamic" | "dynamic:group:<n>"}`` for every FP8 weight of a
+    checkpoint with an fp8 config (the key the compressed-tensors and ModelOpt readers fill, which the
+    writers use to declare activations), and ``scale_fmt`` when the config has one.
+
+    ``activation_scheme: "static"``: the modules with a stored activation scale are ``static``.
+    ``"dynamic"`` (DeepSeek-V3 and every released block-FP8 model): activations are quantized at run
+    time per token group of ``block_in`` columns when the weight has blocks (DeepSeek-V3
+    ``inference/kernel.py`` ``act_quant(x, block_size=128)``; transformers 5.24 ``finegrained_fp8_linear``
+    ``block_size[1]``), per token otherwise (``fp8_linear``: "leave None for dynamic (per-token) quant").
+    A bare file (no config) says nothing about its activations.
+    """
+    cfg = read_config(src)
+    if cfg is None:
+        return {}
+    acts = {}
+    for name, (spec, _) in found.items():
+        if spec.kind != "quantized":
+            continue
+        mod = module_prefix(name) if name.endswith(".weight") else name
+        if cfg.activation_scheme == "static":
+            if any(src.has(a) for a in activation_candidates(name)):
+                acts[mod] = "static"
+        else:
+            gm = spec.group_map
+            bi = gm.extent(IN) if gm.granularity is Granularity.BLOCK else None
+            acts[mod] = f"dynamic:group:{bi}" if bi else "dynamic"
+    out: dict = {"activations": acts} if acts else {}
+    if "scale_fmt" in cfg.raw:
+        out["scale_fmt"] = cfg.raw["scale_fmt"]
+    return out
+
+
 def decode(src: Source, spec: TensorSpec, state: Layer | None) -> QuantizedTensor | DenseTensor:
     """Storage -> logical for one FP8 weight (an activation scale loads as stored)."""
     if spec.kind == "dense":
@@ -243,4 +326,4 @@ def detect(src: Source) -> Detection | None:
     return None
 
 
-__all__ = ["ELEMENTS", "Layer", "layers", "decode", "detect", "TRANSFORMERS_PARTIAL_NOTE"]
+__all__ = ["ELEMENTS", "Layer", "layers", "decode", "detect", "metadata", "infer_block", "TRANSFORMERS_PARTIAL_NOTE"]

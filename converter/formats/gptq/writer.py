@@ -53,6 +53,9 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
         return "GPTQ per-channel scales are per output channel, not per input column"
     if gm.granularity is Granularity.FLAT_BLOCK:
         return "flat blocks over the flattened tensor (bitsandbytes) do not map onto GPTQ groups; requantize"
+    if gm.granularity is Granularity.BLOCK:
+        return (f"{gm.describe()}: GPTQ scales are per output channel and group along in (scales [nG, out]); "
+                "a 2-D block shared by several rows has no GPTQ layout; requantize")
     if s.scale_dtype == "F32":
         return ("GPTQ stores fp16 scales; F32 scales round unless each is fp16-representable "
                 "(requantize with --scale-dtype f16)")

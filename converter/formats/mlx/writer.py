@@ -90,6 +90,9 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
             "codebook schemes (nf4/fp4/mx/nv) cannot be written as MLX affine"
     if gm.granularity is Granularity.GROUP and gm.axis != IN:
         return f"MLX groups run along 'in'; found {gm.describe()}"
+    if gm.granularity is Granularity.BLOCK:
+        return (f"MLX affine groups run along 'in', one scale per row and group (mlx.core.quantize); a 2-D block "
+                f"({gm.describe()}) shared by several rows has no MLX layout")
     if gm.granularity not in (Granularity.GROUP, Granularity.TENSOR, Granularity.CHANNEL) or (
             gm.granularity is Granularity.CHANNEL and gm.axis != OUT):
         return f"MLX groups run along 'in'; found {gm.describe()}"

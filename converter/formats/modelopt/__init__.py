@@ -12,8 +12,9 @@ from __future__ import annotations
 from converter.formats.modules import hf_linear_policy
 from converter.formats.registry import FormatHandler, register
 from converter.formats.modelopt.reader import detect_modelopt, read_modelopt
-from converter.formats.modelopt.writer import check_target, write_modelopt
+from converter.formats.modelopt.writer import check_target, probe_companions, write_modelopt
 
 HANDLER = register(FormatHandler("modelopt", "NVIDIA ModelOpt FP8 export (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)",
                                  detect_modelopt, read_modelopt, write_modelopt, check_target=check_target,
-                                 keep_dense=hf_linear_policy("modelopt"), partial_groups=True))
+                                 keep_dense=hf_linear_policy("modelopt"), partial_groups=True,
+                                 probe_companions=probe_companions))

@@ -22,7 +22,8 @@ from converter.codebooks import element_of
 from converter.errors import NotRepresentableError
 from converter.groups import Granularity
 from converter.layout import IN, OUT
-from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec, opaque_reason
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, opaque_reason
+from converter.formats import activations
 from converter.formats.base import write_directory
 from converter.formats.modules import dense_linear_modules, token_embedding_name
 from converter.formats.source import module_prefix
@@ -59,11 +60,25 @@ def check_target(spec: TensorSpec, options: Any = None) -> str | None:
     return f"{gm.describe()} FP8 scales have no ModelOpt algorithm (per tensor, per channel, 128 x 128 blocks)"
 
 
-def activation_plan(spec: TensorSpec, shape: tuple[int, ...]) -> TensorPlan:
-    """A stored activation scale written 0-dim as ModelOpt writes ``input_scale`` (values and dtype exact)."""
-    return TensorPlan(spec.name, [(spec.name, spec.dtype, shape)],
-                      lambda t, shape=shape: {spec.name: np.ascontiguousarray(t.data).reshape(shape)},
-                      [f"activation scale reshaped {list(spec.shape)} -> {list(shape)} (values exact)"])
+def _dense(ckpt: Checkpoint, spec: TensorSpec) -> TensorPlan:
+    """A dense tensor's plan: a single-value activation scale of a quantized module, whatever its source
+    spelling (``activation_scale``, ``qscale_act`` ...), is written as ModelOpt's 0-dim ``<p>.input_scale``
+    (``export_hf_checkpoint`` in 0.47.0; vLLM ``ModelOptFp8LinearMethod`` reads it); the rest passes through."""
+    mod = activations.owner(spec.name) if activations.is_activation_scale(spec) else None
+    w = f"{mod}.weight"
+    if mod is not None and w in ckpt and ckpt.spec(w).kind == "quantized" \
+            and int(np.prod(spec.shape, dtype=np.int64)) == 1:
+        return activations.activation_plan(spec, f"{mod}.input_scale", ())
+    return dense_plan(spec)
+
+
+def probe_companions(t: QuantizedTensor) -> list[DenseTensor]:
+    """The static activation scale a per-tensor FP8 probe needs to be written as ModelOpt ``FP8`` (W8A8:
+    ``<module>.input_scale``, float32 0.5, 0-dim, as ``export_hf_checkpoint`` stores it); none otherwise."""
+    if element_of(t.scheme.codebook) is not None and t.group_map.granularity is Granularity.TENSOR \
+            and t.name.endswith(".weight"):
+        return [DenseTensor(module_prefix(t.name) + ".input_scale", np.array(0.5, dtype=np.float32))]
+    return []
 
 
 def algo_of(spec: TensorSpec) -> str:
@@ -170,10 +185,10 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
     plans: list[TensorPlan] = []
     by_algo: dict[str, list[str]] = {}
     notes: dict[str, list[str]] = {}
+    static = activations.activation_scales(ckpt)
     for spec in ckpt.specs():
         if spec.kind == "dense":
-            act = spec.shape == (1,) and any(a.role == "activation_scale" for a in spec.stored)
-            plans.append(activation_plan(spec, ()) if act else dense_plan(spec))
+            plans.append(_dense(ckpt, spec))
             continue
         reason = check_target(spec)
         if reason:
@@ -184,13 +199,15 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
                                         field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
         algo = algo_of(spec)
-        if algo == FP8 and prefix + ".input_scale" not in ckpt:
+        act = static.get(prefix)
+        if algo == FP8 and (act is None or int(np.prod(act.shape, dtype=np.int64)) != 1):
             raise NotRepresentableError(
                 "ModelOpt FP8 (per-tensor weight scale) is W8A8 with a static input_scale; the source has none",
-                tensor=spec.name, field="input_scale", expected=prefix + ".input_scale", found="absent",
+                tensor=spec.name, field="input_scale", expected=prefix + ".input_scale (or activation_scale / "
+                "qscale_act / scale_input: one value)", found="absent" if act is None else list(act.shape),
                 hint="ModelOpt has no per-tensor-weight algorithm with dynamic activations; requantize per channel "
                      "(FP8_PER_CHANNEL_PER_TOKEN) or write compressed-tensors")
-        if algo == FP8_PC_PT and prefix + ".input_scale" in ckpt:
+        if algo == FP8_PC_PT and act is not None:
             notes[spec.name] = ["FP8_PER_CHANNEL_PER_TOKEN quantizes activations dynamically: the source's static "
                                 "input_scale is kept as stored but ModelOpt runtimes do not use it"]
         notes.setdefault(spec.name, []).append(TRANSFORMERS_NOTE)
@@ -202,6 +219,7 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
                      modelopt_version or DEFAULT_VERSION)
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
-    return write_directory(ckpt, dst, plans, config=config, extra_json={HF_QUANT_CONFIG: hf},
-                           max_shard_bytes=max_shard_bytes, overwrite=overwrite,
-                           notes=lambda: {k: v for k, v in notes.items() if v})
+    summary = write_directory(ckpt, dst, plans, config=config, extra_json={HF_QUANT_CONFIG: hf},
+                              max_shard_bytes=max_shard_bytes, overwrite=overwrite,
+                              notes=lambda: {k: v for k, v in notes.items() if v})
+    return activations.declare(summary, plans)
