@@ -77,10 +77,18 @@ def written_dtype(plans: list[TensorPlan]) -> str | None:
 def _plain_config(config: dict | None, plans: list[TensorPlan]) -> dict | None:
     """config.json without quantization keys, ``dtype`` (and ``torch_dtype`` when the source had one) set to
     the dtype written: transformers 5 loads in ``dtype`` by default, so a source's ``bfloat16`` kept over
-    float32 weights would round them on load."""
+    float32 weights would round them on load.
+
+    A flat ``rope_theta`` is added beside ``rope_parameters.rope_theta`` when only the nested one is present
+    (transformers 5 writes only ``rope_parameters`` and reads both; mlx_lm 0.32 ``models/llama.py``
+    ``ModelArgs`` has only ``rope_theta: float = 10000`` and ``BaseModelArgs.from_dict`` drops unknown keys, so
+    without it the model runs at the default base)."""
     if not config:
         return None
     cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "quantization")}
+    rope = cfg.get("rope_parameters")
+    if "rope_theta" not in cfg and isinstance(rope, dict) and isinstance(rope.get("rope_theta"), (int, float)):
+        cfg["rope_theta"] = rope["rope_theta"]
     dt = written_dtype(plans)
     if dt is not None:
         cfg["dtype"] = TORCH_DTYPE_NAMES[dt]

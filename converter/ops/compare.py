@@ -4,6 +4,11 @@
 ``passthrough``, ``dequantized``, ``changed``): codes in a common unsigned domain, scales, and the
 dequantized float32 values; :func:`bytes_equal` compares dense bytes in blocks without a full-size
 temporary.
+
+A dense float16 / bfloat16 tensor read back as float32 (a writer's declared exact widening, e.g. GGUF's
+1-D tensors, which ``convert_hf_to_gguf.py`` writes F32) is not a passthrough: its row is ``exact`` with
+``widened`` (source and target dtype) when every value is the same number, bit for bit after widening,
+else ``changed``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ def compare_tensors(a, b) -> dict[str, Any]:
         # input_scale) is the same bytes: a passthrough, with the reshape stated in the row
         one_value = b is not None and a.data.size == b.data.size == 1 and {a.data.shape, b.data.shape} <= {(), (1,)}
         shapes_same = b is not None and (a.data.shape == b.data.shape or one_value)
+        if shapes_same and a.data.dtype != b.data.dtype and _widens(a.data.dtype, b.data.dtype):
+            same = bytes_equal(a.data.astype(np.float32).reshape(-1), b.data.reshape(-1))
+            return {"name": a.name, "kind": "dense", "mode": "exact" if same else "changed", "bit_exact": bool(same),
+                    "widened": {"source": a.data.dtype.name, "target": b.data.dtype.name}}
         same = shapes_same and a.data.dtype == b.data.dtype and bytes_equal(a.data.reshape(-1), b.data.reshape(-1))
         row = {"name": a.name, "kind": "dense", "mode": "passthrough" if same else "changed", "bit_exact": bool(same)}
         if same and a.data.shape != b.data.shape:
@@ -69,6 +78,11 @@ ROUNDING_REL = 2.0 ** -7
 def _max_abs(t: QuantizedTensor) -> float:
     v = t.dequantize()
     return float(np.nanmax(np.abs(v))) if v.size and not np.isnan(v).all() else 0.0
+
+
+def _widens(src: np.dtype, dst: np.dtype) -> bool:
+    """``src`` float16 / bfloat16 and ``dst`` float32: every ``src`` value is exactly a ``dst`` value."""
+    return dst == np.float32 and (src == np.float16 or src.name == "bfloat16")
 
 
 def bytes_equal(a: np.ndarray, b: np.ndarray, block: int = 1 << 24) -> bool:

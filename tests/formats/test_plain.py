@@ -53,6 +53,26 @@ def test_dequantize_config_states_the_written_dtype(tmp_path):
     assert "quantization_config" not in cfg
 
 
+def test_dequantize_config_adds_flat_rope_theta(tmp_path):
+    """Regression: a transformers 5 config.json (only ``rope_parameters.rope_theta``) was copied as is; mlx_lm 0.32
+    ``models/llama.py`` ``ModelArgs`` reads only ``rope_theta`` (default 10000)."""
+    src = SAMPLES / "deepseek_fp8_block_smollm2tiny"
+    cfg_src = json.loads((src / "config.json").read_text())
+    assert "rope_theta" not in cfg_src
+    assert cfg_src["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "default"}
+    write_plain(converter.load(src), tmp_path / "deq", dtype="F32")
+    cfg = json.loads((tmp_path / "deq" / "config.json").read_text())
+    assert cfg["rope_theta"] == 100000.0
+    assert cfg["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "default"}
+    # a flat rope_theta already present is kept as it is (not overwritten by the nested one)
+    t = DenseTensor("l.weight", np.zeros((2, 4), np.float32))
+    both = {"model_type": "x", "rope_theta": 10000.0, "rope_parameters": {"rope_theta": 5.0}}
+    write_plain(Checkpoint.from_tensors([t], config=both), tmp_path / "b", dtype="F32")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["rope_theta"] == 10000.0
+    write_plain(Checkpoint.from_tensors([t], config={"model_type": "x"}), tmp_path / "c", dtype="F32")
+    assert "rope_theta" not in json.loads((tmp_path / "c" / "config.json").read_text())
+
+
 # -- conformance (tests/formats/conformance.py) ------------------------------------------------------
 from tests.formats.conformance import ModelDirConformance  # noqa: E402
 

@@ -136,6 +136,7 @@ class _Plan:
     shape: tuple[int, ...]  # numpy (logical) order
     nbytes: int
     perm: np.ndarray | None
+    widened_from: str | None = None  # a 1-D F16 / BF16 tensor written F32 (WIDENED_1D)
 
 
 def _infer_type(v: Any) -> Any:
@@ -153,19 +154,63 @@ def _infer_type(v: Any) -> Any:
     return None
 
 
+def _rope_theta(config: Mapping[str, Any]) -> Any:
+    """RoPE base frequency: top-level ``rope_theta``, else ``rope_parameters["rope_theta"]`` (transformers 5
+    writes only the nested one; ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` reads
+    ``rope_params.get("rope_theta")`` into ``add_rope_freq_base``)."""
+    v = config.get("rope_theta")
+    rp = config.get("rope_parameters")
+    if v is None and isinstance(rp, Mapping):
+        v = rp.get("rope_theta")
+    return v
+
+
 def _config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
-    """Minimal hyperparameter key/values from config.json (best effort, no tokenizer)."""
+    """Hyperparameter key/values from a Hugging Face config.json (no tokenizer keys).
+
+    Conventions of llama.cpp ``convert_hf_to_gguf.py`` (``TextModel.set_gguf_parameters``;
+    ``LlamaModel.set_gguf_parameters`` adds ``{arch}.vocab_size``, gguf-py ``constants.py``
+    ``Keys.LLM.VOCAB_SIZE``): ``{arch}.rope.freq_base`` from ``rope_theta`` or
+    ``rope_parameters.rope_theta``; ``{arch}.vocab_size`` from ``vocab_size`` (without it, and without
+    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding).
+    """
     pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
              "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
              "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
              "attention.layer_norm_rms_epsilon": "rms_norm_eps", "attention.layer_norm_epsilon": "layer_norm_eps",
-             "rope.freq_base": "rope_theta"}
+             "vocab_size": "vocab_size"}
+    values = {k: config.get(ck) for k, ck in pairs.items()}
+    values["rope.freq_base"] = _rope_theta(config)
     out = {}
-    for k, ck in pairs.items():
-        v = config.get(ck)
+    for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
     return out
+
+
+NO_TOKENIZER = ("warning: no tokenizer: llama.cpp cannot load this GGUF without tokenizer.ggml.* keys; convert "
+                "a GGUF that has them, or make one from a model folder with tokenizer files (llama.cpp "
+                "convert_hf_to_gguf.py)")
+"""The writer's warning (``side_files_skipped["tokenizer.ggml.*"]``) when the output has no
+``tokenizer.ggml.tokens``: llama.cpp's ``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
+
+TOKENIZER_FILES_NOT_CONVERTED = " (the source's tokenizer files are not converted: qckpt builds no GGUF vocabulary)"
+
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any]) -> dict[str, str]:
+    """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``."""
+    if "tokenizer.ggml.tokens" in kv:
+        return {}
+    has_files = any(Path(str(f)).name in _HF_TOKENIZER_FILES for f in ckpt.extra_files)
+    return {"tokenizer.ggml.*": NO_TOKENIZER + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
+
+WIDENED_1D = ("F16", "BF16")
+"""Float dtypes of 1-D tensors written as F32 (exact widening): ``convert_hf_to_gguf.py``
+``ModelBase.prepare_tensors`` sets ``data_qtype = F32`` when ``n_dims <= 1`` ("Most of the codebase that
+takes in 1D tensors or norms only handles F32 tensors"); ggml's CPU ``binary_op`` aborts on an F32 x BF16
+norm multiply."""
 
 
 def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, names: Mapping[str, str],
@@ -183,7 +228,7 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
         raise NotRepresentableError(f"cannot write to GGUF exactly: {reason}", tensor=spec.name, field="scheme",
                                     hint="requantize with quantize_to_gguf (e.g. Q8_0, Q4_0) to write GGUF")
     if spec.kind == "dense":
-        type_name = spec.dtype
+        type_name = "F32" if len(shape) == 1 and spec.dtype in WIDENED_1D else spec.dtype
     else:
         type_name = kquant_match(spec) or legacy_match(spec)[0]
         if gguf_type is not None and type_name != gguf_type:
@@ -196,7 +241,8 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
     perm = None
     if len(shape) <= 2 and permute_heads_key(gname, arch):
         perm = qk_permutation(gname, shape[0], arch, kv, ckpt.config, file=None, tensor=spec.name)
-    return _Plan(spec.name, gname, type_name, shape, n // block * size, perm)
+    widened = spec.dtype if spec.kind == "dense" and type_name != spec.dtype else None
+    return _Plan(spec.name, gname, type_name, shape, n // block * size, perm, widened)
 
 
 def _encode(t, p: _Plan) -> np.ndarray:
@@ -205,6 +251,8 @@ def _encode(t, p: _Plan) -> np.ndarray:
         t = permute_rows(t, p.perm)
     if isinstance(t, DenseTensor):
         data = np.ascontiguousarray(t.data)
+        if p.widened_from is not None and data.dtype == DENSE_TYPES[p.widened_from]:
+            data = data.astype(np.float32)  # exact: every F16 / BF16 value is an F32 value
         if tuple(data.shape) != p.shape or data.dtype != DENSE_TYPES[p.type_name]:
             raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
                               expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")
@@ -287,7 +335,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         file_type = int(gguf.LlamaFileType[FILE_TYPES.get(dom, "ALL_F32")])
     alignment = int(ckpt.metadata.get("alignment") or src_kv.get("general.alignment") or 32) \
         if ckpt.format == "gguf" else 32
-    notes = []
+    notes = {p.name: [f"{p.widened_from} widened to F32 (values exact; convert_hf_to_gguf.py writes 1-D tensors F32)"]
+             for p in plans if p.widened_from}
     with atomic_output(dst, overwrite=overwrite) as tmp:
         writer = gguf.GGUFWriter(None, arch)
         try:
@@ -302,7 +351,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
                     continue
                 vt = src_types.get(key) or _infer_type(value)
                 if vt is None or (isinstance(value, list) and not value):
-                    notes.append(f"key {key} not written (empty or untyped value)")
+                    notes[key] = ["key not written (empty or untyped value)"]
                     continue
                 if isinstance(vt, list):
                     sub = gguf.GGUFValueType[vt[1]] if len(vt) == 2 else None
@@ -350,6 +399,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes}
+    skipped = _tokenizer_warning(ckpt, src_kv)
+    if skipped:
+        result["side_files_skipped"] = skipped
     if tie is not None:
         result["tied_head"] = tie
     return result
