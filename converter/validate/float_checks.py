@@ -10,8 +10,9 @@ auto-round FP8, ModelOpt FP8) sets each block's scale to ``amax / max_finite`` a
 to the element (some through a bf16 intermediate: FP_MANIFEST.json of the real samples), so the
 block's largest code is the element's largest finite value (448 for E4M3) in every block that is not
 all zero: the scale's own rounding (bf16, f16) moves ``amax / s`` by less than half the element's top
-gap. Power-of-two scales (E8M0, MX) round the scale up to the next power of two, so there the largest
-code only reaches half of ``max_finite`` or more. Calibrated on the real samples
+gap. Power-of-two scales (E8M0, MX; or F32 / BF16 scales that are all exact powers of two, as DeepSeek
+V3.1 ``scale_fmt: "ue8m0"`` writes ``weight_scale_inv = 2^ceil(log2(amax / 448))`` in F32) round the scale
+up to the next power of two, so there the largest code only reaches half of ``max_finite`` or more. Calibrated on the real samples
 ``deepseek_fp8_block_smollm2tiny`` (7 tensors, 128x128 blocks, BF16 ``weight_scale_inv``) and
 ``ct_fp8_channel_smollm2`` (4 tensors, BF16 per-channel scales): 100 % of the blocks and channels
 reach 448. A group that does not is reported (info; a warning when most non-zero groups miss it,
@@ -147,10 +148,20 @@ def _rank_table(el: FloatElement) -> tuple[np.ndarray, np.ndarray]:
     return rank, levels
 
 
-def saturation_bound(el: FloatElement, scale_dtype: str) -> float:
+def powers_of_two(scales: np.ndarray) -> bool:
+    """True when every scale is a finite positive exact power of two (whatever its stored dtype)."""
+    s = np.asarray(scales, dtype=np.float64)
+    if s.size == 0 or not np.all(np.isfinite(s)) or not np.all(s > 0):
+        return False
+    mant, _ = np.frexp(s)
+    return bool(np.all(mant == 0.5))
+
+
+def saturation_bound(el: FloatElement, scale_dtype: str, pow2_scales: bool = False) -> float:
     """The magnitude an absmax quantizer's largest code reaches in every non-zero group:
-    ``max_finite``, or half of it for power-of-two (E8M0) scales (see the module docstring)."""
-    return el.max_finite / 2 if scale_dtype == "F8_E8M0" else el.max_finite
+    ``max_finite``, or half of it for power-of-two scales (E8M0, or ``pow2_scales``: every scale of the
+    tensor an exact power of two, e.g. DeepSeek V3.1 ``scale_fmt: "ue8m0"`` F32 scales; module docstring)."""
+    return el.max_finite / 2 if scale_dtype == "F8_E8M0" or pow2_scales else el.max_finite
 
 
 def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
@@ -166,7 +177,7 @@ def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
     if el is None:
         return None
     rank, levels = _rank_table(el)
-    bound = saturation_bound(el, t.scheme.scale_dtype)
+    bound = saturation_bound(el, t.scheme.scale_dtype, powers_of_two(t.scales))
     top = int(np.searchsorted(levels, bound))  # first level >= bound
     if t.numel == 0:
         return {"bound": bound, "groups": 0, "all_zero": 0, "unsaturated": 0, "unsaturated_fraction": 0.0,

@@ -251,6 +251,38 @@ def test_power_of_two_scales_need_only_half_the_range():
     assert f == [] and st["bound"] == 224.0
 
 
+def test_power_of_two_f32_scales_need_only_half_the_range():
+    """DeepSeek V3.1 ``scale_fmt: ue8m0``: F32 ``weight_scale_inv = 2^ceil(log2(amax / 448))`` per 128x128
+    block. Every block's largest code lies in [224, 448], most below 448: legal, no finding."""
+    w = D.source_k()  # 256 x 576: 2 x 5 blocks
+    S = np.zeros((2, 5), np.float32)
+    codes = np.zeros(w.shape, np.uint8)
+    for i in range(2):
+        for j in range(5):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            S[i, j] = 2.0 ** np.ceil(np.log2(np.abs(blk).max() / 448.0))
+            codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (blk / S[i, j]).astype(E4M3).view(np.uint8)
+    peak = np.array([[np.abs(codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].view(E4M3).astype(np.float32)).max()
+                      for j in range(5)] for i in range(2)])
+    assert peak.min() >= 224 and (peak < 448).sum() >= 2  # the old bound (448) fired on these
+    for dtype, scheme in ((np.float32, D.e4m3("F32")), (ml_dtypes.bfloat16, D.e4m3("BF16"))):
+        t = QuantizedTensor(D.K, ("out", "in"), codes, S.astype(dtype), scheme, GroupMap.per_block(128, 128))
+        f, st = float_checks.check_unsaturated(t)
+        assert f == [] and st["bound"] == 224.0 and st["unsaturated"] == 0
+    # one scale off a power of two: back to the full bound (448)
+    S2 = S.copy()
+    S2[0, 0] *= 1.5
+    t = QuantizedTensor(D.K, ("out", "in"), codes, S2, D.e4m3("F32"), GroupMap.per_block(128, 128))
+    assert float_checks.block_saturation(t)["bound"] == 448.0
+
+
+def test_powers_of_two():
+    assert float_checks.powers_of_two(np.array([0.25, 1.0, 2.0 ** -20], np.float32))
+    assert not float_checks.powers_of_two(np.array([0.25, 0.375], np.float32))
+    assert not float_checks.powers_of_two(np.array([0.0, 1.0], np.float32))
+    assert not float_checks.powers_of_two(np.array([np.nan], np.float32))
+
+
 # -- scale direction ------------------------------------------------------------------------------------
 def _inverted(t: QuantizedTensor) -> QuantizedTensor:
     """What a reader that divides by ``weight_scale_inv`` puts in the logical model: 1 / s as the multiplier."""
