@@ -116,7 +116,8 @@ def test_fp8_to_fp8_narrower_scales_requantizes_with_the_fp8_quantizer():
     assert res.route == "requantized" and res.tensor.scheme.scale_dtype == "F16"
     assert res.tensor.scheme.codebook == E4M3
     s = float(res.tensor.scales[0, 0])
-    assert s == float(np.finfo(np.float16).smallest_subnormal)  # raised, never 0
+    # raised, never 0: compressed-tensors 0.20.1 calculate_qparams puts finfo(scale dtype).eps there (F16: 2^-10)
+    assert s == 2.0 ** -10
     assert res.vs_source is not None and res.vs_source.numel == 4
 
 
