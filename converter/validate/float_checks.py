@@ -12,7 +12,8 @@ block's largest code is the element's largest finite value (448 for E4M3) in eve
 all zero: the scale's own rounding (bf16, f16) moves ``amax / s`` by less than half the element's top
 gap. Power-of-two scales (E8M0, MX; or F32 / BF16 scales that are all exact powers of two, as DeepSeek
 V3.1 ``scale_fmt: "ue8m0"`` writes ``weight_scale_inv = 2^ceil(log2(amax / 448))`` in F32) round the scale
-up to the next power of two, so there the largest code only reaches half of ``max_finite`` or more. Calibrated on the real samples
+up to the next power of two, so there the largest code only reaches half of ``max_finite`` or more.
+Calibrated on the real samples
 ``deepseek_fp8_block_smollm2tiny`` (7 tensors, 128x128 blocks, BF16 ``weight_scale_inv``) and
 ``ct_fp8_channel_smollm2`` (4 tensors, BF16 per-channel scales): 100 % of the blocks and channels
 reach 448. A group that does not is reported (info; a warning when most non-zero groups miss it,
