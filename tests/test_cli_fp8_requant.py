@@ -86,3 +86,21 @@ def test_quantize_fp8_to_mlx_is_refused_up_front(tmp_path):
     assert not dst.exists()
     r = run("quantize", FP16, dst, "--bits", "8", "--group-size", "32", "--to", "mlx")  # what the message offers
     assert r.exit_code == 0, r.output
+
+
+def test_error_report_counts_partial_blocks_along_out(tmp_path):
+    """100 x 128 blocks of 384- and 1536-row matrices: out leaves partial blocks, in does not
+    (partial_tail 0); the report counts them (by hand: grid ceil(O/100) x I/128 minus the whole ones)."""
+    dst, rep = tmp_path / "out", tmp_path / "report.json"
+    r = run("convert", GPTQ, dst, "--to", "native", "--fp8", "e4m3", "--block", "100x128", "--report", rep)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(rep.read_text())
+    validate_document(doc, "error-report")
+    for row in doc["tensors"]:
+        o, i = row["shape"]
+        want = -(-o // 100) * (i // 128) - (o // 100) * (i // 128)
+        assert row["partial_tail"] == 0 and row["partial_blocks"] == row["partial_groups"] == want > 0
+    assert doc["overall"]["partial_groups"] == sum(r["partial_blocks"] for r in doc["tensors"])
+    gm = load(dst)[doc["tensors"][0]["name"]].group_map
+    o, i = doc["tensors"][0]["shape"]
+    assert gm.to_json((o, i), ("out", "in"))["partial_blocks"] == -(-o // 100) * (i // 128) - (o // 100) * (i // 128)
