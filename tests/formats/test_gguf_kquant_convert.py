@@ -88,3 +88,22 @@ def test_unknown_quant_type_is_refused(tmp_path):
                                     "--to", "gguf", "--quant-type", "Q4_K_X"])
     assert res.exit_code != 0 and "Q4_K_X" in res.output and "Q4_K_M" in res.output
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_K", "Q8_0"])
+def test_single_type_on_a_float_source_matches_llama_quantize_pure(tmp_path, ggml_type):
+    """``--quant-type Q4_K`` (one ggml type) on the F16 MiniLM: the types and bytes llama_model_quantize
+    writes with pure=True (kquant_expected/make_pure.py): 384-wide rows fall back to Q5_0, the
+    1536-wide ffn_down is Q4_K; biases stay F32."""
+    ref = json.loads((SAMPLES / "kquant_expected" / "pure.json").read_text())["types"][ggml_type]
+    dst = tmp_path / f"pure_{ggml_type}.gguf"
+    res = CliRunner().invoke(main, ["convert", str(SAMPLES / "minilm_gguf_F16.gguf"), str(dst), "--to", "gguf",
+                                    "--quant-type", ggml_type, "--json"])
+    assert res.exit_code == 0, res.output
+    mine, _ = _tensors(dst)
+    assert sorted(mine) == sorted(ref)
+    for name, want in ref.items():
+        assert mine[name][0] == want["type"], name
+        assert hashlib.sha256(mine[name][1]).hexdigest() == want["sha256"], f"{name} ({want['type']}): bytes differ"
+    if ggml_type == "Q4_K":
+        assert ref["blk.0.ffn_down.weight"]["type"] == "Q4_K" and ref["blk.0.attn_q.weight"]["type"] == "Q5_0"
