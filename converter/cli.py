@@ -252,6 +252,11 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--group-size", type=click.IntRange(1), default=None,
               help="Requantize: groups of G along the input axis.")
 @click.option("--bits", type=click.IntRange(2, 8), default=None, help="Requantize: bits per code.")
+@click.option("--fp8", "fp8", type=click.Choice(FP8_ELEMENTS), default=None,
+              help="Requantize to an FP8 element (E4M3 or E5M2) with absmax scales; with --per-tensor | "
+                   "--per-channel | --block OUTxIN.")
+@click.option("--block", default=None, metavar="OUTxIN",
+              help="With --fp8: one scale per OUT x IN block, e.g. 128x128 (DeepSeek-V3 / FP8_BLOCK).")
 @click.option("--sym/--asym", "sym", default=None, help="Requantize: symmetric, or asymmetric with zero points.")
 @click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None, help="Requantize: scale dtype.")
 @click.option("--scale-search", type=click.Choice(["none", "mse"]), default=None,
@@ -260,18 +265,31 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
               help="Float checkpoint to measure the error against (requantize only).")
 @click.option(QUANT_TYPE_OPTION, "quant_type", default=None,
               help="Requantize to a type the target format defines by name, with its own quantizer "
-                   "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0).")
+                   "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0 ... "
+                   "for every weight llama.cpp quantizes, as llama-quantize --pure).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
 @_handle_errors
-def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_dtype, scale_search, reference,
-            quant_type, overwrite, report, as_json):
+def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
+            reference, quant_type, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
-    granularity = _granularity(per_tensor, per_channel, group_size, required=False)
+    blocks = None
+    if fp8 is not None:
+        if bits is not None and bits != 8:
+            raise click.UsageError(f"--fp8 codes have 8 bits: drop --bits {bits}")
+        if sym is False:
+            raise click.UsageError("--fp8 is symmetric (absmax scales, no zero point): drop --asym")
+        if quant_type is not None or scale_search is not None:
+            raise click.UsageError(f"--fp8 takes no {'--quant-type' if quant_type is not None else '--scale-search'}")
+        granularity, blocks = _fp8_granularity(per_tensor, per_channel, group_size, block)
+    elif block is not None:
+        raise click.UsageError("--block needs --fp8 (integer targets: --per-tensor, --per-channel, --group-size)")
+    else:
+        granularity = _granularity(per_tensor, per_channel, group_size, required=False)
     if to is not None:
         with _usage_errors():
             check_writable(to)
@@ -283,13 +301,13 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, sym, scale_
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
-                                                                     quant_type))
+                                                                     quant_type, fp8))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
         with _usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
-                            scale_search=scale_search or "none", quant_type=quant_type)
+                            scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
                                  "error-report", render.render_error_report)
     else:

@@ -182,7 +182,10 @@ class GroupMap:
         return self.n_groups(shape, axes) - full
 
     def partial_tail(self, shape: Sequence[int], axes: Sequence[str]) -> int:
-        """Length of a partial final group, 0 when every group is full."""
+        """Length of a partial final group, 0 when every group is full.
+
+        ``block``: the partial extent along the last tiled axis (``in``) only, 0 when ``in`` divides
+        even if ``out`` leaves partial blocks; count partial blocks with :meth:`partial_blocks`."""
         if self.granularity is Granularity.GROUP:
             n = int(shape[list(axes).index(self.axis)])
         elif self.granularity is Granularity.FLAT_BLOCK:
@@ -359,6 +362,8 @@ class GroupMap:
         if shape is not None and axes is not None:
             obj["n_groups"] = self.n_groups(shape, axes)
             obj["partial_tail"] = self.partial_tail(shape, axes)
+            if self.granularity is Granularity.BLOCK:
+                obj["partial_blocks"] = self.partial_blocks(shape, axes)
         return obj
 
     @classmethod

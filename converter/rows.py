@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from converter.groups import Granularity
+from converter.layout import EXPERT, IN, OUT
 from converter.tensor import QuantizedTensor, Tensor, row_splittable, take_rows
 
 #: Elements per super-block when values are produced on demand (:class:`Rows`).
@@ -65,3 +67,28 @@ def values_of(source: "QuantizedTensor | np.ndarray | Rows") -> np.ndarray:
     if isinstance(source, np.ndarray):
         return source
     return source.dequantize()
+
+
+def pieces(t: QuantizedTensor, elements: int = SUPER_ELEMENTS):
+    """``t`` as smaller tensors of the same kind whose values, taken in order, are ``t``'s: an
+    ``(expert, out, in)`` stack expert by expert (each an ``(out, in)`` tensor), an ``(out, in)``
+    tensor in row blocks of about ``elements`` (:func:`~converter.tensor.take_rows`: block maps come
+    back as row groups), anything else whole. For reductions (sums, maxima) that must not build a
+    full-size temporary; each piece's scales / group map describe exactly its own values."""
+    axes = tuple(t.axes)
+    if (axes == (EXPERT, OUT, IN) and t.double_quant is None and t.group_map.granularity is not Granularity.FLAT_BLOCK
+            and t.packed is None):
+        for e in range(t.shape[0]):
+            sub = QuantizedTensor(t.name, (OUT, IN), t.codes[e], t.scales[e], t.scheme, t.group_map,
+                                  zero_points=None if t.zero_points is None else t.zero_points[e], stored={})
+            yield from pieces(sub, elements)
+        return
+    if axes == (OUT, IN) and t.shape[0] and row_splittable(t):
+        step = max(1, elements // max(1, t.shape[1]))
+        if step >= t.shape[0]:
+            yield t
+            return
+        for r0 in range(0, t.shape[0], step):
+            yield take_rows(t, r0, min(t.shape[0], r0 + step))
+        return
+    yield t

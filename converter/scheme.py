@@ -86,7 +86,10 @@ class QuantScheme:
             raise LayoutError("unknown rounding mode", field="scheme.rounding", expected=list(ROUNDING_MODES),
                               found=self.rounding)
         if self.codebook is not None:
-            cb = tuple(float(v) for v in self.codebook)
+            el = element_of(self.codebook)
+            # a float element's table is the one ``ELEMENTS[...].values`` object: equality (tuple
+            # ``==`` compares NaN entries by identity) then holds for tables built from any array
+            cb = el.values if el is not None else tuple(float(v) for v in self.codebook)
             object.__setattr__(self, "codebook", cb)
             if len(cb) != 2 ** self.bits:
                 raise LayoutError("codebook size must be 2^bits", field="scheme.codebook",

@@ -117,3 +117,23 @@ def test_nan_code_dequantizes_to_nan():
     codes = t.codes.copy()
     codes[0, 0] = 0x7F
     assert np.isnan(t.replace(codes=codes).dequantize()[0, 0])
+
+
+def test_codebook_from_an_array_is_the_element_table():
+    """A float element's table built from a fresh array (new NaN objects) gives an equal scheme: the
+    codebook is canonicalised to ``ELEMENTS[...].values`` (tuple ``==`` compares NaNs by identity)."""
+    fresh = tuple(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist())
+    assert fresh != codebooks.E4M3  # NaN != NaN: the trap
+    a = QuantScheme(8, False, scale_dtype="F32", codebook=fresh)
+    b = QuantScheme(8, False, scale_dtype="F32", codebook=codebooks.E4M3)
+    assert a == b and a.codebook is codebooks.ELEMENTS["e4m3"].values
+    e2m1 = QuantScheme(4, False, scale_dtype="F8_E8M0", codebook=np.asarray(codebooks.E2M1, np.float32))
+    assert e2m1.codebook is codebooks.E2M1
+    nf4 = (-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0, 0.0796, 0.1609, 0.2461, 0.3379,
+           0.4407, 0.5626, 0.723, 1.0)
+    assert QuantScheme(4, False, codebook=np.array(nf4)).codebook == nf4  # a learned table is kept as floats
+    from converter.formats.mlx.writer import target_mode
+    from converter.tensor import spec_of
+    t = QuantizedTensor("w.weight", ("out", "in"), np.zeros((2, 32), np.uint8), np.ones((2, 1), np.float32), a,
+                        GroupMap.per_channel("out"))
+    assert target_mode(spec_of(t)) == "mxfp8"

@@ -17,15 +17,20 @@ to nearest even, which is what is done here):
 2. ``scale = D(amax / max_finite)`` (``max_finite`` 448 for E4M3, 57344 for E5M2;
    compressed-tensors divides by ``(q_max - q_min) / 2``, the same number); an all-zero tile gets
    scale 1 (qckpt contract 2: never NaN, reconstructs exactly; compressed-tensors writes
-   ``finfo(D).eps`` there, whose codes are the same zeros); a scale that underflows ``D`` to 0 is
-   raised to ``D``'s smallest subnormal;
+   ``finfo(D).eps`` there, whose codes are the same zeros); a scale of a non-zero tile that underflows
+   to 0 (in ``D`` or in the scale dtype) becomes the scale dtype's ``finfo(...).eps`` (F16 ``2^-10``, BF16
+   ``2^-7``, F32 ``2^-23``), as compressed-tensors 0.20.1 ``calculate_qparams`` step 5 ``_get_dtype_eps``
+   of ``scale_dtype`` (else the scale's own dtype);
 3. the scale is stored in the scale dtype (default ``D``, cast exactly or rounded to nearest;
    overflow raises), and codes are computed from the *stored* scale;
 4. ``q = D(w / scale)`` (rounded to ``D`` **before** the element cast: FP_MANIFEST.json
    ``fp8_encoder_rounding``, 2-4% of codes differ from a single rounding of the float32
    quotient), clamped to ``[-max_finite, max_finite]`` (saturation), then cast to the element with
-   round-to-nearest-even (``ml_dtypes``, OCP FP8 spec). The code is the element's byte; the sign
-   of zero is kept (``-0.0`` -> ``0x80``, as torch's cast).
+   round-to-nearest-even (``ml_dtypes``, OCP FP8 spec). The code is the element's byte. A quotient
+   that is ``-0.0`` (a ``-0.0`` weight, or one whose quotient underflows ``D``) becomes ``+0.0`` ->
+   ``0x00``: compressed-tensors 0.20.1 ``forward.py`` ``_quantize`` adds the zero point (zeros for
+   symmetric FP8) before the cast; a negative quotient that rounds to zero only in the element cast
+   keeps its sign (``0x80``), as torch's cast.
 
 The value of a code is ``element[code] * scale`` in float32 (:func:`converter.values.dequantize`).
 """
@@ -98,13 +103,10 @@ def fp_scales(amax: np.ndarray, max_finite: float, *, arith: np.dtype, scale_dty
         q = (amax.astype(np.float32) / np.float32(max_finite)).astype(arith)
         zero = amax == 0
         q = np.where(zero, np.asarray(1, dtype=arith), q)
-        tiny = (q == 0) & ~zero  # underflow of the quotient in ``arith``: its smallest subnormal
-        if tiny.any():
-            q = np.where(tiny, np.asarray(ml_dtypes.finfo(arith).smallest_subnormal, dtype=arith), q)
         s = q.astype(scale_dtype)
-    tiny = (s == 0) & (q != 0)
+    tiny = (s == 0) & ~zero  # underflow to 0 (in ``arith`` or the scale dtype): the scale dtype's eps
     if tiny.any():
-        s = np.where(tiny, np.asarray(ml_dtypes.finfo(scale_dtype).smallest_subnormal, dtype=scale_dtype), s)
+        s = np.where(tiny, np.asarray(ml_dtypes.finfo(scale_dtype).eps, dtype=scale_dtype), s)
     bad = ~np.isfinite(s.astype(np.float32))
     if bad.any():
         idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), s.shape))
@@ -139,6 +141,7 @@ def fp_codes(x: np.ndarray, s32: np.ndarray, block_in: int | None, element: np.d
         q = x / np.repeat(s32, block_in, axis=1)[:, :n]
     if np.dtype(arith) != np.float32:
         q = q.astype(arith).astype(np.float32)
+    q += np.float32(0)  # compressed-tensors adds the (zero) zero point: -0.0 becomes +0.0
     np.clip(q, -max_finite, max_finite, out=q)  # (+-inf from a tiny scale saturates too)
     return q.astype(element).view(np.uint8)
 

@@ -192,7 +192,7 @@ def what_if_layouts(spec: TensorSpec) -> list[dict[str, Any]]:
                "partial_tail": lay.group_map.partial_tail(spec.shape, spec.axes)}
         if el is not None:
             row["current"] = _same_layout(lay, spec)
-            if lay.group_map.granularity is Granularity.BLOCK:
-                row["partial_blocks"] = lay.group_map.partial_blocks(spec.shape, spec.axes)
+        if lay.group_map.granularity is Granularity.BLOCK:  # partial_tail is the in remainder only
+            row["partial_blocks"] = lay.group_map.partial_blocks(spec.shape, spec.axes)
         rows.append(row)
     return rows

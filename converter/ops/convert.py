@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 
-from converter.errors import NotRepresentableError, UnsupportedError
+from converter.errors import ConverterError, NotRepresentableError, UnsupportedError
 from converter.formats import registry
 from converter.groups import Granularity
 from converter.layout import IN
 from converter.ops.compare import compare_tensors
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.runtime import auto_workers
-from converter.tensor import Checkpoint, opaque_reason
+from converter.quant.requant import target_probe
+from converter.quant.target import Target
+from converter.tensor import Checkpoint, TensorSpec, opaque_reason, spec_of
 from converter.write.atomic import check_not_inside, deferred_removal
 from converter.write.engine import run_tasks
 
@@ -69,8 +71,32 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
         name, reason = problems[0]
         more = f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""
         raise NotRepresentableError(f"not representable in {to}: {reason}{more}", file=ckpt.path, tensor=name,
-                                    field="scheme", hint=REQUANTIZE_HINT)
+                                    field="scheme", hint=requantize_hint(handler, ckpt.spec(name), ckpt.path, to))
     return []
+
+
+#: FP8 targets offered by :func:`requantize_hint`, in the order tried: (command-line options, Target fields).
+FP8_HINT_TARGETS = (("--block 128x128", {"granularity": "block", "block": (128, 128)}),
+                    ("--per-channel", {"granularity": "channel"}),
+                    ("--per-tensor", {"granularity": "tensor"}))
+
+
+def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any, to: str) -> str:
+    """The hint of a refused repack: :data:`REQUANTIZE_HINT`, or, when the target stores FP8 elements
+    but not an 8-bit per-channel integer requantization of ``spec`` (an FP8-only format), the one
+    ``qckpt convert ... --fp8 e4m3`` command line that works (the FP8 granularities it accepts)."""
+    def accepts(target: Target) -> bool:
+        try:
+            return handler.target_reason(spec_of(target_probe(spec, target))) is None
+        except ConverterError:
+            return False
+    if len(spec.shape) != 2 or accepts(Target(bits=8, granularity="channel")):
+        return REQUANTIZE_HINT
+    ok = [opt for opt, kw in FP8_HINT_TARGETS if accepts(Target(element="e4m3", **kw))]
+    if not ok:
+        return REQUANTIZE_HINT
+    alt = f" (or {' | '.join(ok[1:])})" if len(ok) > 1 else ""
+    return f"{to} stores FP8 only; requantize to FP8 instead: qckpt convert {src} DST --to {to} --fp8 e4m3 {ok[0]}{alt}"
 
 
 #: group sizes offered when a target refuses partial final groups (the sizes kernels take).

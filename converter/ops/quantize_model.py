@@ -162,8 +162,12 @@ QUANTIZE_HINT = "change the target (--bits, --per-tensor | --per-channel | --gro
                 "--fp8, --scale-dtype) or pick another --to format"
 
 
-def check_quantize_target(view: Checkpoint, to: str) -> None:
+def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = False) -> None:
     """Ask format ``to``'s handler about every quantized spec of ``view`` before any data moves.
+
+    ``absmax_scales``: the FP8 scales will be absmax (``--fp8``), never powers of two; passed to the
+    target's ``check_target`` as the write option of that name (a target whose FP8 mode stores E8M0
+    scales, MLX mxfp8, refuses it here instead of after quantizing).
 
     Raises
     ------
@@ -176,7 +180,7 @@ def check_quantize_target(view: Checkpoint, to: str) -> None:
     if not view.quantized_names():  # nothing selected: the writer copies the dense tensors
         return
     try:
-        plan_exact(view, to)
+        plan_exact(view, to, {"absmax_scales": True} if absmax_scales else None)
     except NotRepresentableError as exc:
         exc.hint = QUANTIZE_HINT
         exc.args = (exc.render(),)
@@ -203,7 +207,7 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     handler = registry.check_writable(to)
     refuse_quantized_source(src)
     view = quantize_checkpoint(src, opts)
-    check_quantize_target(view, to)
+    check_quantize_target(view, to, absmax_scales=opts.element is not None)
     with collect_results() as got:
         handler.write(view, Path(dst), overwrite=overwrite)
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}

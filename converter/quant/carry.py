@@ -14,10 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
+from converter.codebooks import element_of
 from converter.dtypes import float_dtype
 from converter.errors import NotRepresentableError, QuantizationError
 from converter.groups import Granularity, GroupMap, as_row_groups
-from converter.layout import IN, OUT
+from converter.layout import EXPERT, IN, OUT
 from converter.quant.recode import (as_float_bias, as_integer_zero, as_positive_scales, as_signed, as_unsigned,
                                     exact_cast)
 from converter.quant.target import _WIDER, Target, resolve
@@ -165,13 +166,44 @@ def _carry_codebook(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap
     return u if _same_values(u, t) else None
 
 
+def _expert(t: QuantizedTensor, e: int) -> QuantizedTensor | None:
+    """Expert ``e`` of an ``(expert, out, in)`` stack as an ``(out, in)`` tensor (its codes, scales
+    and zero points sliced, the same scheme and group map), or None when ``t`` cannot be cut so."""
+    if (tuple(t.axes) != (EXPERT, OUT, IN) or t.double_quant is not None
+            or t.group_map.granularity is Granularity.FLAT_BLOCK):
+        return None
+    return QuantizedTensor(t.name, (OUT, IN), t.codes[e], t.scales[e], t.scheme, t.group_map,
+                           zero_points=None if t.zero_points is None else t.zero_points[e], stored={})
+
+
 def _same_values(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """``a.dequantize() == b.dequantize()`` everywhere, compared in row blocks for 2-D tensors."""
-    if len(a.shape) != 2 or a.shape != b.shape:
-        return bool(np.array_equal(a.dequantize(), b.dequantize()))
+    """``a.dequantize() == b.dequantize()`` everywhere (NaN equal to NaN: a NaN code decodes to NaN
+    under either scale), compared expert by expert and in row blocks, never dequantized whole."""
+    if a.shape != b.shape:
+        return False
+    if len(a.shape) == 3 and a.shape[0] and _expert(a, 0) is not None and _expert(b, 0) is not None:
+        return all(_same_values(_expert(a, e), _expert(b, e)) for e in range(a.shape[0]))
+    if len(a.shape) != 2:
+        return bool(np.array_equal(a.dequantize(), b.dequantize(), equal_nan=True))
     ra, rb = Rows(a), Rows(b)
     step = ra.step
-    return all(np.array_equal(ra[r0:r0 + step], rb[r0:r0 + step]) for r0 in range(0, a.shape[0], step))
+    return all(np.array_equal(ra[r0:r0 + step], rb[r0:r0 + step], equal_nan=True)
+               for r0 in range(0, a.shape[0], step))
+
+
+def nan_code_count(t: QuantizedTensor) -> int:
+    """How many codes of a float-element ``t`` decode to NaN (E4M3 0x7F / 0xFF), counted per row of
+    the leading axis (no full-size temporary); 0 for other schemes."""
+    el = element_of(t.scheme.codebook)
+    if el is None:
+        return 0
+    bad = np.isnan(np.asarray(el.values, dtype=np.float32))
+    if not bad.any():
+        return 0
+    codes = t.codes
+    if codes.ndim == 0:
+        return int(bad[int(codes)])
+    return sum(int(np.count_nonzero(bad[codes[i]])) for i in range(codes.shape[0]))
 
 
 def exact_regroup(t: QuantizedTensor, target: Target) -> QuantizedTensor:
@@ -310,6 +342,8 @@ def as_mx_groups(t: QuantizedTensor, group_size: int = 32) -> QuantizedTensor:
     out = QuantizedTensor(t.name, t.axes, t.packed if t.packed is not None else t.codes,
                           np.ascontiguousarray(scales), scheme, GroupMap.per_group(group_size, IN), stored={})
     if not _same_values(out, t):  # (cannot happen for powers of two; the claim is checked, not assumed)
+        nans = nan_code_count(t)
         raise NotRepresentableError("MX groups would change values", tensor=t.name, field="scales",
+                                    found=f"{nans} NaN codes (compared as equal)" if nans else None,
                                     hint="requantize instead")
     return out

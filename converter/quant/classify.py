@@ -87,6 +87,8 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
         return ("exact", "stored in the target type already") if same else \
             ("lossy", "requantized by the target format's own quantizer")
     reasons: list[str] = []
+    if ts.codebook is not None and s.codebook is None:  # --fp8: integer codes re-rounded to the element
+        return "lossy", f"requantized to {ts.describe()} with absmax scales"
     if s.codebook is not None:
         if ts == s and tgm is gm:
             return "exact", "unchanged codebook scheme"

@@ -120,6 +120,7 @@ def tensor_report(src: "QuantizedTensor | DenseTensor", result: RequantResult, p
         "vs_source": vs_src,
         "degenerate_groups": int(result.degenerate_groups),
         "partial_groups": int(n_partial), "partial_tail": int(partial),
+        **({"partial_blocks": int(n_partial)} if gm.granularity is Granularity.BLOCK else {}),
         "metadata": {"before": dense_cost(src) if dense else metadata_cost(src_spec or spec_of(src)),
                      "after": metadata_cost(spec_of(out))},
     }

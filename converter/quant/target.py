@@ -8,7 +8,9 @@ from converter.errors import UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.quant.format_quant import FormatQuantizer
 from converter.scheme import QuantScheme, ZeroPoint
-from converter.vocabulary import GRANULARITIES, SCALE_DTYPE_CHOICES, float_dtype_name, group_map_for
+from converter.codebooks import ELEMENTS
+from converter.vocabulary import (FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS, GRANULARITIES, SCALE_DTYPE_CHOICES,
+                                  float_dtype_name, group_map_for)
 
 # Scale dtype widenings that are exact for every finite value of the source dtype.
 _WIDER = {
@@ -21,6 +23,8 @@ _WIDER = {
 
 #: Granularities a target can ask for (the command line's, :data:`converter.vocabulary.GRANULARITIES`).
 _TARGET_GRANULARITIES = tuple(Granularity(g) for g in GRANULARITIES)
+#: Granularities of an FP8 (``element``) target.
+_FP8_GRANULARITIES = tuple(Granularity(g) for _, g in FP8_GRANULARITY_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,14 @@ class Target:
         ``keep`` its float biases (targets that store them), ``integer`` zero points (GPTQ, AWQ:
         asymmetric with integer zero points), or ``symmetric`` (compressed-tensors, whose asymmetric
         layout transformers 5.24 cannot load). Set from the target format, not by the user.
+    quant_type : str, optional
+        A type the target format defines by name (``--quant-type``).
+    element : ``"e4m3" | "e5m2"``, optional
+        Requantize to this FP8 element (``--fp8``; :data:`converter.codebooks.ELEMENTS`) with absmax
+        scales (:func:`converter.quant.float_quant.quantize_float`); the granularity is then
+        ``tensor``, ``channel`` or ``block`` (default ``channel``), never ``group``.
+    block : ``(out, in)`` extents, optional
+        With ``granularity="block"``: one scale per ``out x in`` block (None: the axis whole).
     """
 
     bits: int | None = None
@@ -57,8 +69,16 @@ class Target:
     scale_search: str = "none"
     float_bias: str = "keep"
     quant_type: str | None = None
+    element: str | None = None
+    block: tuple[int | None, int | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.element is not None:
+            self._check_element()
+            return
+        if self.block is not None:
+            raise UnsupportedError("--block needs --fp8", field="--block", found=self.block,
+                                   hint="integer targets: --per-tensor, --per-channel, --group-size")
         if self.granularity is None and self.group_size is not None:
             object.__setattr__(self, "granularity", Granularity.GROUP)
         if self.granularity is not None:
@@ -84,10 +104,46 @@ class Target:
             raise UnsupportedError("unknown scale search", field="--scale-search", expected=["none", "mse"],
                                    found=self.scale_search)
 
+    def _check_element(self) -> None:
+        if self.element not in FP8_ELEMENTS:
+            raise UnsupportedError("unknown FP8 element", field="--fp8", expected=list(FP8_ELEMENTS),
+                                   found=self.element)
+        if self.bits not in (None, 8) or self.symmetric is False or self.group_size is not None:
+            found = ("--asym" if self.symmetric is False else f"--group-size {self.group_size}"
+                     if self.group_size is not None else f"--bits {self.bits}")
+            raise UnsupportedError("an FP8 target is 8-bit, symmetric, per tensor / channel / block", field="--fp8",
+                                   expected="--per-tensor | --per-channel | --block OUTxIN", found=found)
+        gran = Granularity(self.granularity) if self.granularity is not None else (
+            Granularity.BLOCK if self.block is not None else Granularity.CHANNEL)
+        if gran not in _FP8_GRANULARITIES or (gran is Granularity.BLOCK) != (self.block is not None):
+            raise UnsupportedError("FP8 granularity", field="--fp8", expected=list(dict(FP8_GRANULARITY_OPTIONS)),
+                                   found=gran.value)
+        object.__setattr__(self, "granularity", gran)
+        object.__setattr__(self, "bits", 8)
+        object.__setattr__(self, "symmetric", True)
+        if self.scale_dtype is not None:
+            sd = float_dtype_name(self.scale_dtype)
+            if sd is None:
+                raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=list(SCALE_DTYPE_CHOICES),
+                                       found=self.scale_dtype)
+            object.__setattr__(self, "scale_dtype", sd)
+        if self.scale_search != "none":
+            raise UnsupportedError("--scale-search does not apply to --fp8 (absmax scales)", field="--scale-search",
+                                   found=self.scale_search)
+
+    def group_map(self) -> GroupMap | None:
+        """The target group map of an ``(out, in)`` weight, None when the source's is kept."""
+        if self.granularity is None:
+            return None
+        if self.granularity is Granularity.BLOCK:
+            return GroupMap.per_block(*self.block)
+        return group_map_for(self.granularity, self.group_size)
+
     def is_identity(self) -> bool:
         """True when no field asks for a change (only a repack)."""
         return (self.bits is None and self.granularity is None and self.symmetric is None
-                and self.scale_dtype is None and self.scale_search == "none" and self.quant_type is None)
+                and self.scale_dtype is None and self.scale_search == "none" and self.quant_type is None
+                and self.element is None)
 
     def to_json(self) -> dict:
         gran = self.granularity.value if self.granularity is not None else None
@@ -95,6 +151,10 @@ class Target:
                "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
         if self.quant_type is not None:
             out["quant_type"] = self.quant_type
+        if self.element is not None:
+            out["element"] = self.element
+            if self.block is not None:
+                out["block"] = {"out": self.block[0], "in": self.block[1]}
         return out
 
 
@@ -119,6 +179,13 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,
     """
     bits = int(target.bits) if target.bits is not None else scheme.bits
     sd = target.scale_dtype or scheme.scale_dtype
+    if target.element is not None:  # an FP8 element with absmax scales (F8 source scale dtypes go to F32)
+        sd = sd if sd in ("F16", "BF16", "F32") else "F32"
+        new = QuantScheme(8, False, scale_dtype=sd, codebook=ELEMENTS[target.element].values)
+        gm = target.group_map()
+        if fmt is not None:
+            new, gm = fmt.adapt(new, gm, target)
+        return new, gm
     if scheme.codebook is not None:
         if target.is_identity():
             return scheme, group_map

@@ -10,8 +10,10 @@ auto-round FP8, ModelOpt FP8) sets each block's scale to ``amax / max_finite`` a
 to the element (some through a bf16 intermediate: FP_MANIFEST.json of the real samples), so the
 block's largest code is the element's largest finite value (448 for E4M3) in every block that is not
 all zero: the scale's own rounding (bf16, f16) moves ``amax / s`` by less than half the element's top
-gap. Power-of-two scales (E8M0, MX) round the scale up to the next power of two, so there the largest
-code only reaches half of ``max_finite`` or more. Calibrated on the real samples
+gap. Power-of-two scales (E8M0, MX; or F32 / BF16 scales that are all exact powers of two, as DeepSeek
+V3.1 ``scale_fmt: "ue8m0"`` writes ``weight_scale_inv = 2^ceil(log2(amax / 448))`` in F32) round the scale
+up to the next power of two, so there the largest code only reaches half of ``max_finite`` or more.
+Calibrated on the real samples
 ``deepseek_fp8_block_smollm2tiny`` (7 tensors, 128x128 blocks, BF16 ``weight_scale_inv``) and
 ``ct_fp8_channel_smollm2`` (4 tensors, BF16 per-channel scales): 100 % of the blocks and channels
 reach 448. A group that does not is reported (info; a warning when most non-zero groups miss it,
@@ -60,6 +62,54 @@ def block_of(t: QuantizedTensor, index: tuple[int, ...]) -> list[int]:
             out.append(int(i) // gm.group_size)
         else:
             out.append(int(i))
+    return out
+
+
+#: Elements per row block of the code reductions (:func:`reduce_codes`).
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _row_chunks(shape: tuple[int, ...], unit: int, elements: int = CHUNK_ELEMENTS) -> list[tuple[int, int]]:
+    """``(r0, r1)`` ranges of the leading axis, each a multiple of ``unit`` rows (but the last) of
+    about ``elements`` values."""
+    if not shape:
+        return [(0, 0)]
+    n, row = int(shape[0]), int(np.prod(shape[1:], dtype=np.int64)) or 1
+    step = max(unit, (elements // row) // unit * unit)
+    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)] or [(0, 0)]
+
+
+def reduce_codes(t: QuantizedTensor, table: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """``t.group_map.reduce(table[t.codes], ufunc, t.axes)`` computed in row blocks of the leading
+    axis (experts, or ``out`` rows in multiples of the groups' extent along it), so the
+    ``table[codes]`` temporary is one block, never the whole tensor; the same result (groups whose
+    parameter runs over the whole leading axis combine the blocks' partial results with ``ufunc``).
+    """
+    gm, codes, axes = t.group_map, t.codes, tuple(t.axes)
+    if codes.ndim == 0 or gm.granularity is Granularity.FLAT_BLOCK:
+        return gm.reduce(table[codes], ufunc, axes)
+    full = gm.param_shape(codes.shape, axes)
+    n0 = int(codes.shape[0])
+    if gm.granularity is Granularity.BLOCK:
+        unit = gm.extent(axes[0]) or 1
+    elif gm.granularity is Granularity.GROUP and gm.axis == axes[0]:
+        if gm.g_idx is not None:
+            return gm.reduce(table[codes], ufunc, axes)
+        unit = gm.group_size
+    else:
+        unit = 1
+    chunks = _row_chunks(codes.shape, unit)
+    if len(chunks) == 1:
+        return gm.reduce(table[codes], ufunc, axes)
+    parts = [gm.reduce(table[codes[r0:r1]], ufunc, axes) for r0, r1 in chunks]
+    if full[0] == 1 and n0 > 1:  # one parameter over the whole leading axis: combine the blocks
+        out = parts[0]
+        for p in parts[1:]:
+            out = ufunc(out, p)
+    else:
+        out = np.concatenate(parts, axis=0)
+    if tuple(out.shape) != tuple(full):  # (a layout the row blocks do not follow: whole)
+        return gm.reduce(table[codes], ufunc, axes)
     return out
 
 
@@ -121,13 +171,21 @@ def check_nonfinite_codes(t: QuantizedTensor) -> list[Finding]:
         return []
     table = np.zeros(256, dtype=bool)
     table[bad_codes] = True
-    mask = table[t.codes]
-    k = int(np.count_nonzero(mask))
+    codes = t.codes
+    k, first, hist = 0, None, np.zeros(256, dtype=np.int64)
+    for r0, r1 in _row_chunks(codes.shape, 1):  # row blocks: no full-size mask
+        mask = table[codes[r0:r1]]
+        n = int(np.count_nonzero(mask))
+        if not n:
+            continue
+        if first is None:
+            at = np.unravel_index(int(np.argmax(mask)), mask.shape)
+            first = (int(at[0]) + r0,) + tuple(int(i) for i in at[1:])
+        k += n
+        hist += np.bincount(codes[r0:r1][mask], minlength=256)
     if not k:
         return []
-    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
-    vals, counts = np.unique(t.codes[mask], return_counts=True)
-    by_code = {f"0x{int(v):02X}": int(c) for v, c in zip(vals, counts)}
+    by_code = {f"0x{int(v):02X}": int(hist[v]) for v in np.flatnonzero(hist)}
     blk = block_of(t, first)
     return [finding("code-nonfinite", t.name, f"{k} of {t.numel} {el.name.upper()} codes decode to NaN or infinity "
                     f"({', '.join(f'{c}: {n}' for c, n in by_code.items())}); first at element {list(first)}, "
@@ -147,10 +205,20 @@ def _rank_table(el: FloatElement) -> tuple[np.ndarray, np.ndarray]:
     return rank, levels
 
 
-def saturation_bound(el: FloatElement, scale_dtype: str) -> float:
+def powers_of_two(scales: np.ndarray) -> bool:
+    """True when every scale is a finite positive exact power of two (whatever its stored dtype)."""
+    s = np.asarray(scales, dtype=np.float64)
+    if s.size == 0 or not np.all(np.isfinite(s)) or not np.all(s > 0):
+        return False
+    mant, _ = np.frexp(s)
+    return bool(np.all(mant == 0.5))
+
+
+def saturation_bound(el: FloatElement, scale_dtype: str, pow2_scales: bool = False) -> float:
     """The magnitude an absmax quantizer's largest code reaches in every non-zero group:
-    ``max_finite``, or half of it for power-of-two (E8M0) scales (see the module docstring)."""
-    return el.max_finite / 2 if scale_dtype == "F8_E8M0" else el.max_finite
+    ``max_finite``, or half of it for power-of-two scales (E8M0, or ``pow2_scales``: every scale of the
+    tensor an exact power of two, e.g. DeepSeek V3.1 ``scale_fmt: "ue8m0"`` F32 scales; module docstring)."""
+    return el.max_finite / 2 if scale_dtype == "F8_E8M0" or pow2_scales else el.max_finite
 
 
 def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
@@ -166,12 +234,12 @@ def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
     if el is None:
         return None
     rank, levels = _rank_table(el)
-    bound = saturation_bound(el, t.scheme.scale_dtype)
+    bound = saturation_bound(el, t.scheme.scale_dtype, powers_of_two(t.scales))
     top = int(np.searchsorted(levels, bound))  # first level >= bound
     if t.numel == 0:
         return {"bound": bound, "groups": 0, "all_zero": 0, "unsaturated": 0, "unsaturated_fraction": 0.0,
                 "first_unsaturated": []}
-    peak = t.group_map.reduce(rank[t.codes], np.maximum, t.axes)
+    peak = reduce_codes(t, rank, np.maximum)
     zero = peak == 0
     unsat = (peak < top) & ~zero
     n, z, u = int(peak.size), int(zero.sum()), int(unsat.sum())

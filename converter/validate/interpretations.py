@@ -165,7 +165,12 @@ def _reblocked(t: QuantizedTensor, factor: float) -> np.ndarray:
         else:
             index.append(np.minimum(np.arange(n) // max(1, int(b * factor)), s.shape[ax] - 1))
     cb = np.asarray(t.scheme.codebook, dtype=np.float32)
-    return cb[t.codes] * s[np.ix_(*index)]
+    out = cb[t.codes]
+    rows, cols = index
+    for r in np.unique(rows):  # one block row of scales at a time: never a full-size scale array
+        sel = slice(int(np.searchsorted(rows, r)), int(np.searchsorted(rows, r, side="right")))
+        out[sel] *= s[r][cols]
+    return out
 
 
 def float_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from converter.rows import pieces
 from converter.tensor import QuantizedTensor
 from converter.validate.findings import Finding, finding
 from converter.validate.float_checks import float_element
@@ -55,10 +56,14 @@ def step_rms(t: QuantizedTensor) -> float:
     each element's code (float elements, whose steps grow with the magnitude: a right decode then sits
     near 0.29 steps, 0.295 on the real FP8 samples); scale x median codebook gap (other codebooks)."""
     el = float_element(t)
-    if el is not None:
-        steps = float_steps(el.values).astype(np.float32)[t.codes]
-        steps *= np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes))
-        return float(np.sqrt(np.mean(np.square(steps, dtype=np.float64)))) if steps.size else 0.0
+    if el is not None:  # piece by piece (experts, row blocks): no full-size step or scale array
+        table = float_steps(el.values).astype(np.float32)
+        total = 0.0
+        for p in pieces(t):
+            steps = table[p.codes]
+            steps *= np.abs(p.group_map.expand(p.scales.astype(np.float32), p.shape, p.axes))
+            total += float(np.sum(np.square(steps, dtype=np.float64)))
+        return float(np.sqrt(total / t.numel)) if t.numel else 0.0
     s = np.abs(t.group_map.expand(t.scales.astype(np.float32), t.shape, t.axes)).astype(np.float64)
     if t.scheme.codebook is not None:
         cb = np.unique(np.asarray(t.scheme.codebook, dtype=np.float64))

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from converter.tensor import QuantizedTensor
-from converter.validate.float_checks import float_element
+from converter.validate.float_checks import float_element, reduce_codes
 from converter.validate.findings import Finding, finding
 
 #: Decades between the declared magnitude and its anchor (1 / sqrt(in), or the siblings' median) that are suspicious ...
@@ -56,7 +56,7 @@ def magnitude(t: QuantizedTensor) -> dict[str, Any] | None:
     if el is None or t.numel == 0 or "in" not in t.axes:
         return None
     sq = np.nan_to_num(np.square(np.asarray(el.values, dtype=np.float32)), nan=0.0, posinf=0.0)
-    per_group = t.group_map.reduce(sq[t.codes], np.add, t.axes).astype(np.float64)
+    per_group = reduce_codes(t, sq, np.add).astype(np.float64)  # in row blocks: no full-size temporary
     s = np.asarray(t.scales, dtype=np.float32).astype(np.float64)
     ok = np.isfinite(s) & (s != 0)
     s2 = np.where(ok, s * s, 1.0)

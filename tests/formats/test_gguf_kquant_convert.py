@@ -6,6 +6,7 @@ llama-quantize (commit 0c1e57098bba, llama-cpp-python 0.3.36) from ``minilm_gguf
 type for every tensor and hold the same bytes, and record the same ``general.file_type``.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -73,10 +74,10 @@ def test_quantized_source_to_kquant_mix(tmp_path):
     assert res.exit_code == 0, res.output
     mine, ft = _tensors(dst)
     assert ft == 15 and mine["blk.0.ffn_down.weight"][0] == "Q6_K" and mine["blk.0.attn_q.weight"][0] == "Q5_0"
-    src = load(SAMPLES / "minilm_gguf_Q8_0.gguf")["encoder.layer.0.output.dense.weight"].dequantize()
-    from converter.formats.gguf.blocks import codec_for
-    want = codec_for("Q6_K").encode(src)
-    assert mine["blk.0.ffn_down.weight"][1] == want.tobytes()
+    # llama.cpp's own bytes: dequantize_row_q8_0 then quantize_row_q6_K_ref (kquant_expected/make_q8_to_q6k.py)
+    ref = json.loads((SAMPLES / "kquant_expected" / "q8_to_q6k.json").read_text())
+    got = mine["blk.0.ffn_down.weight"][1]
+    assert len(got) == ref["bytes"] and hashlib.sha256(got).hexdigest() == ref["sha256"]
     rows = {r["name"]: r for r in json.loads(res.output)["tensors"]}
     assert rows["encoder.layer.0.output.dense.weight"]["planned"] == "lossy"
     assert all(r["readback_bit_exact"] for r in rows.values())
@@ -87,3 +88,22 @@ def test_unknown_quant_type_is_refused(tmp_path):
                                     "--to", "gguf", "--quant-type", "Q4_K_X"])
     assert res.exit_code != 0 and "Q4_K_X" in res.output and "Q4_K_M" in res.output
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_K", "Q8_0"])
+def test_single_type_on_a_float_source_matches_llama_quantize_pure(tmp_path, ggml_type):
+    """``--quant-type Q4_K`` (one ggml type) on the F16 MiniLM: the types and bytes llama_model_quantize
+    writes with pure=True (kquant_expected/make_pure.py): 384-wide rows fall back to Q5_0, the
+    1536-wide ffn_down is Q4_K; biases stay F32."""
+    ref = json.loads((SAMPLES / "kquant_expected" / "pure.json").read_text())["types"][ggml_type]
+    dst = tmp_path / f"pure_{ggml_type}.gguf"
+    res = CliRunner().invoke(main, ["convert", str(SAMPLES / "minilm_gguf_F16.gguf"), str(dst), "--to", "gguf",
+                                    "--quant-type", ggml_type, "--json"])
+    assert res.exit_code == 0, res.output
+    mine, _ = _tensors(dst)
+    assert sorted(mine) == sorted(ref)
+    for name, want in ref.items():
+        assert mine[name][0] == want["type"], name
+        assert hashlib.sha256(mine[name][1]).hexdigest() == want["sha256"], f"{name} ({want['type']}): bytes differ"
+    if ggml_type == "Q4_K":
+        assert ref["blk.0.ffn_down.weight"]["type"] == "Q4_K" and ref["blk.0.attn_q.weight"]["type"] == "Q5_0"

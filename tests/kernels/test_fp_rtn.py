@@ -131,9 +131,33 @@ def test_partial_edge_tiles_use_their_own_absmax():
     np.testing.assert_array_equal(got.scales, amax / np.float32(448))
 
 
-def test_negative_zero_keeps_its_sign():
-    got = _q([[-0.0, 0.0, 1.0]], None, None)
-    assert got.codes[0, 0] == 0x80 and got.codes[0, 1] == 0x00
+def test_negative_zero_becomes_positive_zero_as_compressed_tensors():
+    """compressed-tensors adds the (zero) zero point before the cast: a -0.0 weight -> 0x00; a negative
+    value that rounds to zero only in the E4M3 cast keeps its sign (0x80)."""
+    got = _q([[-0.0, 0.0, 448.0, -1e-4]], None, None)
+    assert got.codes[0].tolist() == [0x00, 0x00, 0x7E, 0x80]
+
+
+CT_EDGES = Path(__file__).parent.parent / "data" / "fp8" / "ct_edges.json"
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_scale_underflow_and_zero_signs_match_compressed_tensors(dtype):
+    """Bytes compressed-tensors 0.20.1 wrote for crafted rows (tests/data/fp8/make_ct_edges.py): an F16
+    scale that underflows to 0 becomes finfo(F16).eps = 2^-10, -0.0 weights give 0x00. The all-zero row
+    keeps qckpt's scale 1 (contract 2; compressed-tensors writes eps there) with the same zero codes."""
+    ref = json.loads(CT_EDGES.read_text())
+    assert ref["compressed_tensors"] == "0.20.1"
+    npdt = {"BF16": BF16, "F16": np.float16}[dtype]
+    w = np.array(ref[dtype]["weight_bits"], np.uint16).view(npdt)
+    q, deg, _ = quantize_float(w, E4M3, GroupMap.per_channel("out"), scale_dtype=dtype, arith_dtype=dtype)
+    np.testing.assert_array_equal(q.codes, np.array(ref[dtype]["codes"], np.uint8))
+    ct_scale = np.array(ref[dtype]["scale_bits"], np.uint16)
+    np.testing.assert_array_equal(q.scales.view(np.uint16)[:3, 0], ct_scale[:3])
+    assert deg == 1 and float(q.scales[3, 0]) == 1.0
+    assert float(ct_scale[3:].view(npdt)[0]) == float(ml_dtypes.finfo(npdt).eps)
+    if dtype == "F16":
+        assert float(q.scales[1, 0]) == 2.0 ** -10
 
 
 def test_bf16_intermediate_rounding_by_hand():

@@ -18,7 +18,7 @@ from converter.formats.registry import load
 from converter.groups import GroupMap
 from converter.ops.convert import convert_exact
 from converter.ops.requantize_model import requantize_model
-from converter.quant.carry import as_mx_groups
+from converter.quant.carry import as_mx_groups, nan_code_count
 from converter.quant.classify import classify
 from converter.quant.float_quant import quantize_float
 from converter.quant.requant import Target, requantize
@@ -116,7 +116,8 @@ def test_fp8_to_fp8_narrower_scales_requantizes_with_the_fp8_quantizer():
     assert res.route == "requantized" and res.tensor.scheme.scale_dtype == "F16"
     assert res.tensor.scheme.codebook == E4M3
     s = float(res.tensor.scales[0, 0])
-    assert s == float(np.finfo(np.float16).smallest_subnormal)  # raised, never 0
+    # raised, never 0: compressed-tensors 0.20.1 calculate_qparams puts finfo(scale dtype).eps there (F16: 2^-10)
+    assert s == 2.0 ** -10
     assert res.vs_source is not None and res.vs_source.numel == 4
 
 
@@ -223,3 +224,33 @@ def test_mlx_still_refuses_other_float_elements():
         t = QuantizedTensor("m.weight", ("out", "in"), np.zeros((2, 64), np.uint8), np.ones((2, 2), np.float32),
                             QuantScheme(bits, False, scale_dtype="F32", codebook=cb), GroupMap.per_group(32))
         assert "cannot be written to MLX" in check_target(spec_of(t))
+
+
+def test_mx_groups_carry_nan_codes():
+    """A NaN code (E4M3 0x7F / 0xFF) decodes to NaN under either scale: the carry is not refused."""
+    codes = np.arange(2 * 64, dtype=np.uint8).reshape(2, 64) % 0x7E
+    codes[0, 3], codes[1, 40] = 0x7F, 0xFF
+    t = QuantizedTensor("w", ("out", "in"), codes, np.array([[0.25]], np.float32),
+                        QuantScheme(8, False, scale_dtype="F32", codebook=E4M3), GroupMap.per_tensor())
+    m = as_mx_groups(t)
+    np.testing.assert_array_equal(m.codes, codes)
+    assert m.scales.astype(np.float32).tolist() == [[0.25, 0.25]] * 2
+    v = m.dequantize()
+    assert np.isnan(v[0, 3]) and np.isnan(v[1, 40]) and np.isnan(v).sum() == 2
+    assert nan_code_count(t) == 2
+
+
+def test_mx_groups_of_an_expert_stack_with_nan_codes():
+    codes = (np.arange(2 * 4 * 64, dtype=np.uint8).reshape(2, 4, 64) % 0x7E)
+    codes[1, 2, 5] = 0x7F
+    scales = np.array([[[0.5, 2.0]], [[1.0, 0.125]]], np.float32)  # (expert, out blocks, in blocks): 4 x 32 blocks
+    t = QuantizedTensor("w", ("expert", "out", "in"), codes, scales,
+                        QuantScheme(8, False, scale_dtype="F32", codebook=E4M3), GroupMap.per_block(None, 32))
+    m = as_mx_groups(t)
+    assert m.scales.astype(np.float32).tolist() == [[[0.5, 2.0]] * 4, [[1.0, 0.125]] * 4]
+    v = m.dequantize()
+    assert np.isnan(v[1, 2, 5]) and np.isnan(v).sum() == 1
+    np.testing.assert_array_equal(v, t.dequantize())  # (numpy's testing helper: NaN equal to NaN in place)
+    # the MX scale of element [e, r, c] is its block's: codes * 2^k by hand at a few places
+    assert v[0, 3, 40] == np.float32(codes[0, 3, 40:41].view(ml_dtypes.float8_e4m3fn)[0]) * 2.0
+    assert v[1, 0, 10] == np.float32(codes[1, 0, 10:11].view(ml_dtypes.float8_e4m3fn)[0]) * 1.0

@@ -251,6 +251,38 @@ def test_power_of_two_scales_need_only_half_the_range():
     assert f == [] and st["bound"] == 224.0
 
 
+def test_power_of_two_f32_scales_need_only_half_the_range():
+    """DeepSeek V3.1 ``scale_fmt: ue8m0``: F32 ``weight_scale_inv = 2^ceil(log2(amax / 448))`` per 128x128
+    block. Every block's largest code lies in [224, 448], most below 448: legal, no finding."""
+    w = D.source_k()  # 256 x 576: 2 x 5 blocks
+    S = np.zeros((2, 5), np.float32)
+    codes = np.zeros(w.shape, np.uint8)
+    for i in range(2):
+        for j in range(5):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            S[i, j] = 2.0 ** np.ceil(np.log2(np.abs(blk).max() / 448.0))
+            codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (blk / S[i, j]).astype(E4M3).view(np.uint8)
+    peak = np.array([[np.abs(codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].view(E4M3).astype(np.float32)).max()
+                      for j in range(5)] for i in range(2)])
+    assert peak.min() >= 224 and (peak < 448).sum() >= 2  # the old bound (448) fired on these
+    for dtype, scheme in ((np.float32, D.e4m3("F32")), (ml_dtypes.bfloat16, D.e4m3("BF16"))):
+        t = QuantizedTensor(D.K, ("out", "in"), codes, S.astype(dtype), scheme, GroupMap.per_block(128, 128))
+        f, st = float_checks.check_unsaturated(t)
+        assert f == [] and st["bound"] == 224.0 and st["unsaturated"] == 0
+    # one scale off a power of two: back to the full bound (448)
+    S2 = S.copy()
+    S2[0, 0] *= 1.5
+    t = QuantizedTensor(D.K, ("out", "in"), codes, S2, D.e4m3("F32"), GroupMap.per_block(128, 128))
+    assert float_checks.block_saturation(t)["bound"] == 448.0
+
+
+def test_powers_of_two():
+    assert float_checks.powers_of_two(np.array([0.25, 1.0, 2.0 ** -20], np.float32))
+    assert not float_checks.powers_of_two(np.array([0.25, 0.375], np.float32))
+    assert not float_checks.powers_of_two(np.array([0.0, 1.0], np.float32))
+    assert not float_checks.powers_of_two(np.array([np.nan], np.float32))
+
+
 # -- scale direction ------------------------------------------------------------------------------------
 def _inverted(t: QuantizedTensor) -> QuantizedTensor:
     """What a reader that divides by ``weight_scale_inv`` puts in the logical model: 1 / s as the multiplier."""
@@ -377,3 +409,51 @@ def test_fixture_is_the_documented_file():
     import hashlib
     digest = hashlib.sha256(D.SUBSET.read_bytes()).hexdigest()
     assert digest == "0b03b2630742ca415d3a358ccdba0e1ef26210b4b3adf7b5af2db55374f0a3a6"  # data/README.md
+
+
+# -- row-blocked reductions (no full-size temporaries) -----------------------------------------------------
+def _fp8(shape, gm, seed=0, nan_at=()):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 0x7E, size=shape, dtype=np.uint8) | (rng.integers(0, 2, size=shape, dtype=np.uint8) << 7)
+    for i in nan_at:
+        codes[i] = 0x7F
+    ps = gm.param_shape(shape, ("expert", "out", "in")[-len(shape):])
+    scales = np.exp2(rng.integers(-8, 2, size=ps)).astype(np.float32) * np.float32(1.25)
+    return QuantizedTensor("m.layers.0.q.weight", ("expert", "out", "in")[-len(shape):], codes, scales,
+                           D.e4m3("F32"), gm)
+
+
+@pytest.mark.parametrize("shape,gm", [
+    ((300, 96), GroupMap.per_block(128, 32)), ((300, 96), GroupMap.per_block(None, 32)),
+    ((300, 96), GroupMap.per_channel("out")), ((300, 96), GroupMap.per_group(32, "in")),
+    ((300, 96), GroupMap.per_tensor()), ((3, 130, 64), GroupMap.per_block(64, 64)),
+    ((3, 130, 64), GroupMap.per_tensor())])
+def test_row_blocked_reductions_equal_the_whole_tensor(monkeypatch, shape, gm):
+    nan_at = [(0,) * len(shape), tuple(n - 1 for n in shape), tuple(n // 2 for n in shape)]
+    t = _fp8(shape, gm, nan_at=nan_at)
+    rank, _ = float_checks._rank_table(codebooks.ELEMENTS["e4m3"])
+    sq = np.nan_to_num(np.square(np.asarray(codebooks.E4M3, np.float32)), nan=0.0)
+    whole_max = gm.reduce(rank[t.codes], np.maximum, t.axes)  # the old full-size formulas
+    whole_sum = gm.reduce(sq[t.codes], np.add, t.axes)
+    steps = float_steps(codebooks.E4M3).astype(np.float32)[t.codes] * gm.expand(t.scales, t.shape, t.axes)
+    old_rms = float(np.sqrt(np.mean(np.square(steps, dtype=np.float64))))
+    before = (float_checks.block_saturation(t), float_checks.check_nonfinite_codes(t))
+    monkeypatch.setattr(float_checks, "CHUNK_ELEMENTS", 500)  # many row blocks
+    import converter.rows as rows
+    monkeypatch.setattr(rows, "SUPER_ELEMENTS", 500)
+    np.testing.assert_array_equal(float_checks.reduce_codes(t, rank, np.maximum), whole_max)
+    np.testing.assert_allclose(float_checks.reduce_codes(t, sq, np.add), whole_sum, rtol=1e-6)
+    assert float_checks.block_saturation(t) == before[0]
+    f = float_checks.check_nonfinite_codes(t)
+    assert f[0].evidence == before[1][0].evidence and f[0].evidence["count"] == 3
+    assert f[0].evidence["first_index"] == [0] * len(shape) and f[0].evidence["codes"] == {"0x7F": 3}
+    from converter.validate.reference import step_rms
+    assert step_rms(t) == pytest.approx(old_rms, rel=1e-12)
+    if len(shape) == 2 and gm.granularity.value == "block":
+        from converter.validate.interpretations import _reblocked
+        s = np.asarray(t.scales, np.float32)
+        for factor in (2.0, 0.5):
+            idx = [np.minimum(np.arange(n) // max(1, int(b * factor)), s.shape[ax] - 1) if b else np.zeros(n, int)
+                   for ax, (n, b) in enumerate(zip(shape, (gm.extent("out"), gm.extent("in"))))]
+            want = np.asarray(codebooks.E4M3, np.float32)[t.codes] * s[np.ix_(*idx)]
+            np.testing.assert_array_equal(_reblocked(t, factor), want)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from converter.errors import NotRepresentableError
-from converter.formats.gguf.mix import FILE_TYPES, ModelInfo, TensorInfo, choose_types
+from converter.formats.gguf.mix import FILE_TYPES, ModelInfo, TensorInfo, _fallback, allows_quantization, choose_types
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf
 from converter.formats.ties import resolve_tied_head
 
@@ -42,6 +42,48 @@ def _arch_and_kv(ckpt) -> tuple[str, dict[str, Any]]:
     return arch, kv
 
 
+#: Float dtypes a single type quantizes from (llama-quantize reads F32 / F16 / BF16 weights).
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _pure_float_targets(ckpt, ggml_type: str) -> dict[str, tuple[Any, str]]:
+    """Targets of the float weights for one ggml type: what ``llama-quantize --pure`` quantizes.
+
+    llama.cpp (``src/llama-quant.cpp`` of commit 0c1e57098bba, llama-cpp-python 0.3.36) with ``pure``
+    gives every tensor ``tensor_allows_quantization`` accepts (:func:`~converter.formats.gguf.mix.allows_quantization`:
+    2-D or more, named ``...weight``, not a norm, ``ffn_gate_inp``, position / token-type embedding ...;
+    ``token_embd`` and ``output`` included) the default type, with the row-length fallback
+    (:func:`~converter.formats.gguf.mix._fallback`: Q4_K -> Q5_0 for a 384-wide row); a tensor the
+    fallback leaves F16 stays float. Checked against ``llama_model_quantize(pure=True)``
+    (``sample_checkpoints/gguf/kquant_expected/pure.json``). Without a GGUF architecture (no GGUF
+    source, no known ``config.json`` model_type) float weights are not quantized.
+    """
+    from converter.quant.requant import Target
+
+    floats = [s for s in ckpt.specs() if s.kind == "dense" and s.dtype in _FLOAT_DTYPES and len(s.shape) >= 2]
+    if not floats:
+        return {}
+    try:
+        arch, _ = _arch_and_kv(ckpt)
+    except NotRepresentableError:
+        return {}
+    names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
+    drop, _, _ = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
+    out: dict[str, tuple[Any, str]] = {}
+    for s in floats:
+        if s.name in drop:
+            continue
+        info = TensorInfo(names.get(s.name) or hf_to_gguf(s.name, arch), int(s.shape[-1]), len(s.shape))
+        if not allows_quantization(info):
+            continue
+        t = _fallback(info, ggml_type)
+        if t != "F16":
+            why = "" if t == ggml_type else f" (row length {info.row_len}: llama.cpp's fallback)"
+            out[s.name] = (Target(quant_type=t), f"--quant-type {ggml_type} (llama-quantize --pure): "
+                                                 f"{info.name} -> {t}{why}")
+    return out
+
+
 def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
     """``{name: (Target, reason)}`` for llama-quantize file type ``file_type`` (or one ggml type).
 
@@ -55,9 +97,11 @@ def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
     from converter.formats.gguf.schemes import WRITE_TYPES
 
     if file_type not in FILE_TYPES:
-        if file_type in WRITE_TYPES:  # one type for every quantized tensor
-            return {s.name: (Target(quant_type=file_type), f"--quant-type {file_type}")
-                    for s in ckpt.specs() if s.kind == "quantized"}
+        if file_type in WRITE_TYPES:  # one type for every quantized tensor and float weight (llama-quantize --pure)
+            out = {s.name: (Target(quant_type=file_type), f"--quant-type {file_type}")
+                   for s in ckpt.specs() if s.kind == "quantized"}
+            out.update(_pure_float_targets(ckpt, file_type))
+            return out
         raise NotRepresentableError("unknown GGUF quantization type", field="--quant-type",
                                     expected=list(FILE_TYPES) + list(WRITE_TYPES), found=file_type)
     arch, kv = _arch_and_kv(ckpt)

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from converter.formats.mlx.config import E2M1, E4M3, FORMAT, layer_params, quant_config
 from converter.formats.mlx.reader import codes_map, dequantize_like_mlx, detect_mlx, read_mlx
-from converter.formats.mlx.writer import as_affine, check_target, mlx_config, target_group_size, write_mlx
+from converter.formats.mlx.writer import (MLXTargetOptions, as_affine, check_target, mlx_config, target_group_size,
+                                          write_mlx)
 from converter.formats.registry import FormatHandler, ValidationHooks, register
 
 __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map", "dequantize_like_mlx", "detect_mlx",
@@ -35,5 +36,6 @@ __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map"
 
 HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8; mxfp4, nvfp4 read-only)",
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target,
+                                 target_options=MLXTargetOptions,
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
                                  validation=ValidationHooks(negative_scales=True)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,33 @@ def target_mode(spec: TensorSpec) -> str:
     return "mxfp8" if spec.scheme is not None and spec.scheme.codebook == E4M3 else "affine"
 
 
-def _mxfp8_reason(spec: TensorSpec) -> str | None:
+@dataclass(frozen=True)
+class MLXTargetOptions(TargetOptions):
+    """Write options :func:`check_target` understands.
+
+    Attributes
+    ----------
+    absmax_scales : bool
+        The FP8 scales will be absmax scales (``amax / max_finite``, ``qckpt quantize --fp8``,
+        ``convert --fp8``), not powers of two: an mxfp8 target (E8M0 scales) is then refused before
+        any data moves instead of when written.
+    """
+
+    absmax_scales: bool = False
+
+
+#: What works instead of mxfp8 for absmax FP8 scales (the refusal's advice).
+MXFP8_ABSMAX_ADVICE = ("write the FP8 codes with --to compressed-tensors | fp8 | modelopt, or quantize to MLX "
+                       "integers: --bits 8 --group-size 32 --to mlx")
+
+
+def _mxfp8_reason(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """None when an E4M3 ``spec`` fits mxfp8 groups (from the spec; the scales' powers of two are
-    checked on the data when written), else the reason."""
+    checked on the data when written, or refused here with ``absmax_scales``), else the reason."""
     gm = spec.group_map
+    if getattr(options, "absmax_scales", False) and spec.scheme.scale_dtype != "F8_E8M0":
+        return ("MLX mxfp8 needs E8M0 (power-of-two) scales, one per 32 along in; absmax FP8 scales "
+                f"(amax / 448) are not powers of two: {MXFP8_ABSMAX_ADVICE}")
     n_in = int(spec.shape[-1])
     if n_in % MXFP8_GROUP:
         return f"mxfp8 groups of {MXFP8_GROUP} along in: in_features {n_in} is not a multiple of {MXFP8_GROUP}"
@@ -82,7 +106,7 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
         return f"MLX needs axes (out, in) or (expert, out, in), found {spec.axes}"
     gm, s = spec.group_map, spec.scheme
     if target_mode(spec) == "mxfp8":
-        return _mxfp8_reason(spec)
+        return _mxfp8_reason(spec, options)
     if s.codebook is not None:
         el = element_of(s.codebook)
         return (f"{s.describe()} cannot be written to MLX: affine takes integer grids and the writer's only fp "
