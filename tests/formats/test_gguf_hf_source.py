@@ -17,7 +17,8 @@ import gguf
 from click.testing import CliRunner
 
 from converter.cli import main
-from converter.formats.gguf.format import NO_TOKENIZER, _config_kv, write_gguf
+from converter.formats.gguf.format import write_gguf
+from converter.formats.gguf.hf_source import NO_TOKENIZER, config_kv
 from converter.formats.registry import load
 from converter.ops.compare import compare_tensors
 from converter.ops.convert import convert_exact
@@ -80,13 +81,13 @@ def test_real_fp8_source_cli_text_warns_about_the_tokenizer(tmp_path):
 
 
 def test_config_kv_rope_theta_flat_nested_and_vocab_size():
-    assert _config_kv({"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}, "llama") == \
+    assert config_kv({"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}, "llama") == \
         {"llama.rope.freq_base": 500000.0}
     # a flat rope_theta (transformers 4) wins over a nested one
-    assert _config_kv({"rope_theta": 10000, "rope_parameters": {"rope_theta": 1.0}}, "llama") == \
+    assert config_kv({"rope_theta": 10000, "rope_parameters": {"rope_theta": 1.0}}, "llama") == \
         {"llama.rope.freq_base": 10000.0}
-    assert _config_kv({"vocab_size": 49152, "rope_parameters": None}, "qwen2") == {"qwen2.vocab_size": 49152}
-    assert _config_kv({"vocab_size": True}, "llama") == {}
+    assert config_kv({"vocab_size": 49152, "rope_parameters": None}, "qwen2") == {"qwen2.vocab_size": 49152}
+    assert config_kv({"vocab_size": True}, "llama") == {}
 
 
 def test_tokenizer_warning_only_without_tokenizer_keys(tmp_path):

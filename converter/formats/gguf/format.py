@@ -38,6 +38,14 @@ directory writer asks for them); what could not be made is in ``metadata["side_f
 (file name -> reason). Writing GGUF from a GGUF source takes every key/value from the source,
 never from that derived config.
 
+From a Hugging Face source (no GGUF key/values), :mod:`converter.formats.gguf.hf_source` gives the
+hyperparameters llama.cpp's ``convert_hf_to_gguf.py`` writes (``rope_theta`` or transformers 5's
+``rope_parameters.rope_theta``, ``{arch}.vocab_size``); no ``tokenizer.ggml.*`` keys are made, and the
+result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever the file written has none.
+1-D F16 / BF16 tensors (norm weights, biases) are written F32, an exact widening, as
+``convert_hf_to_gguf.py`` does (``WIDENED_1D``; the read-back proof calls them ``exact`` with
+``widened``, not ``passthrough``).
+
 Writing (``gguf.GGUFWriter``, streamed one tensor at a time into an atomic temporary file) packs
 quantized tensors whose scheme *is* a legacy type (codes and scales reused, no requantization);
 K-quants cannot be written (no K-quant encoder in gguf-py; ``d*sc`` is generally not one fp16
@@ -78,11 +86,12 @@ from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_g
 from converter.formats.gguf.targets import check_target, kquant_match, legacy_match
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
+from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, config_kv, tokenizer_warning
 from converter.formats.ties import resolve_tied_head
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
-           "LEGACY_TYPES", "DENSE_TYPES"]
+           "LEGACY_TYPES", "DENSE_TYPES", "NO_TOKENIZER"]
 
 def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
     """``a`` as float16 if every value survives the cast exactly (GGUF block scales are ``ggml_half``)."""
@@ -152,65 +161,6 @@ def _infer_type(v: Any) -> Any:
         sub = _infer_type(v[0])
         return ["ARRAY", "ARRAY" if isinstance(sub, list) else sub]
     return None
-
-
-def _rope_theta(config: Mapping[str, Any]) -> Any:
-    """RoPE base frequency: top-level ``rope_theta``, else ``rope_parameters["rope_theta"]`` (transformers 5
-    writes only the nested one; ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` reads
-    ``rope_params.get("rope_theta")`` into ``add_rope_freq_base``)."""
-    v = config.get("rope_theta")
-    rp = config.get("rope_parameters")
-    if v is None and isinstance(rp, Mapping):
-        v = rp.get("rope_theta")
-    return v
-
-
-def _config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
-    """Hyperparameter key/values from a Hugging Face config.json (no tokenizer keys).
-
-    Conventions of llama.cpp ``convert_hf_to_gguf.py`` (``TextModel.set_gguf_parameters``;
-    ``LlamaModel.set_gguf_parameters`` adds ``{arch}.vocab_size``, gguf-py ``constants.py``
-    ``Keys.LLM.VOCAB_SIZE``): ``{arch}.rope.freq_base`` from ``rope_theta`` or
-    ``rope_parameters.rope_theta``; ``{arch}.vocab_size`` from ``vocab_size`` (without it, and without
-    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding).
-    """
-    pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
-             "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
-             "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-             "attention.layer_norm_rms_epsilon": "rms_norm_eps", "attention.layer_norm_epsilon": "layer_norm_eps",
-             "vocab_size": "vocab_size"}
-    values = {k: config.get(ck) for k, ck in pairs.items()}
-    values["rope.freq_base"] = _rope_theta(config)
-    out = {}
-    for k, v in values.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
-    return out
-
-
-NO_TOKENIZER = ("warning: no tokenizer: llama.cpp cannot load this GGUF without tokenizer.ggml.* keys; convert "
-                "a GGUF that has them, or make one from a model folder with tokenizer files (llama.cpp "
-                "convert_hf_to_gguf.py)")
-"""The writer's warning (``side_files_skipped["tokenizer.ggml.*"]``) when the output has no
-``tokenizer.ggml.tokens``: llama.cpp's ``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
-
-TOKENIZER_FILES_NOT_CONVERTED = " (the source's tokenizer files are not converted: qckpt builds no GGUF vocabulary)"
-
-_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-
-
-def _tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any]) -> dict[str, str]:
-    """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``."""
-    if "tokenizer.ggml.tokens" in kv:
-        return {}
-    has_files = any(Path(str(f)).name in _HF_TOKENIZER_FILES for f in ckpt.extra_files)
-    return {"tokenizer.ggml.*": NO_TOKENIZER + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
-
-WIDENED_1D = ("F16", "BF16")
-"""Float dtypes of 1-D tensors written as F32 (exact widening): ``convert_hf_to_gguf.py``
-``ModelBase.prepare_tensors`` sets ``data_qtype = F32`` when ``n_dims <= 1`` ("Most of the codebase that
-takes in 1D tensors or norms only handles F32 tensors"); ggml's CPU ``binary_op`` aborts on an F32 x BF16
-norm multiply."""
 
 
 def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, names: Mapping[str, str],
@@ -284,7 +234,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     Returns
     -------
     dict
-        ``files``, ``tensors``, ``types`` (logical name -> ggml type), ``architecture``.
+        ``files``, ``tensors``, ``types`` (logical name -> ggml type), ``architecture``, ``file_type``,
+        ``notes`` (tensor or key name -> list of str: widened 1-D tensors, key/values not written),
+        ``side_files_skipped`` (``{"tokenizer.ggml.*": NO_TOKENIZER}`` when no vocabulary is written).
 
     Raises
     ------
@@ -306,7 +258,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
                           file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
     if not src_kv and ckpt.config:
-        src_kv = _config_kv(ckpt.config, arch)
+        src_kv = config_kv(ckpt.config, arch)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
@@ -399,7 +351,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes}
-    skipped = _tokenizer_warning(ckpt, src_kv)
+    skipped = tokenizer_warning(ckpt, src_kv)
     if skipped:
         result["side_files_skipped"] = skipped
     if tie is not None:

@@ -18,6 +18,7 @@ from converter.errors import NotRepresentableError
 from converter.formats.gguf.mix import FILE_TYPES, ModelInfo, TensorInfo, _fallback, allows_quantization, choose_types
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf
 from converter.formats.ties import resolve_tied_head
+from converter.formats.gguf.hf_source import config_kv
 
 __all__ = ["mix_targets", "FILE_TYPE_KEY"]
 
@@ -26,7 +27,6 @@ FILE_TYPE_KEY = "gguf_file_type"
 
 
 def _arch_and_kv(ckpt) -> tuple[str, dict[str, Any]]:
-    from converter.formats.gguf.format import _config_kv
     kv = dict(ckpt.metadata.get("gguf_kv") or {})
     arch = kv.get("general.architecture") or HF_MODEL_TYPE_TO_ARCH.get(ckpt.config.get("model_type")) \
         or ckpt.config.get("model_type")
@@ -35,7 +35,7 @@ def _arch_and_kv(ckpt) -> tuple[str, dict[str, Any]]:
                                     field="general.architecture", expected="a GGUF source or config.json model_type",
                                     found=None)
     if not kv and ckpt.config:
-        kv = _config_kv(ckpt.config, arch)
+        kv = config_kv(ckpt.config, arch)
         experts = ckpt.config.get("num_local_experts") or ckpt.config.get("num_experts")
         if isinstance(experts, int):
             kv[f"{arch}.expert_count"] = experts

@@ -1,0 +1,72 @@
+"""GGUF key/values for a Hugging Face source (config.json, no GGUF key/values), after llama.cpp's
+``convert_hf_to_gguf.py``: the hyperparameters it writes, the F32 rule for 1-D tensors, and the warning
+when the file written has no vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from converter.tensor import Checkpoint
+
+__all__ = ["config_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
+
+
+def rope_theta(config: Mapping[str, Any]) -> Any:
+    """RoPE base frequency: top-level ``rope_theta``, else ``rope_parameters["rope_theta"]`` (transformers 5
+    writes only the nested one; ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` reads
+    ``rope_params.get("rope_theta")`` into ``add_rope_freq_base``)."""
+    v = config.get("rope_theta")
+    rp = config.get("rope_parameters")
+    if v is None and isinstance(rp, Mapping):
+        v = rp.get("rope_theta")
+    return v
+
+
+def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """Hyperparameter key/values from a Hugging Face config.json (no tokenizer keys).
+
+    Conventions of llama.cpp ``convert_hf_to_gguf.py`` (``TextModel.set_gguf_parameters``;
+    ``LlamaModel.set_gguf_parameters`` adds ``{arch}.vocab_size``, gguf-py ``constants.py``
+    ``Keys.LLM.VOCAB_SIZE``): ``{arch}.rope.freq_base`` from ``rope_theta`` or
+    ``rope_parameters.rope_theta``; ``{arch}.vocab_size`` from ``vocab_size`` (without it, and without
+    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding).
+    """
+    pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
+             "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
+             "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+             "attention.layer_norm_rms_epsilon": "rms_norm_eps", "attention.layer_norm_epsilon": "layer_norm_eps",
+             "vocab_size": "vocab_size"}
+    values = {k: config.get(ck) for k, ck in pairs.items()}
+    values["rope.freq_base"] = rope_theta(config)
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
+    return out
+
+
+NO_TOKENIZER = ("warning: no tokenizer: llama.cpp cannot load this GGUF without tokenizer.ggml.* keys; convert "
+                "a GGUF that has them, or make one from a model folder with tokenizer files (llama.cpp "
+                "convert_hf_to_gguf.py)")
+"""The writer's warning (``side_files_skipped["tokenizer.ggml.*"]``) when the output has no
+``tokenizer.ggml.tokens``: llama.cpp's ``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
+
+TOKENIZER_FILES_NOT_CONVERTED = " (the source's tokenizer files are not converted: qckpt builds no GGUF vocabulary)"
+
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any]) -> dict[str, str]:
+    """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``."""
+    if "tokenizer.ggml.tokens" in kv:
+        return {}
+    has_files = any(Path(str(f)).name in _HF_TOKENIZER_FILES for f in ckpt.extra_files)
+    return {"tokenizer.ggml.*": NO_TOKENIZER + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
+
+
+WIDENED_1D = ("F16", "BF16")
+"""Float dtypes of 1-D tensors written as F32 (exact widening): ``convert_hf_to_gguf.py``
+``ModelBase.prepare_tensors`` sets ``data_qtype = F32`` when ``n_dims <= 1`` ("Most of the codebase that
+takes in 1D tensors or norms only handles F32 tensors"); ggml's CPU ``binary_op`` aborts on an F32 x BF16
+norm multiply."""
