@@ -124,7 +124,8 @@ TARGETS = {
     "awq": ("awq", "", "layers_awq", ["--bits", "4", "--group-size", "64", "--asym", "--scale-dtype", "f16"]),
     "compressed-tensors": ("compressed-tensors", "", "layers_compressed_tensors",
                            ["--bits", "8", "--per-channel", "--sym"]),
-    "mlx": ("mlx", "", "layers_mlx", ["--bits", "4", "--group-size", "64"]),
+    # f16 scales: MLX computes scale * q + bias in the scales' dtype (a bf16 source's scales would stay bf16)
+    "mlx": ("mlx", "", "layers_mlx", ["--bits", "4", "--group-size", "64", "--scale-dtype", "f16"]),
     "gguf": ("gguf", ".gguf", "layers_gguf", ["--bits", "8", "--group-size", "32", "--sym", "--scale-dtype", "f16"]),
 }
 # Every target also gets this one requantize even where the exact repack is accepted.

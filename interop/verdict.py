@@ -123,6 +123,8 @@ def layer_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         return "FAIL", f"qckpt exit {convert['rc']}: {convert.get('error', '')}"
     if result is None:
         return "FAIL", "loader did not run"
+    if result.get("skipped"):
+        return "SKIP", result.get("error", "consumer not installed")
     if not result.get("ok"):
         if result.get("stage"):
             return "FAIL", f"{result['stage']}: {result.get('error', '')}"

@@ -362,6 +362,7 @@ def _x_for(in_features: int, seed: int = 0):
 def _compare_layers(decoded: dict, source_path: str, loader: str, orig_path: str | None = None) -> dict:
     """decoded: name -> (W (out,in) float32 as decoded by the target library, y = library's Linear(x)
     output or None, bias or None). source: qckpt's f32 dequantize of the source checkpoint."""
+    import ml_dtypes  # noqa: F401  (bf16 dense tensors of a source load as numpy arrays)
     from safetensors.numpy import load_file
 
     src = load_file(source_path)
@@ -435,6 +436,7 @@ def act_layers_compressed_tensors(spec: dict) -> dict:
         stage("load", comp.compress_model, model=model)
     missing, unexpected = stage("load", model.load_state_dict, state, strict=False)
     missing = [m for m in missing if not m.endswith(("weight_g_idx",))]
+    unexpected = [u for u in unexpected if state[u].ndim >= 2]  # norms and other 1-D tensors: no Linear
     if missing or unexpected:
         raise Stage("load", ValueError(f"state dict: missing {missing[:4]} unexpected {unexpected[:4]}"))
     stage("decompress", comp.decompress_model, model)
@@ -606,6 +608,13 @@ def act_layers_gguf(spec: dict) -> dict:
         mapped = tmap.get_name(base)
         if mapped is not None:
             gguf_to_hf[f"{mapped}.{suffix}"] = hf
+    heads = {}
+    if arch_name == "llama":  # llama.cpp stores q/k rows permuted (convert_hf_to_gguf LlamaModel.permute)
+        def field(k):
+            f = reader.fields.get(f"llama.{k}")
+            return int(f.parts[-1][0]) if f is not None else None
+        n_head = field("attention.head_count")
+        heads = {"q_proj.weight": n_head, "k_proj.weight": field("attention.head_count_kv") or n_head}
     decoded, unmapped = {}, []
     for t in reader.tensors:
         if len(t.shape) != 2:
@@ -616,6 +625,9 @@ def act_layers_gguf(spec: dict) -> dict:
         if hf is None:
             unmapped.append(t.name)
             continue
+        n = next((h for suffix, h in heads.items() if hf.endswith(suffix)), None)
+        if n:  # the inverse permutation, as transformers' GGUF loader applies it (reverse_permute)
+            w = w.reshape(n, w.shape[0] // n // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
         decoded[hf] = (w, None, None)
     res = _compare_layers(decoded, spec["source_f32"], orig_path=spec.get("orig_f32"), loader=
                           "gguf-py GGUFReader + gguf.quants.dequantize (names via gguf.get_tensor_name_map; "
