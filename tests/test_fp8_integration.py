@@ -79,7 +79,8 @@ def test_deepseek_block_fp8_to_compressed_tensors_and_back_is_byte_identical(tmp
     assert {row["mode"] for row in doc["tensors"] if row["kind"] == "quantized"} == {"exact"}
     qc = json.loads((ct / "config.json").read_text())["quantization_config"]
     assert qc["format"] == "float-quantized"
-    assert [g["weights"]["block_structure"] for g in qc["config_groups"].values()] == [[128, 128]]
+    # two groups: the same 128 x 128 weights, activations declared per group (down_proj) or per token
+    assert [g["weights"]["block_structure"] for g in qc["config_groups"].values()] == [[128, 128]] * 2
     assert run("convert", ct, back, "--to", "fp8").exit_code == 0
     a, b, c = (_fp8_arrays(load(p)) for p in (DEEPSEEK, ct, back))
     assert set(a) == set(b) == set(c) and len(a) == 7
@@ -113,3 +114,19 @@ def test_validate_fp8_samples_with_their_readers_finds_only_partial_blocks():
     rep = validate(DEEPSEEK)
     assert rep.exit_code == 0 and len(rep.tensors) == 7
     assert {f.code for f in rep.findings} == {"block-tail"} and all(f.severity == "info" for f in rep.findings)
+
+
+def test_deepseek_dynamic_group_activations_declared_where_they_tile(tmp_path):
+    """DeepSeek's activations are quantized per token group of 128 (``act_quant``); compressed-tensors'
+    runtime cannot run a partial group, so a module whose in_features 128 does not divide (576) is declared
+    per token and the report warns; down_proj (1536 = 12 x 128) keeps the group-128 declaration."""
+    ct = tmp_path / "ct"
+    r = run("convert", DEEPSEEK, ct, "--to", "compressed-tensors")
+    assert r.exit_code == 0, r.output
+    assert "do not tile in_features 576: declared per token" in " ".join(r.output.split())
+    groups = json.loads((ct / "config.json").read_text())["quantization_config"]["config_groups"]
+    by_target = {t: g["input_activations"] for g in groups.values() for t in g["targets"]}
+    down = [a for t, a in by_target.items() if "down_proj" in t]
+    others = [a for t, a in by_target.items() if "down_proj" not in t]
+    assert down and all(a["strategy"] == "group" and a["group_size"] == 128 and a["dynamic"] for a in down)
+    assert others and all(a["strategy"] == "token" and a["dynamic"] for a in others)

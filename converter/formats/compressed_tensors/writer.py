@@ -370,6 +370,13 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         prefix = module_prefix(spec.name)
         if spec.scheme.codebook is not None:  # FP8: float-quantized
             act = _activation_json(ckpt, prefix, static)
+            if act is not None and act.get("strategy") == "group" and spec.shape[-1] % act["group_size"]:
+                # compressed-tensors' forward unflattens the activations into whole groups and fails on
+                # a partial one (576 = 4 x 128 + 64): declare per-token dynamic FP8 instead, and say so
+                notes[spec.name] = [f"warning: dynamic activations per group of {act['group_size']} do not tile "
+                                    f"in_features {spec.shape[-1]}: declared per token (compressed-tensors "
+                                    "cannot run a partial activation group)"]
+                act = _dynamic("dynamic")
             by_args.setdefault((_args_of(spec, False), _freeze(act)), []).append(prefix)
             plans.append(_float_plan(spec, prefix))
             continue
