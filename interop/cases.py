@@ -217,8 +217,10 @@ def fp8_cases() -> list[dict]:
            refuse_match=["power"]),
         _f("mlx-w8g32/mlx_lm", "mlx8", ["convert", "--to", "mlx", "--bits", "8"] + G32, "mlx_lm", "lossy"),
         _f("mlx-w4g32/mlx_lm", "mlx4", ["convert", "--to", "mlx", "--bits", "4"] + G32, "mlx_lm", "lossy"),
-        # (no GGUF row: the source ships no tokenizer, and a GGUF without tokenizer.ggml.* keys loads in neither
-        # transformers nor llama.cpp; FP8 -> GGUF Q8_0 is checked tensor by tensor in the layer group)
+        # transformers' GGUF loader reads the model from the file (vocab_size, rope freq_base); llama.cpp needs
+        # tokenizer.ggml.* keys, which a source without a tokenizer cannot give (the report warns)
+        _f("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8", "--sym"] + G32,
+           "transformers", "lossy"),
         _f("gptq-w4g32-asym/transformers", "gptq", ["convert", "--to", "gptq", "--bits", "4", "--asym"] + G32,
            "transformers", "lossy"),
         _f("awq-w4g32/transformers", "awq", ["convert", "--to", "awq", "--bits", "4"] + G32, "transformers",
