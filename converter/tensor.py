@@ -15,7 +15,8 @@ import numpy as np
 
 from converter.dtypes import dtype_name
 from converter.errors import ErrorKind, LayoutError, MissingTensorError, UnsupportedError
-from converter.groups import Granularity, GroupMap, as_row_groups
+from converter.groups import Granularity, GroupMap
+from converter.row_groups import as_row_groups
 from converter.layout import EXPERT, AxisMap, PackedCodes, check_axes
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.spec import KINDS, ROLES, StoredArray, TensorSpec, opaque_reason, refuse_opaque

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from converter.groups import Granularity, GroupMap, as_row_groups
+from converter.groups import Granularity, GroupMap
+from converter.row_groups import as_row_groups
 from converter.kernels.dequant import byte_table, dequantize_block, dequantize_block_tables, dequantize_rows
 from converter.layout import EXPERT, PackedCodes
 from converter.scheme import QuantScheme, ZeroPoint

@@ -11,7 +11,8 @@ import pytest
 
 from converter import codebooks
 from converter.errors import LayoutError
-from converter.groups import Granularity, GroupMap, as_row_groups
+from converter.groups import Granularity, GroupMap
+from converter.row_groups import as_row_groups
 from converter.scheme import QuantScheme
 from converter.tensor import QuantizedTensor, row_splittable, take_rows
 

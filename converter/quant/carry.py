@@ -17,7 +17,8 @@ import numpy as np
 from converter.codebooks import element_of
 from converter.dtypes import float_dtype
 from converter.errors import NotRepresentableError, QuantizationError
-from converter.groups import Granularity, GroupMap, as_row_groups
+from converter.groups import Granularity, GroupMap
+from converter.row_groups import as_row_groups
 from converter.layout import EXPERT, IN, OUT
 from converter.quant.recode import (as_float_bias, as_integer_zero, as_positive_scales, as_signed, as_unsigned,
                                     exact_cast)

@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "converter"
 BOTTOM = {"converter.errors", "converter.runtime"}
-MODEL = {f"converter.{m}" for m in ("dtypes", "codebooks", "layout", "groups", "scheme", "spec", "tensor", "values",
-                                    "rows", "vocabulary", "sizes")}
+MODEL = {f"converter.{m}" for m in ("dtypes", "codebooks", "layout", "groups", "row_groups", "scheme", "spec",
+                                    "tensor", "values", "rows", "vocabulary", "sizes")}
 THIRD_PARTY = {"numpy", "ml_dtypes", "threadpoolctl"}
 
 
