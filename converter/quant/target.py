@@ -94,15 +94,19 @@ class Target:
                                    found=self.group_size)
         if self.bits is not None and not 2 <= int(self.bits) <= 8:
             raise UnsupportedError("bits out of range", field="--bits", expected="2..8", found=self.bits)
+        self._normalize_scale_dtype()
+        if self.scale_search not in ("none", "mse"):
+            raise UnsupportedError("unknown scale search", field="--scale-search", expected=["none", "mse"],
+                                   found=self.scale_search)
+
+    def _normalize_scale_dtype(self) -> None:
+        """``scale_dtype`` as a storage dtype name (``f16`` -> ``F16``); UnsupportedError names the choices."""
         if self.scale_dtype is not None:
             sd = float_dtype_name(self.scale_dtype)
             if sd is None:
                 raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=list(SCALE_DTYPE_CHOICES),
                                        found=self.scale_dtype)
             object.__setattr__(self, "scale_dtype", sd)
-        if self.scale_search not in ("none", "mse"):
-            raise UnsupportedError("unknown scale search", field="--scale-search", expected=["none", "mse"],
-                                   found=self.scale_search)
 
     def _check_element(self) -> None:
         if self.element not in FP8_ELEMENTS:
@@ -121,12 +125,7 @@ class Target:
         object.__setattr__(self, "granularity", gran)
         object.__setattr__(self, "bits", 8)
         object.__setattr__(self, "symmetric", True)
-        if self.scale_dtype is not None:
-            sd = float_dtype_name(self.scale_dtype)
-            if sd is None:
-                raise UnsupportedError("unknown scale dtype", field="--scale-dtype", expected=list(SCALE_DTYPE_CHOICES),
-                                       found=self.scale_dtype)
-            object.__setattr__(self, "scale_dtype", sd)
+        self._normalize_scale_dtype()
         if self.scale_search != "none":
             raise UnsupportedError("--scale-search does not apply to --fp8 (absmax scales)", field="--scale-search",
                                    found=self.scale_search)
