@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +39,14 @@ from converter.formats import activations
 from converter.formats.base import write_directory
 from converter.formats.registry import TargetOptions
 from converter.formats.source import module_prefix
-from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.write.plan import TensorPlan, rows_plan
 from converter.codebooks import element_of
-from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, DYNAMIC_TOKEN_FP8, G_IDX_UNTIL,
-                                                         READ_FORMATS, STATIC_TENSOR_FP8, WeightArgs, emit_config,
+from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_UNTIL,
+                                                         READ_FORMATS, WeightArgs, emit_config,
                                                          packing_for, parse_version)
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
+from converter.formats.compressed_tensors.float_writer import (activation_json, dense_plan_of, dynamic_args,
+                                                               float_plan, float_target)
 from converter.quant import recode
 
 
@@ -110,26 +112,6 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
         if vt[:2] > G_IDX_UNTIL:
             return ("act-order g_idx: compressed-tensors >= 0.13 stores no weight_g_idx (0.20 rejects "
                     "actorder=group); write with ct_version='0.12.2' or requantize")
-    return None
-
-
-def float_target(spec: TensorSpec) -> str | None:
-    """``None`` when an 8-bit float spec can be written exactly as ``float-quantized``, else the reason."""
-    s, gm = spec.scheme, spec.group_map
-    el = element_of(s.codebook)
-    if el.name != "e4m3":
-        return (f"{el.name} weights: compressed-tensors float-quantized declares only type float / num_bits 8, "
-                "which its loaders create as float8_e4m3fn (QuantizationArgs.pytorch_dtype, 0.20.1)")
-    if s.scale_dtype not in ("F16", "BF16", "F32"):
-        return f"scale dtype {s.scale_dtype} is not a float-quantized weight_scale dtype (F16/BF16/F32)"
-    if tuple(spec.axes) != AXES:
-        return f"axes {list(spec.axes)}: only 2-D [out, in] weights are written"
-    if gm.granularity is Granularity.CHANNEL and gm.axis != OUT:
-        return "per-column (channel along in) scales have no compressed-tensors strategy"
-    if gm.granularity is Granularity.BLOCK and (gm.extent(OUT) is None or gm.extent(IN) is None):
-        return "a block spanning a whole axis has no block_structure [bo, bi]"
-    if gm.granularity not in (Granularity.TENSOR, Granularity.CHANNEL, Granularity.BLOCK):
-        return f"{gm.describe()} FP8 scales: float-quantized writes strategies tensor, channel and block"
     return None
 
 
@@ -212,70 +194,6 @@ def encode(t: QuantizedTensor, prefix: str, *, fmt: str, version: tuple[int, ...
     return out
 
 
-def encode_float(t: QuantizedTensor, prefix: str) -> dict:
-    """float-quantized arrays of one module: ``weight`` (the element bytes as F8) and ``weight_scale``
-    (``[1]`` tensor, ``[O, 1]`` channel, ``[ceil(O/bo), ceil(I/bi)]`` block; scale dtype kept)."""
-    el = element_of(t.scheme.codebook)
-    scales = np.ascontiguousarray(t.scales)
-    return {prefix + ".weight": np.ascontiguousarray(t.codes).view(el.numpy),
-            prefix + ".weight_scale": scales.reshape(1) if t.group_map.granularity is Granularity.TENSOR else scales}
-
-
-def _float_outputs(spec: TensorSpec, prefix: str) -> list:
-    tensor = spec.group_map.granularity is Granularity.TENSOR
-    return [(prefix + ".weight", element_of(spec.scheme.codebook).storage_dtype, tuple(spec.shape)),
-            (prefix + ".weight_scale", spec.scheme.scale_dtype,
-             (1,) if tensor else tuple(spec.group_map.param_shape(spec.shape, spec.axes)))]
-
-
-def _float_plan(spec: TensorSpec, prefix: str) -> TensorPlan:
-    plan = TensorPlan(spec.name, _float_outputs(spec, prefix), lambda t, prefix=prefix: encode_float(t, prefix), [])
-    gm = spec.group_map
-    if gm.granularity is Granularity.TENSOR:
-        return rows_plan(plan, once=[prefix + ".weight_scale"])
-    if gm.granularity is Granularity.CHANNEL:
-        return rows_plan(plan)
-    return plan  # block scales are per block of rows: written whole
-
-
-def _float_module(ckpt: Checkpoint, module: str | None) -> bool:
-    """Whether ``module`` has an FP8 (float-quantized) ``<module>.weight`` in ``ckpt``."""
-    w = f"{module}.weight"
-    return module is not None and w in ckpt and ckpt.spec(w).kind == "quantized" \
-        and ckpt.spec(w).scheme.codebook is not None
-
-
-def _dense(ckpt: Checkpoint, spec: TensorSpec) -> TensorPlan:
-    """A dense tensor's plan: the activation scale of an FP8 module, whatever its source spelling
-    (``activation_scale``, ``qscale_act`` ...), is written as compressed-tensors' ``<p>.input_scale``
-    ``[1]`` (``initialize_qparams`` in 0.20.1, per-tensor strategy); the rest passes through."""
-    mod = activations.owner(spec.name) if activations.is_activation_scale(spec) else None
-    if _float_module(ckpt, mod) and int(np.prod(spec.shape, dtype=np.int64)) == 1:
-        return activations.activation_plan(spec, f"{mod}.input_scale", (1,))
-    return dense_plan(spec)
-
-
-def _dynamic(value: Any) -> dict | None:
-    """The ``input_activations`` of a ``metadata["activations"]`` value ``dynamic`` (per token) or
-    ``dynamic:group:<n>`` (per token group, as compressed-tensors' ``FP8_BLOCK`` preset declares)."""
-    if value == "dynamic":
-        return DYNAMIC_TOKEN_FP8
-    if isinstance(value, str) and value.startswith("dynamic:group:") and value.rsplit(":", 1)[1].isdigit():
-        return {**DYNAMIC_TOKEN_FP8, "strategy": "group", "group_size": int(value.rsplit(":", 1)[1])}
-    return None
-
-
-def _activation_json(ckpt: Checkpoint, prefix: str, static: Mapping[str, TensorSpec]) -> dict | None:
-    """``input_activations`` of a module: static per-tensor FP8 when the source stores an activation
-    scale for it (``static``: :func:`converter.formats.activations.activation_scales`, any spelling),
-    dynamic FP8 when the source says its activations are dynamic (``metadata["activations"]``, filled
-    by the FP8 readers: per token, or per token group), else None (weight-only)."""
-    if prefix in static and int(np.prod(static[prefix].shape, dtype=np.int64)) == 1:
-        return STATIC_TENSOR_FP8
-    acts = (ckpt.metadata or {}).get("activations")
-    return _dynamic(acts.get(prefix)) if isinstance(acts, dict) else None
-
-
 def _outputs(spec: TensorSpec, prefix: str, fmt: str, version: tuple[int, ...], keep_g_idx: bool) -> list:
     """(name, dtype, shape) of every array :func:`encode` returns, from the spec alone."""
     s, gm = spec.scheme, spec.group_map
@@ -356,7 +274,7 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     static = activations.activation_scales(ckpt)
     for spec in ckpt.specs():
         if spec.kind == "dense":
-            plans.append(_dense(ckpt, spec))
+            plans.append(dense_plan_of(ckpt, spec))
             if spec.name.endswith(".weight") and len(spec.shape) == 2:
                 ignore.append(module_prefix(spec.name))  # a Linear-like weight left unquantized
             continue
@@ -369,16 +287,16 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
                                         tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
         if spec.scheme.codebook is not None:  # FP8: float-quantized
-            act = _activation_json(ckpt, prefix, static)
+            act = activation_json(ckpt, prefix, static)
             if act is not None and act.get("strategy") == "group" and spec.shape[-1] % act["group_size"]:
                 # compressed-tensors' forward unflattens the activations into whole groups and fails on
                 # a partial one (576 = 4 x 128 + 64): declare per-token dynamic FP8 instead, and say so
                 notes[spec.name] = [f"warning: dynamic activations per group of {act['group_size']} do not tile "
                                     f"in_features {spec.shape[-1]}: declared per token (compressed-tensors "
                                     "cannot run a partial activation group)"]
-                act = _dynamic("dynamic")
+                act = dynamic_args("dynamic")
             by_args.setdefault((_args_of(spec, False), _freeze(act)), []).append(prefix)
-            plans.append(_float_plan(spec, prefix))
+            plans.append(float_plan(spec, prefix))
             continue
         keep = bool(spec.act_order) and vt[:2] <= G_IDX_UNTIL
         by_args.setdefault((_args_of(spec, keep), None), []).append(prefix)
