@@ -14,6 +14,14 @@ Families (FORMATS.md section 0):
   :mod:`converter.codebooks`: E2M1 for mxfp4/nvfp4, E4M3 / E5M2 for FP8, whose codes are the raw
   element bytes). A codebook is not an affine grid and is never treated as one.
 
+Two-level scales (NVFP4): a codebook scheme may also carry one **global scale** per tensor, whose
+direction is part of the scheme (``global_scale``): ``"multiplier"`` (ModelOpt ``weight_scale_2``,
+``x = codebook[q] * (s * g)``) or ``"divisor"`` (compressed-tensors ``weight_global_scale``,
+``x = codebook[q] * (s / g)``) or ``"amax"`` (MLX nvfp4 ``global_scale``, the tensor's absolute
+maximum: ``x = codebook[q] * (s * (g / 2688))``). The stored value is kept as written; the effective group scale is
+computed in float32 in one place (:func:`converter.values.effective_scales`), so a direction read
+wrong can never hide in a reader (it would be a factor of ``g^2``).
+
 Rounding is half-to-even by default (numpy ``rint``, ONNX QuantizeLinear); llama.cpp's reference
 quantizers round half away from zero, so GGUF writers use ``"half_away"``.
 """
@@ -32,6 +40,12 @@ from converter.errors import LayoutError
 
 SCALE_DTYPES = ("F32", "F16", "BF16", "F8_E4M3", "F8_E8M0")
 ROUNDING_MODES = ("half_even", "half_away")
+#: Directions of a per-tensor global scale ``g``: the effective group scale is ``s * g`` or ``s / g``.
+#: ``amax`` (MLX nvfp4 ``global_scale``): ``g`` is the tensor's absolute maximum and the effective
+#: scale is ``s * (g / (6 * 448))`` (E2M1 max times E4M3 max), the quotient rounded to float32 first.
+GLOBAL_SCALE_DIRECTIONS = ("multiplier", "divisor", "amax")
+#: The ``amax`` direction's denominator: E2M1's largest value (6) times E4M3's (448).
+AMAX_DENOMINATOR = 6.0 * 448.0
 
 
 class ZeroPoint(str, Enum):
@@ -61,6 +75,12 @@ class QuantScheme:
         ``half_even`` (default) or ``half_away`` (llama.cpp).
     codebook : tuple of float, optional
         ``2^bits`` values indexed by code (NF4, FP4, E2M1); implies ``zero_point="none"``.
+    global_scale : str, optional
+        ``"multiplier"``, ``"divisor"`` or ``"amax"``: the tensor also stores one float32 global
+        scale ``g`` (:attr:`converter.tensor.QuantizedTensor.global_scale`) and the effective group
+        scale is ``s * g``, ``s / g`` or ``s * (g / 2688)`` (NVFP4: ModelOpt ``weight_scale_2``
+        multiplies, compressed-tensors ``weight_global_scale`` divides, MLX ``global_scale`` is the
+        tensor's amax). ``None``: no global scale.
 
     Raises
     ------
@@ -74,6 +94,7 @@ class QuantScheme:
     scale_dtype: str = "F16"
     rounding: str = "half_even"
     codebook: tuple[float, ...] | None = None
+    global_scale: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "zero_point", ZeroPoint(self.zero_point))
@@ -85,6 +106,9 @@ class QuantScheme:
         if self.rounding not in ROUNDING_MODES:
             raise LayoutError("unknown rounding mode", field="scheme.rounding", expected=list(ROUNDING_MODES),
                               found=self.rounding)
+        if self.global_scale is not None and self.global_scale not in GLOBAL_SCALE_DIRECTIONS:
+            raise LayoutError("unknown global-scale direction", field="scheme.global_scale",
+                              expected=list(GLOBAL_SCALE_DIRECTIONS), found=self.global_scale)
         if self.codebook is not None:
             el = element_of(self.codebook)
             # a float element's table is the one ``ELEMENTS[...].values`` object: equality (tuple
@@ -136,9 +160,13 @@ class QuantScheme:
         """Short label: ``int4 sym``, ``uint4 asym(int zp)``, ``uint4 affine(float bias)``, ``e4m3 float``
         (a float element, :mod:`converter.codebooks`) or ``4-bit codebook`` (NF4 and other tables)."""
         kind = ("u" if not self.signed else "") + f"int{self.bits}"
+        if self.global_scale is not None and self.global_scale not in GLOBAL_SCALE_DIRECTIONS:
+            raise LayoutError("unknown global-scale direction", field="scheme.global_scale",
+                              expected=list(GLOBAL_SCALE_DIRECTIONS), found=self.global_scale)
         if self.codebook is not None:
             el = element_of(self.codebook)
-            return f"{el.name} float" if el is not None else f"{self.bits}-bit codebook"
+            label = f"{el.name} float" if el is not None else f"{self.bits}-bit codebook"
+            return label + (f" (global scale: {self.global_scale})" if self.global_scale else "")
         zp = {ZeroPoint.NONE: "sym", ZeroPoint.INTEGER: "asym(int zp)", ZeroPoint.FLOAT: "affine(float bias)"}
         return f"{kind} {zp[self.zero_point]}"
 
@@ -152,6 +180,8 @@ class QuantScheme:
         el = element_of(self.codebook)
         if el is not None:
             obj["codebook"], obj["element"] = None, el.name
+        if self.global_scale is not None:
+            obj["global_scale"] = self.global_scale
         return obj
 
     @classmethod
@@ -162,7 +192,7 @@ class QuantScheme:
                 codebook = element(obj["element"]).values
             return cls(bits=obj["bits"], signed=obj["signed"], zero_point=ZeroPoint(obj["zero_point"]),
                        scale_dtype=obj["scale_dtype"], rounding=obj.get("rounding", "half_even"),
-                       codebook=codebook)
+                       codebook=codebook, global_scale=obj.get("global_scale"))
         except (KeyError, ValueError, TypeError) as exc:
             if isinstance(exc, LayoutError):
                 raise

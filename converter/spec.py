@@ -12,7 +12,9 @@ from converter.scheme import QuantScheme
 
 #: Roles of stored arrays. ``activation_scale``: a static activation (input) scale stored beside a
 #: weight (``input_scale``, ``qscale_act``): metadata for the runtime, never applied to the weight.
-ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activation_scale")
+#: ``global_scale``: the per-tensor second-level weight scale of NVFP4 (``weight_scale_2``,
+#: ``weight_global_scale``), applied to every group scale in the scheme's direction.
+ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activation_scale", "global_scale")
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,10 @@ class QuantizedTensor:
         (``float`` schemes, dtype of scales). ``None`` for symmetric and codebook schemes.
     double_quant : DoubleQuant, optional
         Two-level scale record (GGUF K-quants).
+    global_scale : ndarray, shape ``()``, float32, optional
+        The per-tensor global scale ``g`` as the file stores it, present exactly when
+        ``scheme.global_scale`` names its direction (``s * g`` or ``s / g``; NVFP4). The group
+        ``scales`` stay the stored ones (E4M3); :func:`converter.values.effective_scales` combines them.
     stored : dict, optional
         How the source stored it (role -> AxisMap); informational, for validators and audits.
 
@@ -133,6 +137,7 @@ class QuantizedTensor:
     zero_points: np.ndarray | None = None
     double_quant: DoubleQuant | None = None
     stored: Mapping[str, AxisMap] = field(default_factory=dict)
+    global_scale: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -169,6 +174,14 @@ class QuantizedTensor:
         if self.scales.dtype != s.scale_np_dtype:
             raise LayoutError("scales dtype does not match the scheme", field="scales",
                               expected=s.scale_dtype, found=str(self.scales.dtype))
+        g = self.global_scale
+        if (g is None) != (s.global_scale is None):
+            raise LayoutError("a global scale is stored exactly when the scheme names its direction",
+                              field="global_scale", expected=s.global_scale or "none",
+                              found="none" if g is None else "an array")
+        if g is not None and (g.shape != () or g.dtype != np.float32):
+            raise LayoutError("the global scale is one float32 value", field="global_scale",
+                              expected="float32 shape ()", found=f"{g.dtype} {list(g.shape)}")
         zp = self.zero_points
         if s.zero_point is ZeroPoint.NONE:
             if zp is not None:
@@ -282,6 +295,8 @@ def spec_of(t: Tensor, stored: Sequence[StoredArray] | None = None) -> TensorSpe
         if t.zero_points is not None:
             st.append(StoredArray(t.name + ".zero_points", "zero_points", dtype_name(t.zero_points.dtype),
                                   tuple(t.zero_points.shape), int(t.zero_points.nbytes)))
+        if t.global_scale is not None:
+            st.append(StoredArray(t.name + ".global_scale", "global_scale", "F32", (), 4))
         if t.group_map.g_idx is not None:
             st.append(StoredArray(t.name + ".g_idx", "g_idx", "I32", tuple(t.group_map.g_idx.shape),
                                   int(t.group_map.g_idx.nbytes)))

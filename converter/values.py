@@ -19,7 +19,7 @@ from converter.groups import Granularity, GroupMap
 from converter.row_groups import as_row_groups
 from converter.kernels.dequant import byte_table, dequantize_block, dequantize_block_tables, dequantize_rows
 from converter.layout import EXPERT, PackedCodes
-from converter.scheme import QuantScheme, ZeroPoint
+from converter.scheme import AMAX_DENOMINATOR, QuantScheme, ZeroPoint
 
 if TYPE_CHECKING:  # (annotations only: converter.tensor imports this module)
     from converter.tensor import QuantizedTensor
@@ -39,6 +39,8 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     -------
     ndarray of float32 (or ``dtype``), shape ``t.shape`` (named by ``t.axes``).
     """
+    if t.global_scale is not None:
+        t = with_effective_scales(t)
     if dtype is not None and np.dtype(dtype) != np.float32:
         if _table_decodable(t, np.dtype(dtype)):
             return _dequantize_tables(t, np.dtype(dtype))
@@ -65,6 +67,42 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
                            group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
                            center=center, table=table, codebook=codebook)
+
+
+def effective_scales(scales: np.ndarray, global_scale: np.ndarray | None, direction: str | None) -> np.ndarray:
+    """Group scales with the per-tensor global scale applied, in float32: ``s * g`` (``multiplier``,
+    ModelOpt ``weight_scale_2``), ``s / g`` (``divisor``, compressed-tensors ``weight_global_scale``,
+    ``compressors/nvfp4``: ``scale / global_scale``) or ``s * (g / 2688)`` (``amax``, MLX nvfp4
+    ``global_scale``; the quotient rounded to float32 first, as ``mx.dequantize`` computes it,
+    checked bit for bit on mlx 0.32.4); ``s`` as float32 when there is none.
+
+    Parameters
+    ----------
+    scales : ndarray, any shape (the group map's ``param_shape``), any float dtype (E4M3 for NVFP4)
+    global_scale : ndarray of float32, shape ``()``, or None
+    direction : ``"multiplier"``, ``"divisor"``, ``"amax"`` or None (:attr:`QuantScheme.global_scale`)
+
+    Returns
+    -------
+    ndarray of float32, shape ``scales.shape``: one rounding (the product or quotient in float32).
+    """
+    s = np.asarray(scales).astype(np.float32)
+    if global_scale is None:
+        return s
+    g = np.float32(global_scale)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if direction == "amax":
+            return s * (g / np.float32(AMAX_DENOMINATOR))
+        return s * g if direction == "multiplier" else s / g
+
+
+def with_effective_scales(t: "QuantizedTensor") -> "QuantizedTensor":
+    """``t`` with its global scale folded into float32 group scales (:func:`effective_scales`): the
+    tensor every one-level consumer (dequantize, requantize, error sums) sees. Codes stay packed."""
+    if t.global_scale is None:
+        return t
+    eff = effective_scales(t.scales, t.global_scale, t.scheme.global_scale)
+    return t.replace(scales=eff, scheme=t.scheme.replace(scale_dtype="F32", global_scale=None), global_scale=None)
 
 
 def _table_decodable(t: "QuantizedTensor", dtype: np.dtype) -> bool:

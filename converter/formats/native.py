@@ -61,6 +61,8 @@ def descriptor(t: QuantizedTensor | TensorSpec) -> dict[str, Any]:
         "g_idx": {"tensor": f"{t.name}.g_idx"} if has_g_idx else None,
         "double_quant": None,
     }
+    if scheme.global_scale is not None:
+        obj["global_scale"] = {"tensor": f"{t.name}.global_scale"}
     if isinstance(t, QuantizedTensor) and t.double_quant is not None:
         dq = t.double_quant
         obj["double_quant"] = {"kind": dq.kind, "super_block": dq.super_block,
@@ -79,6 +81,8 @@ def _outputs(t: QuantizedTensor) -> dict[str, np.ndarray]:
         out[d["zero_points"]["tensor"]] = np.ascontiguousarray(zp)
     if t.group_map.g_idx is not None:
         out[d["g_idx"]["tensor"]] = np.ascontiguousarray(t.group_map.g_idx.astype(np.int32))
+    if t.global_scale is not None:
+        out[d["global_scale"]["tensor"]] = np.array(t.global_scale, dtype=np.float32)  # stays 0-d
     if t.double_quant is not None:
         dq = t.double_quant
         for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"):
@@ -104,6 +108,8 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
     pshape = spec.group_map.param_shape(spec.shape, axes)
     outs = [(d["codes"]["tensor"], "U32", codes_axis_map(axes, s.bits).stored_shape(dict(zip(axes, spec.shape)))),
             (d["scales"]["tensor"], s.scale_dtype, pshape)]
+    if d.get("global_scale"):
+        outs.append((d["global_scale"]["tensor"], "F32", ()))
     if d["zero_points"]:
         zdt = s.scale_dtype if s.zero_point.value == "float" else ("I8" if s.signed else "U8")
         outs.append((d["zero_points"]["tensor"], zdt, pshape))
@@ -111,9 +117,9 @@ def _plan(ckpt: Checkpoint, name: str) -> tuple[TensorPlan, dict | None]:
         outs.append((d["g_idx"]["tensor"], "I32", (spec.shape[axes.index(spec.group_map.axis)],)))
     plan = TensorPlan(name, outs, _outputs)
     if axes == (OUT, IN):  # codes [out, in/w], parameters [out, ...] (per tensor and g_idx: row-independent)
-        once = [o[0] for o in outs if o[0].endswith(".g_idx")]
+        once = [o[0] for o in outs if o[0].endswith((".g_idx", ".global_scale"))]
         if spec.group_map.granularity.value == "tensor":
-            once += [o[0] for o in outs[1:] if not o[0].endswith(".g_idx")]
+            once += [o[0] for o in outs[1:] if not o[0].endswith((".g_idx", ".global_scale"))]
         elif spec.group_map.granularity.value == "group" and spec.group_map.axis != IN:
             return plan, d
         elif spec.group_map.granularity.value == "block":
@@ -198,6 +204,8 @@ def _spec(src: Source, name: str, d: dict[str, Any]) -> TensorSpec:
         stored.append(src.stored_array(d["zero_points"]["tensor"], "zero_points"))
     if d["g_idx"]:
         stored.append(src.stored_array(d["g_idx"]["tensor"], "g_idx"))
+    if d.get("global_scale"):
+        stored.append(src.stored_array(d["global_scale"]["tensor"], "global_scale"))
     for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"):
         if src.has(f"{name}.dq.{k}"):
             stored.append(src.stored_array(f"{name}.dq.{k}", "scales"))
@@ -221,9 +229,10 @@ def _load_quantized(src: Source, name: str, d: dict[str, Any]) -> QuantizedTenso
             arr = {k: (np.array(src.read(f"{name}.dq.{k}")) if src.has(f"{name}.dq.{k}") else None)
                    for k in ("super_scales", "sub_scales", "super_mins", "sub_mins")}
             dq = DoubleQuant(d["double_quant"]["kind"], d["double_quant"]["super_block"], **arr)
+        gs = np.array(src.read(d["global_scale"]["tensor"])) if d.get("global_scale") else None
         return QuantizedTensor(name=name, axes=axes, codes=codes, scales=np.array(src.read(d["scales"]["tensor"])),
                                scheme=scheme, group_map=GroupMap.from_json(d["group_map"], g_idx=g_idx),
-                               zero_points=zp, double_quant=dq)
+                               zero_points=zp, double_quant=dq, global_scale=gs)
     except LayoutError as exc:
         exc.with_context(file=src.file_of(d["codes"]["tensor"]), tensor=name)
         raise
