@@ -21,10 +21,18 @@ QUANT_METHOD = "compressed-tensors"
 READ_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
 #: The float format (FP8 ``weight`` + ``weight_scale``; ``FloatQuantizationCompressor``), read and written.
 FLOAT_FORMAT = "float-quantized"
+#: The FP4 (E2M1) formats: ``NVFP4PackedCompressor`` / ``MXFP4PackedCompressor`` (compressors/nvfp4, mxfp4).
+NVFP4_FORMAT = "nvfp4-pack-quantized"
+MXFP4_FORMAT = "mxfp4-pack-quantized"
+FP4_FORMATS = (NVFP4_FORMAT, MXFP4_FORMAT)
 #: Formats that are valid compressed-tensors but not read here (honest refusal).
-REFUSED_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
-                   "mxfp8-quantized", "marlin-24", "sparse-bitmask", "sparse-24-bitmask")
-KNOWN_FORMATS = READ_FORMATS + (FLOAT_FORMAT,) + REFUSED_FORMATS + ("dense", "mixed-precision")
+REFUSED_FORMATS = ("mxfp6-pack-quantized", "mxfp8-quantized", "marlin-24", "sparse-bitmask", "sparse-24-bitmask")
+KNOWN_FORMATS = READ_FORMATS + (FLOAT_FORMAT,) + FP4_FORMATS + REFUSED_FORMATS + ("dense", "mixed-precision")
+#: FP4 strategies and group sizes (``can_compress``: NVFP4 group 16 ``tensor_group``, MXFP4 group 32 ``group``).
+FP4_STRATEGY = {NVFP4_FORMAT: "tensor_group", MXFP4_FORMAT: "group"}
+FP4_GROUP = {NVFP4_FORMAT: 16, MXFP4_FORMAT: 32}
+#: ``scale_dtype`` as the presets write it (``NVFP4A16``: E4M3; ``MXFP4A16``: uint8 E8M0 exponents).
+FP4_SCALE_DTYPE = {NVFP4_FORMAT: "torch.float8_e4m3fn", MXFP4_FORMAT: "torch.uint8"}
 STRATEGIES = ("tensor", "channel", "group")
 #: Strategies of ``type: "float"`` weights read here (``block`` with ``block_structure: [bo, bi]``).
 FLOAT_STRATEGIES = ("tensor", "channel", "block")
@@ -80,6 +88,14 @@ class WeightArgs:
     actorder: str | None = None
     type: str = "int"
     block: tuple[int, int] | None = None
+    scale_dtype: str | None = None
+
+    @property
+    def fp4_format(self) -> str | None:
+        """``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized`` for 4-bit float weights, else None."""
+        if self.type != "float" or self.bits != 4:
+            return None
+        return MXFP4_FORMAT if self.strategy == "group" and self.group_size == 32 else NVFP4_FORMAT
 
 
 @dataclass(frozen=True)
@@ -218,11 +234,14 @@ def _weight_args(obj: Any, *, file: Any, field: str) -> WeightArgs:
 
 def _float_weight_args(obj: Mapping, bits: Any, *, file: Any, field: str) -> WeightArgs:
     """``type: "float"`` weights: 8 bits, symmetric, strategy tensor / channel / block
-    (``QuantizationArgs`` 0.20.1: ``pytorch_dtype`` is ``float8_e4m3fn`` for 8-bit floats)."""
+    (``QuantizationArgs`` 0.20.1: ``pytorch_dtype`` is ``float8_e4m3fn`` for 8-bit floats), or 4 bits
+    (E2M1, :func:`_fp4_weight_args`)."""
+    if bits == 4 and not isinstance(bits, bool):
+        return _fp4_weight_args(obj, file=file, field=field)
     if bits != 8 or isinstance(bits, bool):
-        raise UnsupportedError(f"{bits}-bit float weights are not read by the float-quantized reader "
-                               "(FP4 is nvfp4/mxfp4-pack-quantized)", file=file, field=field + ".num_bits",
-                               expected=8, found=bits)
+        raise UnsupportedError(f"{bits}-bit float weights are not read by the compressed-tensors reader "
+                               "(float-quantized is 8-bit, nvfp4/mxfp4-pack-quantized 4-bit)", file=file,
+                               field=field + ".num_bits", expected=[4, 8], found=bits)
     gs = obj.get("group_size")
     strategy = obj.get("strategy")
     if strategy is None:  # QuantizationArgs.validate_model_after
@@ -246,6 +265,30 @@ def _float_weight_args(obj: Mapping, bits: Any, *, file: Any, field: str) -> Wei
                               file=file, field=field + ".block_structure", expected="[bo, bi]", found=bs)
         block = (int(bs[0]), int(bs[1]))
     return WeightArgs(bits=8, symmetric=True, strategy=strategy, group_size=None, type="float", block=block)
+
+
+def _fp4_weight_args(obj: Mapping, *, file: Any, field: str) -> WeightArgs:
+    """4-bit float (E2M1) weights: symmetric, strategy ``tensor_group`` (NVFP4: group 16, E4M3 scales and a
+    ``weight_global_scale``) or ``group`` (MXFP4: group 32, E8M0 exponents); ``QuantizationArgs``
+    ``validate_model_after`` infers ``group`` from a group size (0.20.1)."""
+    gs = obj.get("group_size")
+    strategy = obj.get("strategy") or ("group" if isinstance(gs, int) and gs > 0 else None)
+    if strategy not in ("tensor_group", "group"):
+        raise UnsupportedError(f"strategy {strategy!r} is not supported for 4-bit float weights", file=file,
+                               field=field + ".strategy", expected=["tensor_group", "group"], found=strategy)
+    if isinstance(gs, bool) or not isinstance(gs, int) or gs < 1:
+        raise FormatError("4-bit float weights need a positive group_size", file=file, field=field + ".group_size",
+                          expected="16 (NVFP4) or 32 (MXFP4)", found=gs)
+    if obj.get("symmetric", True) is not True:
+        raise UnsupportedError("asymmetric FP4 weights are not supported (NVFP4PackedCompressor: symmetric only)",
+                               file=file, field=field + ".symmetric", expected=True, found=obj.get("symmetric"))
+    if obj.get("actorder") not in (None, False):
+        raise FormatError(ACTORDER_MSG, file=file, field=field + ".actorder", expected=None, found=obj["actorder"])
+    sd = obj.get("scale_dtype")
+    if sd is not None and not isinstance(sd, str):
+        raise FormatError("scale_dtype must be a torch dtype name", file=file, field=field + ".scale_dtype",
+                          expected="e.g. torch.uint8", found=repr(sd)[:40])
+    return WeightArgs(bits=4, symmetric=True, strategy=strategy, group_size=gs, type="float", scale_dtype=sd)
 
 
 def _activation_args(obj: Any, *, file: Any, field: str) -> ActivationArgs | None:
@@ -344,7 +387,14 @@ def parse_config(qc: Any, *, file: Any = None) -> CTConfig:
 
 # -- emit -----------------------------------------------------------------------------------------
 def weights_json(args: WeightArgs) -> dict[str, Any]:
-    """``weights`` object with exactly the keys compressed-tensors 0.20.1 writes (sample_checkpoints/ct_*)."""
+    """``weights`` object with exactly the keys compressed-tensors 0.20.1 writes (sample_checkpoints/ct_*);
+    FP4 weights with the full key set llm-compressor writes for the ``NVFP4A16`` / ``MXFP4A16`` presets
+    (sample_checkpoints/ct_nvfp4_smollm2, ct_mxfp4_smollm2: ``scale_dtype``, ``observer`` ...)."""
+    if args.fp4_format is not None:
+        return {"actorder": None, "block_structure": None, "dynamic": False, "group_size": args.group_size,
+                "num_bits": 4, "observer": None, "observer_kwargs": {},
+                "scale_dtype": args.scale_dtype or FP4_SCALE_DTYPE[args.fp4_format], "strategy": args.strategy,
+                "symmetric": True, "type": "float", "zp_dtype": None}
     obj: dict[str, Any] = {"dynamic": False, "group_size": args.group_size, "num_bits": args.bits,
                            "strategy": args.strategy, "symmetric": args.symmetric, "type": args.type}
     if args.actorder is not None:
@@ -363,16 +413,22 @@ STATIC_TENSOR_FP8 = {"dynamic": False, "group_size": None, "num_bits": 8, "strat
 
 
 def emit_config(groups: Sequence[tuple[WeightArgs, Sequence[str]]], *, fmt: str, version: str,
-                ignore: Sequence[str], activations: Sequence[Mapping | None] | None = None) -> dict[str, Any]:
+                ignore: Sequence[str], activations: Sequence[Mapping | None] | None = None,
+                names: Sequence[str] | None = None) -> dict[str, Any]:
     """A ``quantization_config`` as ``ModelCompressor.update_config`` writes it (0.20.1 key set).
 
     ``groups`` pairs each weight-args set with its targets (``["Linear"]`` when one set covers
     every quantized module; module names otherwise). Float groups get ``format: "float-quantized"``,
-    the others ``fmt``; the top-level ``format`` is ``"mixed-precision"`` when they differ.
-    ``activations``: each group's ``input_activations`` object (None: weight-only).
+    4-bit float groups their FP4 format, the others ``fmt``; the top-level ``format`` is
+    ``"mixed-precision"`` when they differ. ``activations``: each group's ``input_activations`` object
+    (None: weight-only). ``names``: the group names (default ``group_<i>``).
     """
     acts = list(activations) if activations is not None else [None] * len(groups)
-    cg = {f"group_{i}": {"format": FLOAT_FORMAT if args.type == "float" else fmt,
+    names = list(names) if names is not None else [f"group_{i}" for i in range(len(groups))]
+
+    def group_format(args: WeightArgs) -> str:
+        return args.fp4_format or (FLOAT_FORMAT if args.type == "float" else fmt)
+    cg = {names[i]: {"format": group_format(args),
                          "input_activations": dict(act) if act is not None else None, "output_activations": None,
                          "targets": list(targets), "weights": weights_json(args)}
           for i, ((args, targets), act) in enumerate(zip(groups, acts))}

@@ -47,7 +47,8 @@ def opaque_spec(src: Source, group: ConfigGroup, prefix: str) -> TensorSpec:
         main = prefix + ".weight" if src.has(prefix + ".weight") else prefix + ".weight_packed"
         shape = tuple(src.info(main).shape)
     roles = {"weight": "codes", "weight_packed": "codes", "weight_scale": "scales", "weight_zero_point": "zero_points",
-             "weight_g_idx": "g_idx", "input_scale": "activation_scale"}
+             "weight_g_idx": "g_idx", "input_scale": "activation_scale", "weight_global_scale": "global_scale",
+             "input_global_scale": "activation_scale"}
     stored = tuple(src.stored_array(n, roles.get(n.rsplit(".", 1)[-1], "other")) for n in names)
     return TensorSpec(prefix + ".weight", "opaque", shape, stored,
                       dtype=f"compressed-tensors {group.format or 'unknown format'} (config group {group.name!r})",

@@ -22,7 +22,7 @@ groups, the last one partial, as ``initialize_qparams`` / ``strategy_cdiv`` size
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,15 @@ from converter.formats.compressed_tensors.config import (ACTORDER_MSG, CTConfig,
                                                          parse_config)
 from converter.formats.compressed_tensors.float_layout import FloatLayout, activation_spec, float_layout, load_float
 from converter.formats.compressed_tensors.inventory import activation_metadata, opaque_spec, quantized_prefixes
+from converter.formats.compressed_tensors import e8m0_rule
+from converter.formats.compressed_tensors.fp4_layout import (ACTIVATION_SUFFIXES, FP4Layout, fp4_layout, is_fp4_group,
+                                                             load_fp4)
+from converter.formats.compressed_tensors.fp4_layout import activation_spec as fp4_activation_spec
 
 FORMAT = "compressed-tensors"
 AXES = (OUT, IN)
 SCALE_DTYPES = ("F16", "BF16", "F32")
-SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx")
+SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_global_scale")
 
 
 def codes_map(bits: int, packing: str) -> AxisMap:
@@ -336,12 +340,15 @@ def read_ct(src: Source) -> Checkpoint:
     """
     cfg_file = Path(src.directory) / "config.json"
     cfg = parse_config(src.quantization_config, file=cfg_file)
-    layouts: dict[str, ModuleLayout | FloatLayout] = {}
+    layouts: dict[str, ModuleLayout | FloatLayout | FP4Layout] = {}
     opaque: dict[str, TensorSpec] = {}
     for p in quantized_prefixes(src):
         group = cfg.group_for(p)
         if group is not None and group.unreadable is not None:
             opaque[p + ".weight"] = opaque_spec(src, group, p)
+        elif is_fp4_group(group) and src.has(p + ".weight_packed"):
+            m = fp4_layout(src, group, p)
+            layouts[m.name] = m
         elif group is not None and group.weights is not None and src.has(p + ".weight") \
                 and src.info(p + ".weight").dtype.startswith("F8_"):
             m = float_layout(src, group, p)
@@ -351,20 +358,27 @@ def read_ct(src: Source) -> Checkpoint:
             layouts[m.name] = m
     owned = {s for m in layouts.values() for s in (a.name for a in m.stored)}
     owned |= {a.name for spec in opaque.values() for a in spec.stored}
+    mx = [m.prefix for m in layouts.values() if isinstance(m, FP4Layout) and m.fmt == "mxfp4-pack-quantized"]
+    rule = e8m0_rule.decide(src, cfg.version, cfg.version_tuple, mx, owned) if mx else None
+    if rule is not None:
+        layouts.update({n: replace(m, rule=rule) for n, m in layouts.items()
+                        if isinstance(m, FP4Layout) and m.prefix in mx})
     # Stray partner tensors of modules that are not quantized would be silently dense otherwise.
     for n in src.tensor_names():
         if n not in owned and n.rsplit(".", 1)[-1] in SUFFIXES:
             raise FormatError("quantization partner tensor without its quantized module", file=src.file_of(n),
                               tensor=n, field="name", expected="weight_packed or int8 weight beside it", found="absent")
     activations = {m.prefix + ".input_scale" for m in layouts.values() if isinstance(m, FloatLayout)}
+    fp4_acts = {f"{m.prefix}.{s}" for m in layouts.values() if isinstance(m, FP4Layout) for s in ACTIVATION_SUFFIXES}
     specs: dict[str, TensorSpec] = {}
     for n in src.tensor_names():
         if n in owned:
             continue
-        specs[n] = activation_spec(src, n) if n in activations and src.has(n) else src.dense_spec(n)
+        specs[n] = (activation_spec(src, n) if n in activations else
+                    fp4_activation_spec(src, n) if n in fp4_acts else src.dense_spec(n))
     specs.update(opaque)
     for name, m in layouts.items():
-        if isinstance(m, FloatLayout):
+        if isinstance(m, (FloatLayout, FP4Layout)):
             specs[name] = m.spec()
             continue
         notes = []
@@ -377,10 +391,13 @@ def read_ct(src: Source) -> Checkpoint:
 
     def load(name: str) -> QuantizedTensor:
         m = layouts[name]
+        if isinstance(m, FP4Layout):
+            return load_fp4(src, m)
         return load_float(src, m) if isinstance(m, FloatLayout) else load_module(src, m)
+    extra = {"mx_e8m0_rule": f"{rule.rule} ({rule.by})", "mx_e8m0_evidence": rule.evidence} if rule else {}
     return source_checkpoint(src, FORMAT, specs, load, layouts,
                              {"ct_format": cfg.format, "ct_version": cfg.version,
-                              **activation_metadata(cfg, layouts.values(), opaque)})
+                              **activation_metadata(cfg, layouts.values(), opaque), **extra})
 
 
 def detect_ct(src: Source) -> Detection | None:
