@@ -47,6 +47,9 @@ from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_
 from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
 from converter.formats.compressed_tensors.float_writer import (activation_json, dense_plan_of, dynamic_args,
                                                                float_plan, float_target)
+from converter.formats.compressed_tensors.fp4_writer import (NVFP4_ACTIVATIONS, PRESET_NAME, divisor_global_scale,
+                                                             fp4_plan, fp4_target, is_fp4)
+from converter.formats.compressed_tensors.fp4_writer import args_of as fp4_args
 from converter.quant import recode
 
 
@@ -85,6 +88,12 @@ def check_target(spec: TensorSpec, options: CTTargetOptions = CTTargetOptions())
     if spec.kind != "quantized":
         return opaque_reason(spec)  # None for dense tensors
     s, gm = spec.scheme, spec.group_map
+    if is_fp4(spec):
+        try:
+            _, vt, _ = _options(options.ct_version, options.ct_format)
+        except FormatError as exc:
+            return str(exc)
+        return fp4_target(spec, vt)
     if s.codebook is not None and element_of(s.codebook) is not None and element_of(s.codebook).bits == 8:
         return float_target(spec)
     if s.codebook is not None:
@@ -254,6 +263,41 @@ def _has_unquantized_head(ckpt: Checkpoint, by_args: dict[tuple, list[str]]) -> 
             or any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs))
 
 
+def _fp4_divisors(ckpt: Checkpoint, fp4_mods: set[str], static: dict, options: "CTTargetOptions") -> dict:
+    """Up front, before any data moves: every FP4 spec's target reason, its ``weight_global_scale``
+    divisor (:func:`~converter.formats.compressed_tensors.fp4_writer.divisor_global_scale`) and its
+    static activation scale, which must already be compressed-tensors' ``<p>.input_global_scale``
+    (a divisor; other spellings hold the activation scale in another direction).
+
+    Raises
+    ------
+    NotRepresentableError
+        A spec compressed-tensors FP4 cannot hold, a global scale with no exact divisor, an FP4
+        module's activation scale in another spelling.
+    """
+    out = {}
+    for spec in ckpt.specs():
+        if not is_fp4(spec):
+            continue
+        reason = check_target(spec, options)
+        if reason:
+            raise NotRepresentableError(f"cannot write as compressed-tensors: {reason}", tensor=spec.name,
+                                        field="scheme", hint="requantize to a scheme compressed-tensors holds")
+        out[spec.name] = divisor_global_scale(ckpt, spec)
+    for mod in fp4_mods:
+        act = static.get(mod)  # spellings of converter.formats.activations (input_scale ...)
+        if f"{mod}.input_global_scale" in ckpt and ckpt.spec(f"{mod}.weight").scheme.scale_dtype == "F8_E8M0":
+            raise NotRepresentableError("MXFP4 modules declare dynamic activations: no input_global_scale",
+                                        tensor=f"{mod}.input_global_scale", field="name", expected="absent",
+                                        found="present")
+        if act is not None:
+            raise NotRepresentableError("FP4 activation scale in another convention: compressed-tensors stores "
+                                        "input_global_scale, a divisor", tensor=act.name, field="name",
+                                        expected=f"{mod}.input_global_scale", found=act.name,
+                                        hint="drop the activation scale (weight-only NVFP4A16) or requantize")
+    return out
+
+
 def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version: str | None = None,
              ct_format: str | None = None, max_shard_bytes: int | None = None, **_: Any) -> dict:
     """Write ``ckpt`` as a compressed-tensors model directory (atomically).
@@ -272,6 +316,8 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     ignore: list[str] = []
     notes: dict[str, list[str]] = {}
     static = activations.activation_scales(ckpt)
+    fp4_mods = {module_prefix(sp.name) for sp in ckpt.specs() if is_fp4(sp) and sp.name.endswith(".weight")}
+    divisors = _fp4_divisors(ckpt, fp4_mods, static, CTTargetOptions(ct_version=version, ct_format=fmt))
     for spec in ckpt.specs():
         if spec.kind == "dense":
             plans.append(dense_plan_of(ckpt, spec))
@@ -286,6 +332,12 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
             raise NotRepresentableError("compressed-tensors stores quantized weights as <module>.weight_*",
                                         tensor=spec.name, field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
+        if is_fp4(spec):  # nvfp4- / mxfp4-pack-quantized
+            # a stored <p>.input_global_scale passes through as a dense tensor (NVFP4 W4A4 preset)
+            act = NVFP4_ACTIVATIONS if f"{prefix}.input_global_scale" in ckpt else None
+            by_args.setdefault((fp4_args(spec), _freeze(act)), []).append(prefix)
+            plans.append(fp4_plan(spec, prefix, divisors.get(spec.name), vt))
+            continue
         if spec.scheme.codebook is not None:  # FP8: float-quantized
             act = activation_json(ckpt, prefix, static)
             if act is not None and act.get("strategy") == "group" and spec.shape[-1] % act["group_size"]:
@@ -321,7 +373,11 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         keyed = [(a, sorted(mods)) for a, mods in sorted(by_args.items(), key=lambda kv: kv[1][0])]
     groups = [(key[0], mods) for key, mods in keyed]
     acts = [dict(key[1]) if key[1] is not None else None for key, _ in keyed]
-    qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore), activations=acts)
+    names = None
+    if len(keyed) == 1 and keyed[0][0][0].fp4_format is not None:  # llm-compressor names the group by its preset
+        preset = PRESET_NAME[keyed[0][0][0].fp4_format]
+        names = [preset[: -len("A16")] if acts[0] is not None else preset]
+    qc = emit_config(groups, fmt=fmt, version=version, ignore=sorted(ignore), activations=acts, names=names)
     config = {k: v for k, v in (ckpt.config or {}).items() if k not in ("quantization_config", "quantization")}
     config["quantization_config"] = qc
     summary = write_directory(ckpt, dst, plans, config=config, max_shard_bytes=max_shard_bytes, overwrite=overwrite,
