@@ -102,7 +102,7 @@ def e2m1_codes(q: np.ndarray, rule: str = "ct") -> np.ndarray:
     """
     a = np.minimum(np.abs(q), np.float32(E2M1_MAX))
     idx = np.zeros(q.shape, np.uint8)
-    for k, (t, up) in enumerate(zip(_MIDPOINTS, _TIE_UP)):
+    for t, up in zip(_MIDPOINTS, _TIE_UP):
         idx += (a >= t) if (up and rule == "ct") else (a > t)
     neg = q < 0
     if rule == "mlx":
