@@ -152,12 +152,35 @@ def _fp8_granularity(per_tensor: bool, per_channel: bool, group_size: int | None
         raise click.BadParameter(str(exc), param_hint="--block") from None
 
 
+def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block) -> None:
+    """``--fp4`` fixes bits (4), groups (32 / 16 along in), scale dtype (E8M0 / E4M3) and symmetry."""
+    if fp8 is not None:
+        raise click.UsageError("conflicting options --fp4 and --fp8: give one")
+    if bits is not None and bits != 4:
+        raise click.UsageError(f"--fp4 codes have 4 bits: drop --bits {bits}")
+    if not sym:
+        raise click.UsageError("--fp4 is symmetric (E2M1 codes, no zero point): drop --asym")
+    if scale_dtype is not None:
+        raise click.UsageError(f"--fp4 {fp4} fixes its scale dtype ({'E8M0' if fp4 == 'mxfp4' else 'E4M3'}): "
+                               "drop --scale-dtype")
+    fixed = 32 if fp4 == "mxfp4" else 16
+    if per_tensor or per_channel or block is not None or (group_size is not None and group_size != fixed):
+        raise click.UsageError(f"--fp4 {fp4} has groups of {fixed} along the input axis: drop the granularity option")
+    if rule == "mlx" and fp4 != "mxfp4":
+        raise click.UsageError("--fp4-rule mlx reproduces MLX's mxfp4 only: use --fp4 mxfp4 or --fp4-rule ct")
+
+
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--bits", type=click.IntRange(2, 8), default=None, help="Bits per code (required without --fp8).")
 @click.option("--fp8", "fp8", type=click.Choice(FP8_ELEMENTS), default=None,
               help="Quantize to an FP8 element (E4M3 or E5M2) with absmax scales, as compressed-tensors does.")
+@click.option("--fp4", "fp4", type=click.Choice(["mxfp4", "nvfp4"]), default=None,
+              help="Quantize to FP4 (E2M1): mxfp4 = groups of 32, E8M0 scales; nvfp4 = groups of 16, E4M3 "
+                   "scales and an F32 global scale (shared by q/k/v and gate/up, as llm-compressor does).")
+@click.option("--fp4-rule", type=click.Choice(["ct", "mlx"]), default="ct", show_default=True,
+              help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx, mxfp4 only).")
 @click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
@@ -174,14 +197,19 @@ def _fp8_granularity(per_tensor: bool, per_channel: bool, group_size: int | None
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
-def quantize(src, dst, bits, fp8, per_tensor, per_channel, group_size, block, sym, scale_dtype, to, include, exclude,
-             overwrite, as_json):
+def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
+             include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
                                               quantize_model, summarize)
     blocks = None
-    if fp8 is not None:
+    if fp4 is not None:
+        _check_fp4_options(fp4, fp4_rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block)
+        bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
+    elif fp4_rule != "ct":
+        raise click.UsageError("--fp4-rule needs --fp4")
+    elif fp8 is not None:
         if bits is not None and bits != 8:
             raise click.UsageError(f"--fp8 codes have 8 bits: drop --bits {bits}")
         if not sym:
@@ -192,7 +220,7 @@ def quantize(src, dst, bits, fp8, per_tensor, per_channel, group_size, block, sy
         if block is not None:
             raise click.UsageError("--block needs --fp8 (integer targets: --per-tensor, --per-channel, --group-size)")
         if bits is None:
-            raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2).")
+            raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2, --fp4 mxfp4|nvfp4).")
         granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     if to is not None:
         with _usage_errors():
@@ -200,9 +228,11 @@ def quantize(src, dst, bits, fp8, per_tensor, per_channel, group_size, block, sy
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     sd = float_dtype_name(scale_dtype) if scale_dtype is not None else (None if fp8 is not None else "F16")
+    if fp4 is not None:
+        sd = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
                            scale_dtype=sd, include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE,
-                           element=fp8, block=blocks)
+                           element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     stats = quantize_model(load(src), dst, opts, overwrite=overwrite, **kw)
     _emit(summarize(stats, opts, str(src), dst, **kw), as_json, render.render_quantize, "quantize-report")

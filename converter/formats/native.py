@@ -251,7 +251,7 @@ def read_native(src: Source) -> Checkpoint:
              for k, v in meta.items() if k.startswith(LAYOUT_PREFIX)}
     owned: set[str] = set()
     for name, d in descs.items():
-        for role in ("codes", "scales", "zero_points", "g_idx"):
+        for role in ("codes", "scales", "zero_points", "g_idx", "global_scale"):
             if d.get(role):
                 owned.add(d[role]["tensor"])
         owned.update(f"{name}.dq.{k}" for k in ("super_scales", "sub_scales", "super_mins", "sub_mins"))

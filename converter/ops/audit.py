@@ -7,7 +7,11 @@ listed only when a checkpoint has them) and per file (headers), effective bits p
 partial edge blocks counted; no padding, alignment or headers; labelled as such) next to the measured
 file sizes. A 2-D block tensor (FP8 ``weight_block_size``) also gets its block grid. ``what_if`` prices
 the same tensors under other layouts before converting (float-element tensors: other block sizes,
-per-channel and per-tensor scales too, the current layout marked).
+per-channel and per-tensor scales too, the current layout marked; every tensor: the two FP4 targets,
+MXFP4 = 4 + 8/32 = 4.25 bits per weight, NVFP4 = 4 + 8/16 = 4.5 plus its 4-byte F32 global scale).
+
+An NVFP4 tensor's global scale (role ``global_scale``, listed only when present) is counted in its
+measured bits per weight and, 4 bytes per tensor, in the theoretical figure.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from converter.formats.safetensors_io import read_header
 
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
 #: Roles listed only when non-zero (a checkpoint without them audits as before).
-OPTIONAL_ROLES = ("activation_scale",)
+OPTIONAL_ROLES = ("activation_scale", "global_scale")
+#: Bytes of one stored global scale (F32, per tensor).
+GLOBAL_SCALE_BYTES = 4
 #: Roles that are not part of a weight's representation (left out of its bits per weight).
 NOT_WEIGHT_BYTES = ("dense", "activation_scale")
 
@@ -96,6 +102,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
         if spec.kind == "quantized":
             theo = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
                                      SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order)
+            theo = with_global_scale(theo, spec.numel, spec.scheme.global_scale is not None)
             quant = sum(v for r, v in roles.items() if r not in NOT_WEIGHT_BYTES)
             row.update(bits=spec.scheme.bits, scheme=spec.scheme.describe(), groups=spec.group_map.describe(),
                        n_groups=theo["groups"], bits_per_weight=8 * quant / spec.numel if spec.numel else 0.0,
@@ -124,6 +131,38 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
                    "theoretical_note": "theoretical: N*b/8 payload + groups x bytes per group; "
                                        "excludes packing padding, alignment and headers"},
     }
+
+
+def with_global_scale(theo: dict[str, Any], numel: int, has_global: bool) -> dict[str, Any]:
+    """``theo`` (:func:`converter.sizes.theoretical_bytes`) plus one F32 global scale when ``has_global``."""
+    if not has_global:
+        return theo
+    total = theo["total_bytes"] + GLOBAL_SCALE_BYTES
+    return dict(theo, metadata_bytes=theo["metadata_bytes"] + GLOBAL_SCALE_BYTES, total_bytes=total,
+                bits_per_weight=8 * total / numel if numel else 0.0)
+
+
+#: The FP4 targets priced for every tensor: label, group size along ``in``, scale dtype, global scale.
+FP4_LAYOUTS = (("mxfp4: E2M1, group 32, F8_E8M0 scales", 32, "F8_E8M0", False),
+               ("nvfp4: E2M1, group 16, F8_E4M3 scales + F32 global scale", 16, "F8_E4M3", True))
+
+
+def _fp4_rows(spec: TensorSpec) -> list[dict[str, Any]]:
+    """What-if rows of the FP4 targets (4 bits); a float-element tensor's rows carry ``current`` (true
+    when the tensor is that layout), as its other rows do (integer tensors' rows carry none)."""
+    from converter.codebooks import E2M1_VALUES
+    rows = []
+    for label, g, sd, glob in FP4_LAYOUTS:
+        gm = GroupMap.per_group(g)
+        t = with_global_scale(theoretical_bytes(spec.shape, spec.axes, 4, gm, SCALE_BYTES[sd], 0.0), spec.numel, glob)
+        cur = (spec.scheme.codebook == E2M1_VALUES and spec.group_map.granularity is Granularity.GROUP
+               and spec.group_map.axis == "in" and spec.group_map.group_size == g and spec.scheme.scale_dtype == sd)
+        rows.append({"layout": label, "granularity": gm.describe(), "scale_dtype": sd, "zero_point": "none",
+                     "bits": 4, "bytes": t["total_bytes"], "bits_per_weight": t["bits_per_weight"],
+                     "partial_tail": gm.partial_tail(spec.shape, spec.axes)})
+        if element_of(spec.scheme.codebook) is not None:
+            rows[-1]["current"] = bool(cur)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -178,9 +217,10 @@ def what_if_layouts(spec: TensorSpec) -> list[dict[str, Any]]:
     """
     el = element_of(spec.scheme.codebook)
     layouts = _layouts(spec)
+    fp4 = _fp4_rows(spec)
     if el is not None:
         layouts += _float_layouts(spec, el.name)
-        if not any(_same_layout(lay, spec) for lay in layouts):
+        if not any(_same_layout(lay, spec) for lay in layouts) and not any(r.get("current") for r in fp4):
             layouts.append(Layout(f"{el.name} {spec.group_map.describe()}, {spec.scheme.scale_dtype} scales",
                                   spec.group_map, spec.scheme.scale_dtype, spec.scheme.zero_point.value))
     rows = []
@@ -195,4 +235,4 @@ def what_if_layouts(spec: TensorSpec) -> list[dict[str, Any]]:
         if lay.group_map.granularity is Granularity.BLOCK:  # partial_tail is the in remainder only
             row["partial_blocks"] = lay.group_map.partial_blocks(spec.shape, spec.axes)
         rows.append(row)
-    return rows
+    return rows + fp4

@@ -1,9 +1,14 @@
 """``qckpt quantize``: float checkpoint -> quantized checkpoint (native, or any writable format's
 handler with ``--to``), with an error report.
 
-Targets: integer round-to-nearest (``--bits``, :func:`converter.quant.quantize.quantize`) or a float
+Targets: integer round-to-nearest (``--bits``, :func:`converter.quant.quantize.quantize`), a float
 element (``--fp8 e4m3|e5m2``: per tensor, per output channel or per 2-D block,
-:func:`converter.quant.float_quant.quantize_float`, compressed-tensors' arithmetic).
+:func:`converter.quant.float_quant.quantize_float`, compressed-tensors' arithmetic) or FP4
+(``--fp4 mxfp4|nvfp4``, :func:`converter.quant.fp4_quant.quantize_fp4`: E2M1 codes in groups of 32 with
+E8M0 scales / of 16 with E4M3 scales and an F32 global scale; rule ``ct`` = compressed-tensors, ``mlx``
+= MLX mxfp4). NVFP4 global scales are shared by llm-compressor's fused sets (q/k/v of one attention
+block, gate/up of one MLP: :func:`converter.quant.fp4_quant.fused_sets`): the absmax of the set's
+selected members, each read once more in row blocks.
 
 Streams tensor by tensor: each selected weight is quantized when the writer asks for it (in the
 write's worker task), its error statistics reported as that task's result
@@ -31,6 +36,9 @@ from converter.write.engine import collect_results, task_result
 from converter.layout import IN, OUT
 from converter.kernels.metrics import error_stats
 from converter.quant.float_quant import arith_dtype_of, float_scheme, quantize_float
+from converter.quant.fp4_quant import FP4_KINDS, fp4_group_map, fp4_scheme, fused_sets, quantize_fp4
+from converter.kernels.fp4_rtn import tensor_amax
+from converter.values import with_effective_scales
 from converter.quant.quantize import quantize
 from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
@@ -62,6 +70,10 @@ class QuantizeOptions:
         A float-element (FP8) target instead of integers.
     block : ``(out, in)`` extents, optional
         ``block`` only (either may be None: that axis whole).
+    fp4 : ``"mxfp4" | "nvfp4"``, optional
+        An FP4 (E2M1) target (bits 4, groups of 32 / 16 along ``in``, E8M0 / E4M3 scales).
+    fp4_rule : ``"ct" | "mlx"``
+        Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` is MXFP4 only).
     """
 
     bits: int
@@ -73,10 +85,14 @@ class QuantizeOptions:
     exclude: str | None = DEFAULT_EXCLUDE
     element: str | None = None
     block: tuple[int | None, int | None] | None = None
+    fp4: str | None = None
+    fp4_rule: str = "ct"
 
     def scheme(self, weight_dtype: str | None = None) -> QuantScheme:
         """The target scheme of a weight stored as ``weight_dtype`` (it matters for a float element
         without a scale dtype)."""
+        if self.fp4 is not None:
+            return fp4_scheme(self.fp4)
         if self.element is not None:
             return float_scheme(float_element(self.element), self.scale_dtype or arith_dtype_of(weight_dtype))
         if self.symmetric:
@@ -84,6 +100,8 @@ class QuantizeOptions:
         return QuantScheme(self.bits, signed=False, zero_point=ZeroPoint.INTEGER, scale_dtype=self.scale_dtype)
 
     def group_map(self) -> GroupMap:
+        if self.fp4 is not None:
+            return fp4_group_map(self.fp4)
         if self.granularity == "group" and not self.group_size:
             raise FormatError("group granularity needs a group size", field="group_size")
         if self.granularity == "block":
@@ -98,6 +116,8 @@ class QuantizeOptions:
                                "symmetric": self.symmetric, "scale_dtype": self.scale_dtype}
         if self.element is not None:
             out["element"] = self.element
+        if self.fp4 is not None:
+            out.update(element=self.fp4, rule=self.fp4_rule, scale_dtype=FP4_KINDS[self.fp4][1])
         if self.block is not None:
             out["block"] = {"out": self.block[0], "in": self.block[1]}
         return out
@@ -131,15 +151,33 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
             probe = QuantizedTensor(spec.name, (OUT, IN), np.zeros(spec.shape, scheme.code_dtype),
                                     np.ones(gm.param_shape(spec.shape, (OUT, IN)), scheme.scale_np_dtype),
                                     scheme, gm, zero_points=None if scheme.symmetric else
-                                    np.zeros(gm.param_shape(spec.shape, (OUT, IN)), scheme.code_dtype))
+                                    np.zeros(gm.param_shape(spec.shape, (OUT, IN)), scheme.code_dtype),
+                                    global_scale=np.float32(1) if scheme.global_scale else None)
             specs[spec.name] = spec_of(probe)
         else:
             specs[spec.name] = spec
+    fused = {m: group for group in fused_sets(schemes) for m in group} if opts.fp4 == "nvfp4" else {}
+    amax_cache: dict[str, float] = {}
+
+    def set_amax(name: str) -> float | None:
+        """The absmax the NVFP4 global scale of ``name`` comes from: its fused set's, else None (its own)."""
+        if name not in fused:
+            return None
+        for m in fused[name]:
+            if m not in amax_cache:
+                amax_cache[m] = tensor_amax(Rows(src[m]), tensor=m)
+        return max(amax_cache[m] for m in fused[name])
 
     def load(name: str):
         t = src[name]
         if specs[name].kind == "dense":
             return t
+        if opts.fp4 is not None:
+            q, degenerate, fig, _ = quantize_fp4(Rows(t), opts.fp4, rule=opts.fp4_rule,
+                                                 arith_dtype=arith_dtype_of(src.spec(name).dtype),
+                                                 global_amax=set_amax(name), name=name, figures=True)
+            task_result(RESULT_KIND, name, _stats_row(q, fig, degenerate))
+            return q
         if opts.element is not None:  # row blocks of the source, never its float values whole
             q, degenerate, fig = quantize_float(Rows(t), float_element(opts.element), gm,
                                                 scale_dtype=schemes[name].scale_dtype,
@@ -207,7 +245,14 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     handler = registry.check_writable(to)
     refuse_quantized_source(src)
     view = quantize_checkpoint(src, opts)
-    check_quantize_target(view, to, absmax_scales=opts.element is not None)
+    try:
+        check_quantize_target(view, to, absmax_scales=opts.element is not None)
+    except NotRepresentableError as exc:
+        if opts.fp4 is None:
+            raise
+        raise UnsupportedError(f"format {to} cannot write {opts.fp4} (E2M1) tensors yet: not yet writable",
+                               tensor=exc.tensor, field="format", expected=f"a format with an {opts.fp4} writer",
+                               found=to, hint=f"write the native format (no --to), or: {exc.render()}") from exc
     with collect_results() as got:
         handler.write(view, Path(dst), overwrite=overwrite)
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
@@ -239,10 +284,13 @@ def _tensor_stats(values: np.ndarray, q: QuantizedTensor) -> dict[str, Any]:
 
 def _stats_row(q: QuantizedTensor, err, degenerate: int | None = None) -> dict[str, Any]:
     """A report row from the error figures ``err`` (:class:`~converter.kernels.metrics.ErrorStats`)."""
-    s32 = q.scales.astype(np.float32)
+    s32 = with_effective_scales(q).scales.astype(np.float32)  # NVFP4: the global scale applied
     spec = spec_of(q)
     theo = theoretical_bytes(q.shape, q.axes, q.scheme.bits, q.group_map, SCALE_BYTES[q.scheme.scale_dtype],
                              zero_point_bytes(spec))
+    if q.global_scale is not None:  # one F32 global scale per tensor, counted
+        theo = dict(theo, total_bytes=theo["total_bytes"] + 4, metadata_bytes=theo["metadata_bytes"] + 4,
+                    bits_per_weight=8 * (theo["total_bytes"] + 4) / q.numel)
     return {"name": q.name, "shape": list(q.shape), "bits": q.scheme.bits, "scheme": q.scheme.describe(),
             "groups": q.group_map.describe(), "n_groups": theo["groups"],
             "mse": err.mse, "max_abs_error": err.max_abs, "sqnr_db": err.sqnr_db, "exact": err.exact,

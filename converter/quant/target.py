@@ -204,8 +204,11 @@ def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,
             zp, signed = ZeroPoint.INTEGER, scheme.signed
         else:  # --asym: integer zero points (a float-bias source is re-expressed or requantized)
             zp, signed = ZeroPoint.INTEGER, False
-    if sd not in ("F16", "BF16", "F32") and (sd != scheme.scale_dtype or bits != scheme.bits):
-        sd = "F32"  # an F8 source scale dtype is kept only by an exact carry; requantized scales go to F32
+    if sd not in ("F16", "BF16", "F32") and (sd != scheme.scale_dtype or bits != scheme.bits
+                                             or scheme.codebook is not None):
+        # an F8 source scale dtype is kept only by an exact carry; requantized scales go to F32 (an
+        # FP4 source's E4M3 / E8M0 scales never scale an integer grid, even at the same bit width)
+        sd = "F32"
     new = QuantScheme(bits, signed=signed, zero_point=zp, scale_dtype=sd, rounding=scheme.rounding)
     gm = group_map if target.granularity is None else group_map_for(target.granularity, target.group_size)
     if fmt is not None:
