@@ -146,14 +146,14 @@ def test_config_json_only(tmp_path):
 def test_mixed_precision_unsupported_layer_is_opaque(tmp_path):
     quant = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
              "quantized_layers": {"a": {"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"},
-                                  "b": {"quant_algo": "NVFP4", "group_size": 16}}}
+                                  "b": {"quant_algo": "NVFP4_AWQ", "group_size": 16}}}
     d = _make(tmp_path, {"a.weight": _f8([[1.0, 2.0]]), "a.weight_scale": np.array([0.5], np.float32),
                          "b.weight": np.zeros((2, 8), np.uint8), "b.weight_scale": np.ones((2, 1), E4M3),
                          "b.weight_scale_2": np.float32(1.0), "b.input_scale": np.float32(1.0)}, quant)
     ck = load(d)
     assert ck["a.weight"].dequantize().tolist() == [[0.5, 1.0]]
     spec = ck.spec("b.weight")
-    assert spec.kind == "opaque" and spec.dtype == "ModelOpt NVFP4" and "NVFP4" in spec.notes[0]
+    assert spec.kind == "opaque" and spec.dtype == "ModelOpt NVFP4_AWQ" and "NVFP4_AWQ" in spec.notes[0]
     assert len(spec.stored) == 4 and "1 module(s) opaque" in ck.metadata["unreadable_groups"]
     with pytest.raises(UnsupportedError):
         MO.write(ck, tmp_path / "w")
@@ -174,7 +174,7 @@ def test_writer_mixed_precision_configs(tmp_path):
 
 
 # -- refusals and bad input ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["NVFP4", "W4A16_AWQ", "MXFP8"])
+@pytest.mark.parametrize("algo", ["NVFP4_AWQ", "W4A16_AWQ", "MXFP8"])
 def test_other_algorithms_refused_by_name(tmp_path, algo):
     d = _make(tmp_path, {"l.weight": np.zeros((2, 8), np.uint8), "l.weight_scale": np.ones((2, 1), np.float32)},
               {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": []})

@@ -26,7 +26,12 @@ FP8 algorithms read and written here (``get_quantization_format`` names in brack
     ModelOpt's 2-D blockwise config and vLLM's ``ModelOptFp8PbWoLinearMethod`` use; the config
     records no block size), weight-only; partial edge blocks as ``FP8QTensor`` pads them.
 
-Every other ``quant_algo`` (NVFP4 is issue 15, W4A16_AWQ, MXFP8 ...) is refused with
+``NVFP4`` (``nvfp4``, :mod:`converter.formats.modelopt.nvfp4`)
+    packed E2M1 ``weight`` U8 ``[O, I/2]``, F8_E4M3 ``weight_scale`` ``[O, I/16]``, F32 0-dim
+    ``weight_scale_2`` (global multiplier), F32 0-dim ``input_scale`` (W4A4: the activations'
+    global scale); ``hf_quant_config.json`` also records ``group_size: 16``.
+
+Every other ``quant_algo`` (NVFP4_AWQ, W4A8_NVFP4_FP8, W4A16_AWQ, MXFP8 ...) is refused with
 :class:`~converter.errors.UnsupportedError` naming it (in a MIXED_PRECISION checkpoint only its layers
 are unreadable).
 """
@@ -44,10 +49,15 @@ from converter.formats.source import Source, read_json
 QUANT_METHOD = "modelopt"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 FP8, FP8_PC_PT, FP8_PB_WO, MIXED = "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MIXED_PRECISION"
+NVFP4 = "NVFP4"
 #: FP8 algorithms read and written here.
 FP8_ALGOS = (FP8, FP8_PC_PT, FP8_PB_WO)
+#: every algorithm read and written here.
+ALGOS = FP8_ALGOS + (NVFP4,)
 #: ``quant_algo`` as ModelOpt writes it (``process_layer_quant_config``: ``fp8_pb_wo`` has no upper-case alias).
-WRITTEN_NAME = {FP8: "FP8", FP8_PC_PT: "FP8_PER_CHANNEL_PER_TOKEN", FP8_PB_WO: "fp8_pb_wo"}
+WRITTEN_NAME = {FP8: "FP8", FP8_PC_PT: "FP8_PER_CHANNEL_PER_TOKEN", FP8_PB_WO: "fp8_pb_wo", NVFP4: "NVFP4"}
+#: NVFP4's group (``NVFP4_DEFAULT_CFG`` ``block_sizes {-1: 16}``; ``hf_quant_config.json`` ``group_size``).
+NVFP4_GROUP = 16
 #: The block of FP8_PB_WO (``FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG`` ``block_sizes {-1: 128, -2: 128}``).
 PB_WO_BLOCK = 128
 #: Version whose layout the writer reproduces.
@@ -94,9 +104,10 @@ def _algo(value: Any, *, file: Path, field: str, optional: bool = False) -> str 
 
 def refuse_algo(algo: str, *, file: Path, field: str) -> UnsupportedError:
     """The typed refusal of a quant_algo this reader does not decode (names it)."""
-    hint = "NVFP4 is a later issue (15)" if "NVFP4" in algo else None
+    hint = "plain NVFP4 (W4A4, NVFP4_DEFAULT_CFG) is read; AWQ pre_quant_scale / FP8-activation variants are not" \
+        if "NVFP4" in algo else None
     return UnsupportedError(f"ModelOpt quant_algo {algo!r} is not supported yet", file=file, field=field,
-                            expected=list(FP8_ALGOS) + [MIXED], found=algo, hint=hint)
+                            expected=list(ALGOS) + [MIXED], found=algo, hint=hint)
 
 
 def _str_list(value: Any, *, file: Path, field: str) -> tuple[str, ...]:
@@ -118,7 +129,16 @@ def _layers(value: Any, *, file: Path, field: str) -> dict[str, str]:
             raise FormatError("quantized_layers entry must be an object", file=file, field=f"{field}.{name}",
                               expected="{quant_algo: ...}", found=repr(cfg)[:80])
         out[str(name)] = _algo(cfg.get("quant_algo"), file=file, field=f"{field}.{name}.quant_algo")
+        check_group_size(out[str(name)], cfg.get("group_size"), file=file, field=f"{field}.{name}.group_size")
     return out
+
+
+def check_group_size(algo: str | None, value: Any, *, file: Path, field: str) -> None:
+    """An NVFP4 ``group_size``, when recorded, must be 16 (``get_quant_config`` writes the weight
+    quantizer's ``block_sizes[-1]``; NVFP4 kernels use 16-element groups only)."""
+    if algo == NVFP4 and value is not None and value != NVFP4_GROUP:
+        raise FormatError("NVFP4 groups are 16 elements along in", file=file, field=field, expected=NVFP4_GROUP,
+                          found=value, kind=ErrorKind.CONFIG_MISMATCH)
 
 
 def is_modelopt(src: Source) -> str | None:
@@ -145,7 +165,7 @@ def parse(src: Source) -> ModelOptConfig:
     FormatError
         Malformed configs, or ``hf_quant_config.json`` and ``config.json`` naming different algorithms.
     UnsupportedError
-        A top-level quant_algo that is not FP8 / FP8_PER_CHANNEL_PER_TOKEN / FP8_PB_WO / MIXED_PRECISION.
+        A top-level quant_algo that is not FP8 / FP8_PER_CHANNEL_PER_TOKEN / FP8_PB_WO / NVFP4 / MIXED_PRECISION.
     """
     hf_path = src.directory / HF_QUANT_CONFIG
     cfg_path = src.directory / "config.json"
@@ -159,6 +179,7 @@ def parse(src: Source) -> ModelOptConfig:
                               kind=ErrorKind.CONFIG_MISMATCH)
         q = hf["quantization"]
         file, algo = hf_path, _algo(q.get("quant_algo"), file=hf_path, field="quantization.quant_algo", optional=True)
+        check_group_size(algo, q.get("group_size"), file=hf_path, field="quantization.group_size")
         exclude = _str_list(q.get("exclude_modules"), file=hf_path, field="quantization.exclude_modules")
         kv = q.get("kv_cache_quant_algo")
         layers_obj, layers_field = q.get("quantized_layers"), "quantization.quantized_layers"
@@ -179,7 +200,7 @@ def parse(src: Source) -> ModelOptConfig:
     else:
         raise FormatError("not a ModelOpt export", file=cfg_path, field="quantization_config.quant_method",
                           expected=f"{QUANT_METHOD} (or {HF_QUANT_CONFIG})", found=None)
-    if algo is not None and algo not in FP8_ALGOS and algo != MIXED:
+    if algo is not None and algo not in ALGOS and algo != MIXED:
         raise refuse_algo(algo, file=file, field="quant_algo")
     layers = _layers(layers_obj, file=file, field=layers_field) if algo == MIXED else {}
     return ModelOptConfig(algo, exclude, layers, kv if isinstance(kv, str) else None,

@@ -1,4 +1,6 @@
-"""Read NVIDIA ModelOpt FP8 exports (``export_hf_checkpoint``) into the logical model.
+"""Read NVIDIA ModelOpt FP8 and NVFP4 exports (``export_hf_checkpoint``) into the logical model.
+
+NVFP4 modules: :mod:`converter.formats.modelopt.nvfp4`. FP8:
 
 Per quantized Linear ``<p>`` (``modelopt/torch/export/unified_export_hf.py``
 ``_export_quantized_weight``, ``quant_utils.py`` ``to_quantized_weight`` / ``get_weight_scaling_factor``,
@@ -28,7 +30,8 @@ from converter.tensor import Checkpoint, QuantizedTensor, StoredArray, TensorSpe
 from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection
 from converter.formats.source import Source
-from converter.formats.modelopt.config import (FP8, FP8_PB_WO, FP8_PC_PT, HF_QUANT_CONFIG, MIXED, PB_WO_BLOCK,
+from converter.formats.modelopt import nvfp4
+from converter.formats.modelopt.config import (FP8, FP8_PB_WO, FP8_PC_PT, HF_QUANT_CONFIG, MIXED, NVFP4, PB_WO_BLOCK,
                                                ModelOptConfig, is_modelopt, parse, refuse_algo)
 
 FORMAT = "modelopt"
@@ -121,8 +124,10 @@ def module(src: Source, cfg: ModelOptConfig, prefix: str, algo: str) -> Module:
     return Module(prefix, algo, o, i, gm, sdt, (src.stored_array(name, "codes"), src.stored_array(sname, "scales")))
 
 
-def load(src: Source, m: Module) -> QuantizedTensor:
-    """Materialise one module: codes are the stored E4M3 bytes (uint8 view, no copy)."""
+def load(src: Source, m: "Module | nvfp4.NvFp4Module") -> QuantizedTensor:
+    """Materialise one module: codes are the stored E4M3 bytes (uint8 view, no copy); NVFP4: :func:`nvfp4.load`."""
+    if isinstance(m, nvfp4.NvFp4Module):
+        return nvfp4.load(src, m)
     try:
         codes = np.asarray(src.read(m.name)).view(np.uint8)
         pshape = m.group_map.param_shape((m.out_features, m.in_features), AXES)
@@ -144,7 +149,8 @@ def _opaque(src: Source, prefix: str, algo: str, file) -> TensorSpec:
     head = prefix + "."
     names = [n for n in src.tensor_names() if n.startswith(head) and "." not in n[len(head):]
              and (n[len(head):].startswith("weight") or n[len(head):].startswith("input_"))]
-    roles = {"weight": "codes", "weight_scale": "scales", "weight_scale_2": "scales", "input_scale": "activation_scale"}
+    roles = {"weight": "codes", "weight_scale": "scales", "weight_scale_2": "global_scale",
+             "input_scale": "activation_scale"}
     stored = tuple(src.stored_array(n, roles.get(n.rsplit(".", 1)[-1], "other")) for n in names)
     reason = refuse_algo(algo, file=file, field=f"quantized_layers.{prefix}.quant_algo")
     return TensorSpec(prefix + ".weight", "opaque", tuple(src.info(prefix + ".weight").shape), stored,
@@ -160,19 +166,22 @@ def read_modelopt(src: Source) -> Checkpoint:
         See :func:`module` and :func:`converter.formats.modelopt.config.parse`.
     """
     cfg = parse(src)
-    mods: dict[str, Module] = {}
+    mods: dict[str, Module | nvfp4.NvFp4Module] = {}
     opaque: dict[str, TensorSpec] = {}
     for p in _candidates(src):
         algo = cfg.algo_for(p)
         if algo is None:
             w = p + ".weight"
-            if src.info(w).dtype.startswith("F8_") or cfg.quant_algo == MIXED:
+            if src.info(w).dtype.startswith("F8_") or cfg.quant_algo == MIXED or src.has(p + ".weight_scale_2"):
                 raise _err(src, w, "module stores a quantized weight but the config does not quantize it", "config",
                            f"a quant_algo for {p!r}", "excluded" if cfg.excluded(p) else "not listed",
                            ErrorKind.CONFIG_MISMATCH, hint=f"{cfg.file.name}: exclude_modules / quantized_layers")
             continue  # a dense weight with an unrelated *_scale tensor: left dense
         if algo in (FP8, FP8_PC_PT, FP8_PB_WO):
             m = module(src, cfg, p, algo)
+            mods[m.name] = m
+        elif algo == NVFP4:
+            m = nvfp4.module(src, cfg, p)
             mods[m.name] = m
         else:
             opaque[p + ".weight"] = _opaque(src, p, algo, cfg.file)
@@ -197,22 +206,29 @@ def read_modelopt(src: Source) -> Checkpoint:
     return ckpt
 
 
-def metadata(cfg: ModelOptConfig, mods: dict[str, Module], opaque: dict, src: Source) -> dict:
+#: inspect's ``input_activations`` wording per kind of module.
+ACT_KINDS = {"static": "float 8-bit static per-tensor (input_scale)", "dynamic": "float 8-bit dynamic per-token",
+             "nvfp4": "float 4-bit NVFP4 (static global input_scale, dynamic E4M3 scales per 16)"}
+
+
+def metadata(cfg: ModelOptConfig, mods: dict, opaque: dict, src: Source) -> dict:
     """``quant_algo``, ``kv_cache_quant_algo``, producer version, ``activations`` ({module: "static" /
-    "dynamic"}: FP8 with a stored input_scale is static, FP8_PER_CHANNEL_PER_TOKEN dynamic per token,
-    FP8_PB_WO weight-only), an ``input_activations`` line for inspect and the unreadable layers."""
+    "dynamic" / "nvfp4"}: FP8 with a stored input_scale is static, FP8_PER_CHANNEL_PER_TOKEN dynamic per
+    token, FP8_PB_WO weight-only, NVFP4 with an input_scale W4A4), an ``input_activations`` line for inspect
+    and the unreadable layers."""
     acts = {}
     for m in mods.values():
         if m.algo == FP8_PC_PT:
             acts[m.prefix] = "dynamic"
         elif m.algo == FP8 and src.has(m.prefix + ".input_scale"):
             acts[m.prefix] = "static"
+        elif m.algo == NVFP4 and src.has(m.prefix + ".input_scale"):
+            acts[m.prefix] = "nvfp4"
     out: dict = {"modelopt_quant_algo": cfg.quant_algo, "kv_cache_quant_algo": cfg.kv_cache_quant_algo,
                  "modelopt_version": cfg.producer_version}
     if acts:
         out["activations"] = acts
-        kinds = sorted({("float 8-bit static per-tensor (input_scale)" if v == "static"
-                         else "float 8-bit dynamic per-token") for v in acts.values()})
+        kinds = sorted({ACT_KINDS[v] for v in acts.values()})
         out["input_activations"] = "; ".join(kinds)
     if opaque:
         algos = sorted({s.dtype for s in opaque.values()})

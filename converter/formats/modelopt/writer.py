@@ -1,4 +1,11 @@
-"""Write NVIDIA ModelOpt FP8 exports: tensors, ``hf_quant_config.json`` and ``config.json`` as ModelOpt 0.47.0 does.
+"""Write NVIDIA ModelOpt FP8 and NVFP4 exports: tensors, ``hf_quant_config.json`` and ``config.json`` as ModelOpt
+0.47.0 does.
+
+NVFP4 (E2M1 codes, E4M3 scales per 16 along ``in``; :mod:`converter.formats.modelopt.nvfp4`): codes and
+group scales are relaid as stored, the global scale re-expressed as ModelOpt's multiplier
+``weight_scale_2`` when an exact float32 one exists (:func:`converter.global_scales.equivalent_global_scale`;
+refused before any data moves, naming tensor and value, when not; 1.0 when the source has none). ModelOpt
+NVFP4 is W4A4: the source's one-value activation scale is required and written as ``<p>.input_scale``.
 
 Per quantized module ``<p>`` (:mod:`converter.formats.modelopt.reader` has the layouts and sources):
 per-tensor E4M3 -> ``FP8`` (``weight_scale`` 0-dim; the source's ``<p>.input_scale`` is required:
@@ -28,8 +35,9 @@ from converter.formats.base import write_directory
 from converter.formats.modules import dense_linear_modules, token_embedding_name
 from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.formats.modelopt import nvfp4
 from converter.formats.modelopt.config import (DEFAULT_VERSION, FP8, FP8_PB_WO, FP8_PC_PT, HF_QUANT_CONFIG, MIXED,
-                                               PB_WO_BLOCK, QUANT_METHOD, WRITTEN_NAME)
+                                               NVFP4, NVFP4_GROUP, PB_WO_BLOCK, QUANT_METHOD, WRITTEN_NAME)
 
 AXES = (OUT, IN)
 
@@ -39,9 +47,11 @@ def check_target(spec: TensorSpec, options: Any = None) -> str | None:
     if spec.kind != "quantized":
         return opaque_reason(spec)
     s, gm = spec.scheme, spec.group_map
+    if nvfp4.is_nvfp4(spec):
+        return nvfp4.check_target(spec)
     el = element_of(s.codebook) if s.codebook is not None else None
     if el is None:
-        return "ModelOpt is written as FP8 (E4M3) only; integer / NVFP4 layouts are not written (requantize to FP8)"
+        return "ModelOpt is written as FP8 (E4M3) only, or NVFP4 (E2M1); integer layouts are not written (requantize)"
     if el.name != "e4m3":
         return f"{el.name} weights: ModelOpt FP8 stores E4M3 only (FP8QTensor.quantize)"
     if s.scale_dtype not in ("F32", "BF16", "F16"):
@@ -82,6 +92,8 @@ def probe_companions(t: QuantizedTensor) -> list[DenseTensor]:
 
 
 def algo_of(spec: TensorSpec) -> str:
+    if nvfp4.is_nvfp4(spec):
+        return NVFP4
     g = spec.group_map.granularity
     return FP8 if g is Granularity.TENSOR else (FP8_PC_PT if g is Granularity.CHANNEL else FP8_PB_WO)
 
@@ -108,6 +120,9 @@ TRANSFORMERS_NOTE = ("warning: transformers 5.24 does not read ModelOpt quantiza
 
 def _plan(spec: TensorSpec, prefix: str) -> TensorPlan:
     algo = algo_of(spec)
+    if algo == NVFP4:
+        plan = TensorPlan(spec.name, nvfp4.outputs(spec, prefix), lambda t, prefix=prefix: nvfp4.encode(t, prefix), [])
+        return rows_plan(plan, once=[prefix + ".weight_scale_2"])
     o, i = spec.shape
     shape = {FP8: (), FP8_PC_PT: (o,), FP8_PB_WO: (-(-o // PB_WO_BLOCK), 1, -(-i // PB_WO_BLOCK), 1)}[algo]
     plan = TensorPlan(spec.name, [(prefix + ".weight", "F8_E4M3", tuple(spec.shape)),
@@ -141,7 +156,14 @@ def _group_config(algo: str) -> dict:
     if algo == FP8_PC_PT:
         return {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
                 "weights": {"dynamic": False, "num_bits": 8, "type": "float", "strategy": "channel"}}
+    if algo == NVFP4:
+        return {k: dict(v) for k, v in nvfp4.GROUP_CONFIG.items()}
     return {"quant_algo": WRITTEN_NAME[algo]}
+
+
+def _layer_entry(algo: str) -> dict:
+    """A MIXED_PRECISION ``quantized_layers`` entry (``process_layer_quant_config``: NVFP4 adds its group_size)."""
+    return {"quant_algo": WRITTEN_NAME[algo], **({"group_size": NVFP4_GROUP} if algo == NVFP4 else {})}
 
 
 def configs(by_algo: dict[str, list[str]], exclude: list[str], kv: str | None, version: str) -> tuple[dict, dict]:
@@ -149,14 +171,15 @@ def configs(by_algo: dict[str, list[str]], exclude: list[str], kv: str | None, v
     producer = {"name": QUANT_METHOD, "version": version}
     if len(by_algo) <= 1:  # nothing quantized: quant_algo null, as get_quant_config leaves it
         algo = WRITTEN_NAME[next(iter(by_algo))] if by_algo else None
-        quant = {"quant_algo": algo, "kv_cache_quant_algo": kv, "exclude_modules": exclude}
+        quant = {"quant_algo": algo, "kv_cache_quant_algo": kv,
+                 **({"group_size": NVFP4_GROUP} if algo == NVFP4 else {}), "exclude_modules": exclude}
     else:
         algo = MIXED
-        layers = {p: {"quant_algo": WRITTEN_NAME[a]} for a, mods in by_algo.items() for p in sorted(mods)}
+        layers = {p: _layer_entry(a) for a, mods in by_algo.items() for p in sorted(mods)}
         quant = {"quant_algo": MIXED, "kv_cache_quant_algo": kv, "quantized_layers": layers}
     qc: dict[str, Any] = {}
-    if algo == FP8:
-        qc["config_groups"] = {"group_0": {**_group_config(FP8), "targets": ["Linear"]}}
+    if algo in (FP8, NVFP4):
+        qc["config_groups"] = {"group_0": {**_group_config(algo), "targets": ["Linear"]}}
     elif algo == MIXED:
         qc["config_groups"] = {f"group_{i}": {**_group_config(a), "targets": sorted(mods)}
                                for i, (a, mods) in enumerate(by_algo.items())}
@@ -170,14 +193,31 @@ def configs(by_algo: dict[str, list[str]], exclude: list[str], kv: str | None, v
     return {"producer": producer, "quantization": quant}, qc
 
 
+def _check_nvfp4(ckpt: Checkpoint, spec: TensorSpec, act: TensorSpec | None) -> None:
+    """Before any data moves: the static activation scale NVFP4 (W4A4) needs, and a global scale ModelOpt's
+    multiplier can hold exactly (the value is read from the source tensor)."""
+    prefix = module_prefix(spec.name)
+    if act is None or int(np.prod(act.shape, dtype=np.int64)) != 1:
+        raise NotRepresentableError(
+            "ModelOpt NVFP4 is W4A4 with a static activation global scale (input_scale); the source has none",
+            tensor=spec.name, field="input_scale", expected=prefix + ".input_scale (one value)",
+            found="absent" if act is None else list(act.shape),
+            hint="a weight-only NVFP4 source (compressed-tensors NVFP4A16, MLX nvfp4) is written to compressed-tensors")
+    if spec.scheme.global_scale not in (None, nvfp4.DIRECTION):
+        t = ckpt[spec.name]
+        if nvfp4.multiplier(t) is None:
+            raise nvfp4.refuse_global_scale(spec.name, t.global_scale, spec.scheme.global_scale)
+
+
 def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard_bytes: int | None = None,
                    modelopt_version: str | None = None, **_: Any) -> dict:
-    """Write ``ckpt`` as a ModelOpt FP8 export (atomically).
+    """Write ``ckpt`` as a ModelOpt FP8 / NVFP4 export (atomically).
 
     Raises
     ------
     NotRepresentableError
-        A tensor :func:`check_target` refuses, or a per-tensor FP8 weight without a static ``input_scale``.
+        A tensor :func:`check_target` refuses, a per-tensor FP8 or NVFP4 weight without a static
+        ``input_scale``, or an NVFP4 global scale with no exact ModelOpt multiplier (``field="global_scale"``).
     UnsupportedError
         An opaque tensor.
     """
@@ -193,13 +233,16 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
         reason = check_target(spec)
         if reason:
             raise NotRepresentableError(f"cannot write as modelopt: {reason}", tensor=spec.name, field="scheme",
-                                        hint="requantize to FP8 E4M3 (per tensor, per channel or 128 x 128 blocks)")
+                                        hint="requantize to FP8 E4M3 (per tensor, per channel or 128 x 128 blocks) "
+                                             "or NVFP4 (E2M1, E4M3 scales per 16)")
         if not spec.name.endswith(".weight"):
             raise NotRepresentableError("ModelOpt stores quantized weights as <module>.weight", tensor=spec.name,
                                         field="name", expected="<module>.weight", found=spec.name)
         prefix = module_prefix(spec.name)
         algo = algo_of(spec)
         act = static.get(prefix)
+        if algo == NVFP4:
+            _check_nvfp4(ckpt, spec, act)
         if algo == FP8 and (act is None or int(np.prod(act.shape, dtype=np.int64)) != 1):
             raise NotRepresentableError(
                 "ModelOpt FP8 (per-tensor weight scale) is W8A8 with a static input_scale; the source has none",
@@ -210,7 +253,7 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
         if algo == FP8_PC_PT and act is not None:
             notes[spec.name] = ["FP8_PER_CHANNEL_PER_TOKEN quantizes activations dynamically: the source's static "
                                 "input_scale is kept as stored but ModelOpt runtimes do not use it"]
-        notes.setdefault(spec.name, []).append(TRANSFORMERS_NOTE)
+        notes.setdefault(spec.name, []).append(nvfp4.TRANSFORMERS_NOTE if algo == NVFP4 else TRANSFORMERS_NOTE)
         by_algo.setdefault(algo, []).append(prefix)
         plans.append(_plan(spec, prefix))
     quantized = {p for mods in by_algo.values() for p in mods}
