@@ -52,6 +52,7 @@ CODEBOOK_GGUF = "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
 FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
 FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
                "modelopt_fp8_pb_wo_smollm2tiny", "deepseek_fp8_block_smollm2tiny")
+FP4_SAMPLES = ("ct_mxfp4_smollm2", "ct_nvfp4_smollm2", "modelopt_nvfp4_smollm2tiny")
 INT_SAMPLES = ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp", "ct_pack_w4a16_channel_sym",
                "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym",
                "mlx_affine_g64_b4", "mlx_affine_g32_b8", "bnb_int8", "bnb_nf4_bs64")
@@ -193,9 +194,29 @@ EXPECTED = {
     **{(s, t): REFUSE for s in INT_SAMPLES for t in ("modelopt", "fp8")},
     ("minilm_fp16.safetensors", "modelopt"): REFUSE,
     ("minilm_fp16.safetensors", "fp8"): REFUSE,
+    # FP4 (E2M1 codes): relaid exactly into the formats that hold E2M1 with the same scales (compressed-
+    # tensors mxfp4/nvfp4, ModelOpt NVFP4, native), dequantized by plain; integer grids and FP8 refuse.
+    **{(s, t): REFUSE for s in FP4_SAMPLES for t in ("awq", "fp8", "gguf", "gptq", "mlx")},
+    **{(s, "native"): EXACT for s in FP4_SAMPLES},
+    **{(s, "plain"): DEQ for s in FP4_SAMPLES},
+    ("ct_mxfp4_smollm2", "compressed-tensors"): EXACT,
+    ("ct_nvfp4_smollm2", "compressed-tensors"): EXACT,
+    ("modelopt_nvfp4_smollm2tiny", "modelopt"): EXACT,
+    ("ct_mxfp4_smollm2", "modelopt"): REFUSE,  # E8M0 scales: NVFP4 stores E4M3
+    ("ct_nvfp4_smollm2", "modelopt"): REFUSE,  # W4A16: ModelOpt NVFP4 is W4A4 (input_scale)
+    # weight_scale_2 = 0.00120907... has no float32 divisor giving the same effective scales (not 2^k)
+    ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): REFUSE,
 }
 
 REASONS = {
+    **{(s, "awq"): "AWQ codes are an affine integer grid" for s in FP4_SAMPLES},
+    **{(s, "fp8"): "E2M1 weights" for s in FP4_SAMPLES},
+    **{(s, "gguf"): CODEBOOK_GGUF for s in FP4_SAMPLES},
+    **{(s, "gptq"): "GPTQ stores integer grids, not codebook indices" for s in FP4_SAMPLES},
+    **{(s, "mlx"): "cannot be written to MLX" for s in FP4_SAMPLES},
+    ("ct_mxfp4_smollm2", "modelopt"): "MXFP4 uses E8M0",
+    ("ct_nvfp4_smollm2", "modelopt"): "the source has none",
+    ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): "has no float32 divisor",
     ("ct_pack_w8a16_channel_sym", "awq"): AWQ_4BIT,
     ("mlx_affine_g64_b4", "awq"): MLX_BIAS,
     ("mlx_affine_g64_b4", "compressed-tensors"): MLX_BIAS,

@@ -25,6 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from converter.values import effective_scales
+
 from converter.tensor import QuantizedTensor
 from converter.validate.float_checks import float_element, reduce_codes
 from converter.validate.findings import Finding, finding
@@ -57,7 +59,8 @@ def magnitude(t: QuantizedTensor) -> dict[str, Any] | None:
         return None
     sq = np.nan_to_num(np.square(np.asarray(el.values, dtype=np.float32)), nan=0.0, posinf=0.0)
     per_group = reduce_codes(t, sq, np.add).astype(np.float64)  # in row blocks: no full-size temporary
-    s = np.asarray(t.scales, dtype=np.float32).astype(np.float64)
+    # the effective group scales (an NVFP4 global scale applied in its direction), as the decode uses them
+    s = effective_scales(t.scales, t.global_scale, t.scheme.global_scale).astype(np.float64)
     ok = np.isfinite(s) & (s != 0)
     s2 = np.where(ok, s * s, 1.0)
     decl = float(np.sum(np.where(ok, per_group * s2, 0.0)))

@@ -317,7 +317,7 @@ def test_symmetric_zero_points(tmp_path):
         load(d)["l.weight"]
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8-quantized", "nvfp4-pack-quantized", "marlin-24"])
+@pytest.mark.parametrize("fmt", ["mxfp8-quantized", "mxfp6-pack-quantized", "marlin-24"])
 def test_refused_formats_named(tmp_path, fmt):
     with pytest.raises(UnsupportedError, match=fmt):
         load(_good(tmp_path, qc=_qc(strategy="channel", group_size=None, fmt=fmt)))

@@ -186,7 +186,7 @@ def _mixed(tmp_path):
              "type": "float"}
     qc = _qc({"fp8_attn": _group(_weights("channel"), targets=["re:.*attn.*"]),
               "int4_mlp": _group(int4, targets=["re:.*mlp.up$"], fmt="pack-quantized"),
-              "fp4_down": _group(nvfp4, targets=["re:.*mlp.down$"], fmt="nvfp4-pack-quantized")},
+              "fp4_down": _group(nvfp4, targets=["re:.*mlp.down$"], fmt="mxfp6-pack-quantized")},
              fmt="mixed-precision")
     # int4 channel: fields q + 8 packed LSB-first in int32 words; row 0 = codes -8..-1 (fields 0..7), row 1 = +0..7
     words = np.array([[0x76543210], [np.int32(np.uint32(0xFEDCBA98).view(np.int32))]], dtype=np.int32)
@@ -208,14 +208,14 @@ def test_mixed_groups_each_read_with_its_codec_and_unsupported_group_opaque(tmp_
     up = ck["m.mlp.up.weight"]
     assert up.scheme.bits == 4 and up.dequantize().tolist() == [list(range(-8, 0)), [0.5 * q for q in range(8)]]
     spec = ck.spec("m.mlp.down.weight")
-    assert spec.kind == "opaque" and "nvfp4-pack-quantized" in spec.dtype and "fp4_down" in spec.dtype
+    assert spec.kind == "opaque" and "mxfp6-pack-quantized" in spec.dtype and "fp4_down" in spec.dtype
     assert sorted(a.name for a in spec.stored) == ["m.mlp.down.input_global_scale", "m.mlp.down.weight_global_scale",
                                                    "m.mlp.down.weight_packed", "m.mlp.down.weight_scale"]
     assert "not supported" in spec.notes[0]
     assert ck.metadata["unreadable_groups"].endswith("1 module(s) opaque")
-    with pytest.raises(UnsupportedError, match="nvfp4-pack-quantized"):
+    with pytest.raises(UnsupportedError, match="mxfp6-pack-quantized"):
         ck["m.mlp.down.weight"]
-    with pytest.raises(UnsupportedError, match="nvfp4-pack-quantized"):
+    with pytest.raises(UnsupportedError, match="mxfp6-pack-quantized"):
         CT.write(ck, tmp_path / "w")
     r = CliRunner().invoke(main, ["inspect", str(tmp_path / "m"), "--json"])
     assert r.exit_code == 0, r.output
@@ -298,8 +298,8 @@ def test_int8_weight_under_a_float_group(tmp_path):
 
 def test_float_num_bits_other_than_8_refused(tmp_path):
     with pytest.raises(UnsupportedError) as ei:
-        load(_one(tmp_path, weights=_weights("channel", num_bits=4)))
-    assert ei.value.field.endswith("weights.num_bits") and ei.value.expected == 8 and ei.value.found == 4
+        load(_one(tmp_path, weights=_weights("channel", num_bits=6)))
+    assert ei.value.field.endswith("weights.num_bits") and ei.value.expected == [4, 8] and ei.value.found == 6
 
 
 @pytest.mark.parametrize("scale,field,expected", [(np.ones((1, 2), np.float32), "shape", [2, 1]),

@@ -26,6 +26,7 @@ FP8_INFO = {
     "modelopt_fp8_pc_pt_smollm2tiny": set(),
     "modelopt_fp8_pb_wo_smollm2tiny": {("block-tail", t) for t in _KV},
     "deepseek_fp8_block_smollm2tiny": {("block-tail", t) for t in _ALL7},
+    "modelopt_nvfp4_smollm2tiny": {("activation-scale", None)},  # input_scale of every NVFP4 layer (W4A4)
 }
 
 def _expected_info(name):
@@ -39,7 +40,10 @@ def test_real_sample_is_clean(name):
     assert all(f.severity == "info" for f in rep.findings)
     assert rep.tensors, "every quantized tensor was checked"
     for stats in rep.tensors.values():
-        assert stats["saturation"]["declared"] == 1.0
+        # MXFP4: compressed-tensors rounds the E8M0 exponent of amax down (round_to_power_2), so about half
+        # of the groups top out at 4 instead of 6 (FP_MANIFEST quirks: 0.47 of them saturate on this sample;
+        # a wrong E8M0 bias moves every group by a factor 4, to 0 or to clipping); every other sample fully
+        assert stats["saturation"]["declared"] >= (0.4 if "mxfp4" in name else 1.0)
 
 
 @pytest.mark.parametrize("name", MINILM)

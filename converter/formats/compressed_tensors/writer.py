@@ -247,6 +247,10 @@ def _row_split(plan: TensorPlan, spec: TensorSpec, prefix: str, fmt: str) -> Ten
     return rows_plan(plan, once=once, fixed=fixed)
 
 
+#: the key standing for the NVFP4 preset's input_activations (holds a nested dict, so not frozen itself)
+_NVFP4_ACTS = (("preset", "NVFP4"),)
+
+
 def _freeze(obj: dict | None) -> tuple | None:
     return None if obj is None else tuple(sorted(obj.items()))
 
@@ -334,8 +338,8 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
         prefix = module_prefix(spec.name)
         if is_fp4(spec):  # nvfp4- / mxfp4-pack-quantized
             # a stored <p>.input_global_scale passes through as a dense tensor (NVFP4 W4A4 preset)
-            act = NVFP4_ACTIVATIONS if f"{prefix}.input_global_scale" in ckpt else None
-            by_args.setdefault((fp4_args(spec), _freeze(act)), []).append(prefix)
+            act = _NVFP4_ACTS if f"{prefix}.input_global_scale" in ckpt else None
+            by_args.setdefault((fp4_args(spec), act), []).append(prefix)
             plans.append(fp4_plan(spec, prefix, divisors.get(spec.name), vt))
             continue
         if spec.scheme.codebook is not None:  # FP8: float-quantized
@@ -372,7 +376,8 @@ def write_ct(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, ct_version
     else:
         keyed = [(a, sorted(mods)) for a, mods in sorted(by_args.items(), key=lambda kv: kv[1][0])]
     groups = [(key[0], mods) for key, mods in keyed]
-    acts = [dict(key[1]) if key[1] is not None else None for key, _ in keyed]
+    acts = [(NVFP4_ACTIVATIONS if key[1] == _NVFP4_ACTS else dict(key[1])) if key[1] is not None else None
+            for key, _ in keyed]
     names = None
     if len(keyed) == 1 and keyed[0][0][0].fp4_format is not None:  # llm-compressor names the group by its preset
         preset = PRESET_NAME[keyed[0][0][0].fp4_format]
