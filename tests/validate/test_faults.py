@@ -53,7 +53,7 @@ def test_transposed_codes_of_a_square_layer_are_caught_by_saturation(tmp_path):
 
 def test_transposed_codes_per_channel_compressed_tensors(tmp_path):
     d = copy_sample("ct_pack_w4a16_channel_sym", tmp_path)
-    from converter.formats.compressed_tensors.reader import codes_map
+    from converter.formats.compressed_tensors.int_layout import codes_map
     t = _logical(QUERY, "ct_pack_w4a16_channel_sym")
     # compressed-tensors stores signed codes as q + 8 (unsigned fields)
     u = (t.codes.T.astype(np.int16) + 8).astype(np.uint8)

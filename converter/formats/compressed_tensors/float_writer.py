@@ -15,8 +15,8 @@ from converter.groups import Granularity
 from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.formats import activations
-from converter.formats.compressed_tensors.config import DYNAMIC_TOKEN_FP8, STATIC_TENSOR_FP8
-from converter.formats.compressed_tensors.reader import AXES
+from converter.formats.compressed_tensors.config_emit import DYNAMIC_TOKEN_FP8, STATIC_TENSOR_FP8
+from converter.formats.compressed_tensors.int_layout import AXES
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
 
 

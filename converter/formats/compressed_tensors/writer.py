@@ -5,7 +5,7 @@ sample_checkpoints/ct_*: arrays ``weight_packed`` (int32, ``q + 2^(b-1)`` LSB-fi
 ``weight_scale`` (``[O, nG]`` / ``[O, 1]`` / ``[1]``, scale dtype kept), ``weight_shape`` (int64
 ``[O, I]``), asymmetric ``weight_zero_point`` (int32 packed along ``out`` for group/channel, int8
 ``[1]`` for tensor); ``config.json`` gets the ``quantization_config`` of
-:func:`~converter.formats.compressed_tensors.config.emit_config`.
+:func:`~converter.formats.compressed_tensors.config_emit.emit_config`.
 
 Options
 -------
@@ -42,9 +42,10 @@ from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, rows_plan
 from converter.codebooks import element_of
 from converter.formats.compressed_tensors.config import (DEFAULT_VERSION, G_IDX_UNTIL,
-                                                         READ_FORMATS, WeightArgs, emit_config,
+                                                         READ_FORMATS, WeightArgs,
                                                          packing_for, parse_version)
-from converter.formats.compressed_tensors.reader import AXES, codes_map, zero_map
+from converter.formats.compressed_tensors.config_emit import emit_config
+from converter.formats.compressed_tensors.int_layout import AXES, codes_map, zero_map
 from converter.formats.compressed_tensors.float_writer import (activation_json, dense_plan_of, dynamic_args,
                                                                float_plan, float_target)
 from converter.formats.compressed_tensors.fp4_writer import (NVFP4_ACTIVATIONS, PRESET_NAME, divisor_global_scale,
