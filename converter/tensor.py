@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
+from converter.double_quant import DoubleQuant
 from converter.dtypes import dtype_name
 from converter.errors import ErrorKind, LayoutError, MissingTensorError, UnsupportedError
 from converter.groups import Granularity, GroupMap
@@ -25,28 +26,6 @@ from converter.values import dequantize
 __all__ = ["DoubleQuant", "DenseTensor", "QuantizedTensor", "Tensor", "row_splittable", "take_rows",
            "source_arrays", "spec_of", "Checkpoint", "StoredArray", "TensorSpec", "ROLES", "KINDS",
            "opaque_reason", "refuse_opaque"]
-
-
-@dataclass(frozen=True, eq=False)
-class DoubleQuant:
-    """Two-level scales (GGUF K-quants): sub-block scales and mins quantized against a super-block scale.
-
-    The effective per-group scale is ``super_scales[sb] * sub_scales[g]`` and the bias
-    ``-(super_mins[sb] * sub_mins[g])``, computed in float32 in ggml's order
-    (``ggml-quants.c`` ``dequantize_row_q4_K``); those effective values are the tensor's
-    ``scales`` / ``zero_points``. This record keeps the stored integers so the encoding is
-    represented honestly and can be re-emitted exactly.
-
-    Arrays are in logical orientation: ``super_*`` shape ``(..., out, n_super)`` float16,
-    ``sub_*`` shape ``(..., out, n_groups)`` integer.
-    """
-
-    kind: str
-    super_block: int
-    super_scales: np.ndarray
-    sub_scales: np.ndarray
-    super_mins: np.ndarray | None = None
-    sub_mins: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
