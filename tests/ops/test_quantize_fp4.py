@@ -16,7 +16,7 @@ from converter.cli import main
 from converter.formats.registry import load
 from converter.schemas import validate_document
 from tests.kernels.test_fp4_rtn import HERE, NAMES, bf16_values, load_fixture, pack
-from tests.ops.test_quantize_fp8 import write_bf16
+from tests.ops.test_quantize_fp8 import run, write_bf16
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +29,6 @@ def src(tmp_path, fx):
     p = tmp_path / "float.safetensors"
     write_bf16(p, {n: fx[f"{n}.bf16"] for n in NAMES})
     return p
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
