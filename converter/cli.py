@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -34,6 +35,21 @@ from converter.write.atomic import atomic_output, check_not_inside, refuse_exist
 # (about 0.2 s of a 1.1-1.4 s start-up, measured: `python -c 'import converter.cli'` with and without them).
 
 
+def _traceback_if_debug(ctx: click.Context) -> None:
+    """``qckpt --debug``: the traceback on stderr, then the same one-line error and exit status."""
+    if ctx.find_root().params.get("debug"):
+        traceback.print_exc()
+
+
+def _check_format_option(fmt: str | None) -> None:
+    """``--format NAME`` names a registered format; an unknown name is a usage error (exit 2), like
+    ``convert --to``."""
+    if fmt is not None:
+        from converter.formats.registry import get  # lazy: the formats layer (see the top)
+        with _usage_errors():
+            get(fmt)
+
+
 def _handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -41,13 +57,11 @@ def _handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except ConverterError as exc:
-            if ctx.find_root().params.get("debug"):
-                raise
+            _traceback_if_debug(ctx)
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
-            if ctx.find_root().params.get("debug"):
-                raise
+            _traceback_if_debug(ctx)
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
             sys.exit(exit_codes.UNREADABLE)
@@ -115,6 +129,7 @@ def main(debug: bool) -> None:
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    _check_format_option(fmt)
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -247,6 +262,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    _check_format_option(fmt)
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 

@@ -19,7 +19,8 @@ def render_validation(doc: dict[str, Any]) -> None:
     c = console()
     s = doc["summary"]
     verdict = "clean" if doc["exit_code"] == 0 else "FINDINGS"
-    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{doc['format']}[/bold]  checks: {', '.join(doc['checks'])}  "
+    fmt = doc["format"] or "not detected (the files could not be read)"
+    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
             f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "
             f"{s['info']} info)")
     if not doc["findings"]:
