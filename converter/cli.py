@@ -58,6 +58,7 @@ def _handle_errors(fn):
             return fn(*args, **kwargs)
         except ConverterError as exc:
             _traceback_if_debug(ctx)
+            exc.hint = getattr(exc, "cli_hints", {}).get(exc.hint, exc.hint)  # library words -> option names
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line

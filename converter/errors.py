@@ -167,6 +167,9 @@ class WorkerDiedError(ConverterError, RuntimeError):
 
 
 class OutputExistsError(ConverterError, FileExistsError):
-    """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
+    """The destination exists and ``overwrite=True`` (the CLI's ``--overwrite``) was not given, or DST
+    is (inside) SRC."""
 
     exit_code = exit_codes.USAGE
+    #: The CLI's wording of a library hint that names ``overwrite=True``.
+    cli_hints = {"pass overwrite=True to replace it": "pass --overwrite to replace it"}
