@@ -24,9 +24,9 @@ from converter.report.validation import render_self_test, render_validation
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
 from converter.validate import self_test as do_self_test, validate as do_validate
 from converter.validate.findings import codes_help
-from converter.vocabulary import (DENSE_DTYPE_CHOICES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS,
-                                  QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of,
-                                  granularity_options, parse_block)
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
+                                  GRANULARITY_OPTIONS, QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, WRITABLE_FORMATS,
+                                  float_dtype_name, granularity_of, granularity_options, parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # The commands import the formats layer (converter.formats.registry and what imports it: every format
@@ -124,7 +124,8 @@ def main(debug: bool) -> None:
 
 @main.command(epilog=exit_codes.epilog())
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/inspect.schema.json).")
 @_handle_errors
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
@@ -205,7 +206,8 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
 @click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None,
               help="Scale dtype [default: f16; with --fp8: each weight's own dtype].")
-@click.option("--to", "to", default=None, help="Output format (default: native); any writable format.")
+@click.option("--to", "to", default=None, metavar="FORMAT",
+              help=f"Output format (default: native): {', '.join(WRITABLE_FORMATS)}.")
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
@@ -257,7 +259,8 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
 @main.command(epilog=exit_codes.epilog())
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--what-if", is_flag=True, help="Add the same tensors under other layouts (theoretical).")
-@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/audit.schema.json).")
 @_handle_errors
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
@@ -293,7 +296,8 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", default=None, help="Target format (default: the source's).")
+@click.option("--to", "to", default=None, metavar="FORMAT",
+              help=f"Target format (default: the source's): {', '.join(WRITABLE_FORMATS)}.")
 @click.option("--per-tensor", is_flag=True, help="Requantize: one scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="Requantize: one scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None,
