@@ -108,8 +108,8 @@ def report(fmt: str, m: dict) -> None:
           f"-> {m['out_bytes'] / 1e6:.0f} MB float32; decodes bit-identical")
     for label, key in (("qckpt dequantize", "qckpt_s"), ("numpy baseline  ", "numpy_s")):
         s = m[key]
-        print(f"  {label} {s:8.3f} s  {m['in_bytes'] / s / 1e6:8.0f} MB/s in  {m['out_bytes'] / s / 1e6:8.0f} MB/s out  "
-              f"{m['elements'] / s / 1e6:8.1f} M elements/s")
+        print(f"  {label} {s:8.3f} s  {m['in_bytes'] / s / 1e6:8.0f} MB/s in  "
+              f"{m['out_bytes'] / s / 1e6:8.0f} MB/s out  {m['elements'] / s / 1e6:8.1f} M elements/s")
     print(f"  ratio qckpt / numpy x{m['qckpt_s'] / m['numpy_s']:.2f} (below 1: qckpt faster)")
 
 
