@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 
 from converter.formats import registry
 from converter.formats.safetensors_io import open_safetensors, read_header
+from converter.schemas import validate_document
 from converter.validate import fp4_checks, validate
 from tests.conftest import SAMPLES
 from tests.validate.helpers import assert_finding, copy_sample, edit_config
@@ -94,6 +95,7 @@ def test_ct_divisor_written_as_multiplier_detected(tmp_path, which):
     assert f.evidence["alternative_max_effective_scale"] <= 448
     assert not codes_of(rep, "scale-direction")  # the one fault is named once
     assert rep.exit_code == 1
+    validate_document(rep.to_json(), "validation-report")
 
 
 def test_modelopt_multiplier_inverted_detected(tmp_path):
@@ -208,6 +210,7 @@ def test_legacy_version_on_standard_bytes_detected(tmp_path):
     assert f.severity == "error" and f.evidence["version_rule"] == "legacy" and f.evidence["data_rule"] == "standard"
     assert f.evidence["factor"] == 4 and f.evidence["count"] == 4
     assert rep.exit_code == 1
+    validate_document(rep.to_json(), "validation-report")
 
 
 def test_legacy_bytes_under_standard_version_detected(tmp_path):
