@@ -132,3 +132,20 @@ def test_cli_refuses_a_scale_the_target_dtype_cannot_hold(tmp_path):
     assert r.exit_code == 3 and "field 'scales'" in r.output and "[0, 0]" in r.output
     assert "2 of 5" in r.output  # 2^-127 and 2^120 of the five exponents (hand)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("axes,shape", [(("expert", "out", "in"), (3, 8, 64)), (("out", "in"), (4, 48))])
+def test_experts_and_partial_final_group(axes, shape):
+    """Expert stacks and a partial last group (48 = 32 + 16) widen the same way: value for value, by hand."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, shape, dtype=np.uint8)
+    n_groups = -(-shape[-1] // 32)
+    k = rng.integers(-20, 20, shape[:-1] + (n_groups,))
+    scales = (k + 127).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    t = QuantizedTensor("w", axes, codes, scales, MX, GROUPS)
+    w = widen_to_e4m3(t, QuantScheme(bits=8, signed=False, scale_dtype="F8_E8M0", codebook=E4M3), GROUPS)
+    got = np.asarray(w.dequantize(), dtype=np.float32)
+    for idx in np.ndindex(*shape):
+        q = int(codes[idx])
+        v = math.ldexp(HAND[q & 7][0], int(k[idx[:-1] + (idx[-1] // 32,)])) * (-1 if q & 8 else 1)
+        assert got[idx] == np.float32(v)
