@@ -80,7 +80,7 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
     same = fmt.same_type(t, scheme, gm) if fmt is not None and fmt.same_type is not None else None
     if same:  # the source is stored in the very type the format defines: kept as it is
         return RequantResult(t, "carried", identical=True)
-    if target.scale_search == "none" and widens(t.scheme, t.group_map, scheme, gm):
+    if allow_carry and target.scale_search == "none" and widens(t.scheme, t.group_map, scheme, gm):
         # FP4 -> FP8: every E2M1 value is an E4M3 value, scales carried (refused when the scale dtype
         # cannot hold them exactly): lossless, checked bit for bit
         return RequantResult(widen_to_e4m3(t, scheme, gm), "carried", identical=True,
