@@ -8,7 +8,9 @@ per quantized tensor: header checks (block grid), load (errors -> findings), con
 padding bits, scales, saturation, zero offset, float-element checks (NaN codes, per-block saturation,
 magnitudes: :mod:`converter.validate.float_checks`), the format's zero-convention hook and, with a
 reference, the reference comparison; last, the scale direction across the float-element tensors
-(:mod:`converter.validate.scale_direction`). Only one tensor is materialised at a time.
+(:mod:`converter.validate.scale_direction`) and the FP4 global-scale direction, the format's E8M0
+rule evidence and NaN scale bytes (:mod:`converter.validate.fp4_checks`). Only one tensor is
+materialised at a time.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import (data_checks, files, float_checks, nibble_order, reader_errors, scale_direction,
-                                structural)
+from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
+                                scale_direction, structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -88,8 +90,15 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     report.checks.append("data")
     if ref_ckpt is not None:
         report.checks.append("reference")
+    if hooks.e8m0_rule is not None:
+        try:
+            rule_ev = registry.guarded(hooks.e8m0_rule, source.path, f"{report.format} E8M0-rule hook")(source)
+        except ConverterError:
+            rule_ev = None
+        report.add(*fp4_checks.check_e8m0_rule(rule_ev))
     profiles: dict[str, dict[str, Any]] = {}
     magnitudes: dict[str, dict[str, Any]] = {}
+    global_scales: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
@@ -108,11 +117,16 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
         if "float" in report.tensors[spec.name] and report.tensors[spec.name]["float"]["magnitude"]:
             magnitudes[spec.name] = report.tensors[spec.name]["float"]["magnitude"]
+        gs = fp4_checks.global_scale_evidence(t)
+        if gs is not None:
+            global_scales[spec.name] = gs
         prof = nibble_order.column_profile(t)
         if prof is not None:
             profiles[spec.name] = prof
     report.add(*nibble_order.check_nibble_order(profiles))
-    report.add(*scale_direction.check_scale_direction(magnitudes))
+    direction = fp4_checks.check_global_scale_direction(global_scales, magnitudes)
+    flipped = {f.tensor for f in direction}  # the one fault, named once (the global scale's direction)
+    report.add(*direction, *(f for f in scale_direction.check_scale_direction(magnitudes) if f.tensor not in flipped))
     return report
 
 
@@ -121,7 +135,9 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
     report.add(*structural.check_loaded(spec, t))
     report.add(*structural.check_padding(source, spec, t))
-    report.add(*data_checks.check_scales(t, negative_ok=hooks.negative_scales))
+    nan_bytes = fp4_checks.check_nan_scale_bytes(t)  # FP4: the NaN bytes and their group indices
+    report.add(*nan_bytes, *(f for f in data_checks.check_scales(t, negative_ok=hooks.negative_scales)
+                             if not (nan_bytes and f.code == "scale-nonfinite")))
     report.add(*data_checks.check_degenerate(t))
     sat_findings, stats["saturation"] = data_checks.check_saturation(t)
     report.add(*sat_findings)
