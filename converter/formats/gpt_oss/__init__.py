@@ -1,4 +1,4 @@
-"""gpt-oss MXFP4 (``quant_method: "mxfp4"``, the layout of openai/gpt-oss-20b / 120b in transformers): reader and writer.
+"""gpt-oss MXFP4 (``quant_method: "mxfp4"``, openai/gpt-oss-20b / 120b as transformers loads them): reader and writer.
 
 - :mod:`.layout`: ``<p>.{gate_up,down}_proj_blocks`` U8 ``[E, O, in/32, 16]`` + ``_scales`` U8 ``[E, O, in/32]``
   (E2M1 low nibble first, E8M0 bias 127) <-> the logical ``(expert, out, in)`` tensor.

@@ -26,7 +26,8 @@ from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, Tensor
 from converter.formats.gpt_oss.interleave import GATE_UP, fuse, fuse_rows, split, split_rows
 from converter.formats.gpt_oss.layout import AXES
 
-_LINEAR_RE = re.compile(r"^(?P<p>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<kind>weight|bias)$")
+_LINEAR_RE = re.compile(r"^(?P<p>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)"
+                        r"\.(?P<kind>weight|bias)$")
 
 
 def _expert(t: QuantizedTensor, e: int, name: str) -> QuantizedTensor:
@@ -89,6 +90,17 @@ def linear(ckpt: Checkpoint) -> Checkpoint:
     return Checkpoint.from_tensors(out, format=ckpt.format, config=ckpt.config, metadata=meta)
 
 
+def _stack_members(ckpt: Checkpoint, found: Mapping[int, Tensor], pattern: str) -> list[Tensor] | None:
+    """The tensors of experts ``0 .. n-1`` in order (None when there are none); a gap raises MissingTensorError."""
+    if not found:
+        return None
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise MissingTensorError("expert missing from a stack", file=ckpt.path, tensor=pattern.format(e=missing[0]),
+                                 expected="present", found="absent")
+    return [found[e] for e in range(len(found))]
+
+
 def fused(ckpt: Checkpoint) -> Checkpoint:
     """The inverse of :func:`linear`: per-expert ``experts.<e>.{gate,up,down}_proj`` weights and biases stacked and
     gate / up interleaved back into ``gate_up_proj`` (in memory; the interleave recorded in ``metadata["fused"]``).
@@ -112,16 +124,8 @@ def fused(ckpt: Checkpoint) -> Checkpoint:
     records = {}
     prefixes = sorted({p for p, _, _ in groups})
     for p in prefixes:
-        def experts(proj: str, kind: str) -> list[Tensor] | None:
-            found: Mapping[int, Tensor] = groups.get((p, proj, kind), {})
-            if not found:
-                return None
-            missing = sorted(set(range(max(found) + 1)) - set(found))
-            if missing:
-                raise MissingTensorError("expert missing from a stack", file=ckpt.path,
-                                         tensor=f"{p}.experts.{missing[0]}.{proj}.{kind}", expected="present",
-                                         found="absent")
-            return [found[e] for e in range(len(found))]
+        def experts(proj: str, kind: str, p: str = p) -> list[Tensor] | None:
+            return _stack_members(ckpt, groups.get((p, proj, kind), {}), f"{p}.experts.{{e}}.{proj}.{kind}")
         gate, up, down = (experts(j, "weight") for j in ("gate_proj", "up_proj", "down_proj"))
         if (gate is None) != (up is None):
             raise MissingTensorError("gate_proj and up_proj come in pairs", file=ckpt.path, tensor=f"{p}.experts.0",

@@ -47,7 +47,7 @@ CONFIG = {
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
     "attention_dropout": 0.0, "head_dim": HEAD_DIM, "hidden_act": "silu", "hidden_size": H,
     "initializer_range": 0.02, "intermediate_size": I, "layer_types": ["sliding_attention", "full_attention"],
-    "max_position_embeddings": 256, "num_attention_heads": HEADS, "num_experts_per_tok": 2,
+    "max_position_embeddings": 131072, "num_attention_heads": HEADS, "num_experts_per_tok": 2,
     "num_hidden_layers": LAYERS, "num_key_value_heads": KV, "num_local_experts": E, "rms_norm_eps": 1e-05,
     "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                         "original_max_position_embeddings": 4096, "rope_theta": 150000.0},
@@ -81,13 +81,14 @@ def main() -> None:
                                       "model.norm.weight": np.ones(H, bf16)}
     for L in range(LAYERS):
         p = f"model.layers.{L}"
+        attn = {"q_proj": (HEADS * HEAD_DIM, H), "k_proj": (KV * HEAD_DIM, H), "v_proj": (KV * HEAD_DIM, H),
+                "o_proj": (H, HEADS * HEAD_DIM)}
+        for proj, shape in attn.items():
+            tensors[f"{p}.self_attn.{proj}.weight"] = dense(*shape)
+            tensors[f"{p}.self_attn.{proj}.bias"] = dense(shape[0])
         tensors.update({
             f"{p}.input_layernorm.weight": np.ones(H, bf16), f"{p}.post_attention_layernorm.weight": np.ones(H, bf16),
             f"{p}.self_attn.sinks": dense(HEADS, std=0.5),
-            f"{p}.self_attn.q_proj.weight": dense(HEADS * HEAD_DIM, H), f"{p}.self_attn.q_proj.bias": dense(HEADS * HEAD_DIM),
-            f"{p}.self_attn.k_proj.weight": dense(KV * HEAD_DIM, H), f"{p}.self_attn.k_proj.bias": dense(KV * HEAD_DIM),
-            f"{p}.self_attn.v_proj.weight": dense(KV * HEAD_DIM, H), f"{p}.self_attn.v_proj.bias": dense(KV * HEAD_DIM),
-            f"{p}.self_attn.o_proj.weight": dense(H, HEADS * HEAD_DIM), f"{p}.self_attn.o_proj.bias": dense(H),
             f"{p}.mlp.router.weight": dense(E, H, std=0.5), f"{p}.mlp.router.bias": dense(E),
             f"{p}.mlp.experts.gate_up_proj_bias": dense(E, 2 * I, std=0.02),
             f"{p}.mlp.experts.down_proj_bias": dense(E, H, std=0.02),
