@@ -28,6 +28,10 @@ from converter.formats.gpt_oss.layout import AXES, BLOCK_BYTES, BLOCKS, CODES_MA
 EXPERT_RE = re.compile(r"(^|\.)experts\.(gate_up_proj|down_proj)$")
 
 
+NOT_AN_EXPERT = ("gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj parameters "
+                 "(replace_with_mxfp4_linear); this module loads BF16")
+
+
 def _expert(spec: TensorSpec) -> bool:
     return bool(EXPERT_RE.search(spec.name)) and len(spec.shape) == 3
 
@@ -37,8 +41,7 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     if spec.kind != "quantized":
         return None
     if not EXPERT_RE.search(spec.name):
-        return ("gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj parameters "
-                "(replace_with_mxfp4_linear); this module loads BF16")
+        return NOT_AN_EXPERT
     s, gm = spec.scheme, spec.group_map
     el = element_of(s.codebook)
     if el is None or el.name != "e2m1" or s.scale_dtype != "F8_E8M0" or s.global_scale is not None:
@@ -59,7 +62,7 @@ def keep_dense(spec: TensorSpec) -> str | None:
     """The module policy: everything but the expert projections loads BF16 in transformers."""
     if _expert(spec):
         return None
-    return "gpt-oss MXFP4: transformers quantizes only GptOssExperts gate_up_proj / down_proj (the rest loads BF16)"
+    return NOT_AN_EXPERT
 
 
 def encode(spec: TensorSpec) -> TensorPlan:
