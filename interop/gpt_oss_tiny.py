@@ -14,7 +14,8 @@ Run in a venv with torch 2.13.0 (CPU) + transformers 5.24 + accelerate + safeten
    ``quantizer_mxfp4.py`` ``validate_environment``), and the same architecture is built in BF16 with the experts
    set to qckpt's decode transposed to ``[E, in, out]`` (the BF16 parameter orientation). Both run the same tokens;
    the figures (max |logit difference|, argmax agreement, loaded expert parameters vs qckpt's decode) are printed
-   as JSON and, with ``--write-reference``, saved to ``tests/data/gpt_oss/interop.json``.
+   as JSON and, with ``--write-reference``, saved to ``tests/data/gpt_oss/interop.json``. qckpt's own float export
+   (``--to plain``, the experts written ``[E, in, out]`` as the source's ``dense_axes`` declare) runs too.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def main() -> int:
         bf = GptOssForCausalLM.from_pretrained(str(bdir), dtype=torch.bfloat16).eval()
         loaded = {k for k, _ in bf.named_parameters()}
         missing, unexpected = sorted(loaded - set(sd)), sorted(set(sd) - loaded)
+        plain = Path(tmp) / "plain"  # qckpt's own float export (experts written [E, in, out]: metadata dense_axes)
+        subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(FIXTURE), str(plain), "--to", "plain"],
+                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        pl = GptOssForCausalLM.from_pretrained(str(plain), dtype=torch.bfloat16).eval()
         with torch.no_grad():
-            lm, lb = mx(ids).logits.float(), bf(ids).logits.float()
+            lm, lb, lp = mx(ids).logits.float(), bf(ids).logits.float(), pl(ids).logits.float()
         params = {k: v.detach() for k, v in mx.named_parameters()}
         loaded_vs_ours = max(float((params[k].float() - v.transpose(1, 2)).abs().max()) for k, v in ours.items())
         ref_vs_ours = max(float((ref[k].float() - v.transpose(1, 2)).abs().max()) for k, v in ours.items())
@@ -90,13 +95,15 @@ def main() -> int:
            "max_abs_loaded_expert_minus_qckpt_decode": loaded_vs_ours,
            "max_abs_convert_moe_packed_tensors_minus_qckpt_decode": ref_vs_ours,
            "max_abs_logit_diff_mxfp4_vs_bf16": float((lm - lb).abs().max()),
+           "max_abs_logit_diff_mxfp4_vs_qckpt_plain_export": float((lm - lp).abs().max()),
            "mean_abs_logit_bf16": float(lb.abs().mean()),
            "argmax_agreement": float((lm.argmax(-1) == lb.argmax(-1)).float().mean())}
     print(json.dumps(out, indent=1))
     if args.write_reference:
         save_file(ref, str(FIXTURE.parent / "reference_transformers.safetensors"), {"format": "pt"})
         (FIXTURE.parent / "interop.json").write_text(json.dumps(out, indent=1) + "\n")
-    ok = loaded_vs_ours == 0 and ref_vs_ours == 0 and out["max_abs_logit_diff_mxfp4_vs_bf16"] == 0
+    ok = loaded_vs_ours == 0 and ref_vs_ours == 0 and out["max_abs_logit_diff_mxfp4_vs_bf16"] == 0 \
+        and out["max_abs_logit_diff_mxfp4_vs_qckpt_plain_export"] == 0
     return 0 if ok else 1
 
 

@@ -163,7 +163,7 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
         row["mode"] = "tied" if row["bit_exact"] else "changed"
         row["tied_to"] = tied["embedding"]
         return row
-    row = compare_tensors(ckpt[name], b)
+    row = compare_tensors(ckpt[name], b, (ckpt.metadata or {}).get("dense_axes", {}).get(name))
     if b is None:
         row["mode"] = "missing"
     return row

@@ -285,3 +285,27 @@ def test_convert_cli_to_gpt_oss_proves_the_read_back(tmp_path):
     doc = json.loads(res.output)
     assert json.dumps(doc).count("gate_up_proj") >= 2
     assert load(tmp_path / "out").format == "gpt-oss"
+
+
+def test_float_export_uses_the_bf16_parameter_orientation(tmp_path):
+    # transformers' BF16 GptOssExperts: gate_up_proj [E, hidden, 2I], down_proj [E, I, hidden] ([expert, in, out]);
+    # down_proj is square per expert in gpt-oss-20b (2880 x 2880), so [E, out, in] would load silently transposed
+    from converter.ops.convert import convert_exact
+    rep = convert_exact(FIXTURE, tmp_path / "plain", "plain")
+    assert rep["summary"]["all_exact"]
+    rows = {r["name"]: r for r in rep["tensors"]}
+    assert rows[f"{P}.down_proj"]["dense_axes"] == ["expert", "in", "out"] and rows[f"{P}.down_proj"]["bit_exact"]
+    got = load_file(str(tmp_path / "plain" / "model.safetensors"))
+    src = load(FIXTURE)
+    assert got[f"{P}.gate_up_proj"].shape == (2, 64, 128)
+    for name in (f"{P}.gate_up_proj", f"{P}.down_proj"):
+        assert np.array_equal(got[name], src[name].dequantize().transpose(0, 2, 1))
+
+
+def test_exact_convert_to_gpt_oss_names_the_module_policy_when_nothing_stays_quantized(tmp_path):
+    # regression: the refusal said "the source has no quantized tensors" for a source whose quantized Linear
+    # weights the target keeps BF16
+    from converter.ops.convert import convert_exact
+    with pytest.raises(NotRepresentableError, match="keeps every quantized module of this source dense") as info:
+        convert_exact(CT_MX, tmp_path / "out", "gpt-oss")
+    assert "GptOssExperts" in str(info.value) and not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from converter.errors import ErrorKind, FormatError
+from converter.layout import EXPERT, IN, OUT
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 from converter.formats.gpt_oss.config import is_mxfp4, kept_dense, not_converted
@@ -68,7 +69,11 @@ def layers(src: Source) -> dict[str, tuple[Any, ExpertLayout]]:
 
 
 def metadata(src: Source, found: Mapping[str, tuple[Any, ExpertLayout]]) -> dict[str, Any]:
-    """``modules_to_not_convert`` as written and the interleave record of every fused ``gate_up_proj``."""
+    """``modules_to_not_convert`` as written, the interleave record of every fused ``gate_up_proj`` and
+    ``dense_axes``: the BF16 ``GptOssExperts`` parameters are ``[expert, in, out]`` (``gate_up_proj``
+    ``[E, hidden, 2 * intermediate]``, modeling_gpt_oss.py line 75; the dequantize transposes, mxfp4.py line 285),
+    so a float export writes them in that order."""
     patterns = not_converted(src.quantization_config, file=src.directory / "config.json")
     return {"modules_to_not_convert": None if patterns is None else list(patterns),
-            "fused": {n: GATE_UP.to_json() for n, (_, m) in found.items() if m.proj == "gate_up_proj"}}
+            "fused": {n: GATE_UP.to_json() for n, (_, m) in found.items() if m.proj == "gate_up_proj"},
+            "dense_axes": {n: [EXPERT, IN, OUT] for n in found}}
