@@ -309,3 +309,41 @@ def test_exact_convert_to_gpt_oss_names_the_module_policy_when_nothing_stays_qua
     with pytest.raises(NotRepresentableError, match="keeps every quantized module of this source dense") as info:
         convert_exact(CT_MX, tmp_path / "out", "gpt-oss")
     assert "GptOssExperts" in str(info.value) and not (tmp_path / "out").exists()
+
+
+def test_validate_reference_in_the_bf16_orientation_is_clean():
+    # regression: a BF16 gpt-oss reference stores experts [E, in, out]; it was reported "reference-missing"
+    # (gate_up_proj) and "layout-mismatch" (the square down_proj), a false alarm on a correct decode
+    rep = validate(FIXTURE, reference=DATA / "reference_transformers.safetensors", strict=True)
+    assert rep.exit_code == 0 and not rep.findings
+    assert set(rep.tensors) == set(load(FIXTURE).quantized_names())
+    assert all(s["reference"]["rel_rms"] == 0.0 for s in rep.tensors.values())
+
+
+@pytest.mark.parametrize("fault", ["high nibble first", "gate/up as halves", "experts transposed"])
+def test_self_test_probe_catches_a_wrong_reader(tmp_path, fault):
+    from dataclasses import replace
+
+    from converter.validate.probes import mx_expert_probe_tensor, run_probe
+
+    def bad_read(src):
+        ck = GO.read(src)
+
+        def broken(name):
+            t = ck[name]
+            if not isinstance(t, QuantizedTensor):
+                return t
+            q, s = t.codes, t.scales
+            if fault == "high nibble first":
+                e, o, i = q.shape
+                q = q.reshape(e, o, i // 2, 2)[..., ::-1].reshape(e, o, i)
+            elif fault == "gate/up as halves":
+                perm = np.r_[0:q.shape[1]:2, 1:q.shape[1]:2]
+                q, s = q[:, perm], s[:, perm]
+            else:
+                q = q.transpose(0, 2, 1).reshape(q.shape)
+            return t.replace(codes=np.ascontiguousarray(q), scales=np.ascontiguousarray(s))
+        return type(ck)({n: ck.spec(n) for n in ck.names()}, broken, format="gpt-oss")
+    res = run_probe(replace(GO, read=bad_read), mx_expert_probe_tensor(), tmp_path)
+    assert res.error is None and not res.declared_exact
+    assert run_probe(GO, mx_expert_probe_tensor(), tmp_path).passed

@@ -18,7 +18,7 @@ from converter.codebooks import element_of
 from converter.errors import NotRepresentableError
 from converter.groups import Granularity
 from converter.layout import IN
-from converter.tensor import Checkpoint, TensorSpec
+from converter.tensor import Checkpoint, TensorSpec, opaque_reason
 from converter.write.plan import TensorPlan, dense_plan
 from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.formats.gpt_oss.config import emit
@@ -37,7 +37,9 @@ def _expert(spec: TensorSpec) -> bool:
 
 
 def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
-    """``None`` when quantized ``spec`` is an MXFP4 gpt-oss expert projection, else why not."""
+    """``None`` when quantized ``spec`` is an MXFP4 gpt-oss expert projection (or a dense tensor), else why not."""
+    if spec.kind == "opaque":
+        return opaque_reason(spec)
     if spec.kind != "quantized":
         return None
     if not EXPERT_RE.search(spec.name):
