@@ -19,7 +19,7 @@ Per MoE layer ``<p>`` = ``model.layers.<L>.mlp.experts`` (``GptOssExperts``, tra
   is the gate, ``[..., 1::2]`` the up projection; openai/gpt-oss ``torch/model.py`` ``swiglu``):
   :mod:`converter.formats.gpt_oss.interleave`.
 - ``<p>.<j>_bias`` BF16 ``[E, O]``: dense (``param_needs_quantization`` excludes ``*_bias``,
-  ``quantizers/quantizer_mxfp4.py`` lines 162-170).
+  ``quantizers/quantizer_mxfp4.py`` lines 144-152).
 
 The logical tensor is ``<p>.<j>`` (the BF16 parameter's name), axes ``(expert, out, in)``, codes E2M1, scales
 ``F8_E8M0`` per 32 along ``in``. A partial final group cannot be stored: ``G`` groups always decode to ``32 G``
