@@ -50,6 +50,7 @@ GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
 MODELOPT_FP8 = "ModelOpt is written as FP8 (E4M3) only"
 CODEBOOK_GGUF = "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
 FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
+GPT_OSS_EXPERTS = "gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj"
 FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
                "modelopt_fp8_pb_wo_smollm2tiny", "deepseek_fp8_block_smollm2tiny")
 FP4_SAMPLES = ("ct_mxfp4_smollm2", "ct_nvfp4_smollm2", "modelopt_nvfp4_smollm2tiny")
@@ -206,6 +207,9 @@ EXPECTED = {
     ("ct_nvfp4_smollm2", "modelopt"): REFUSE,  # W4A16: ModelOpt NVFP4 is W4A4 (input_scale)
     # weight_scale_2 = 0.00120907... has no float32 divisor giving the same effective scales (not 2^k)
     ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): REFUSE,
+    # gpt-oss MXFP4 stores only GptOssExperts' 3-D gate_up_proj / down_proj quantized: no sample has them (the
+    # 2-D Linear weights of every sample load BF16 in transformers' Mxfp4 integration), so every pair refuses.
+    **{(s, "gpt-oss"): REFUSE for s in FP8_SAMPLES + FP4_SAMPLES + INT_SAMPLES + ("minilm_fp16.safetensors",)},
 }
 
 REASONS = {
@@ -217,6 +221,8 @@ REASONS = {
     ("ct_mxfp4_smollm2", "modelopt"): "MXFP4 uses E8M0",
     ("ct_nvfp4_smollm2", "modelopt"): "the source has none",
     ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): "has no float32 divisor",
+    **{(s, "gpt-oss"): GPT_OSS_EXPERTS for s in FP8_SAMPLES + FP4_SAMPLES + INT_SAMPLES},
+    ("minilm_fp16.safetensors", "gpt-oss"): NO_QUANT,
     ("ct_pack_w8a16_channel_sym", "awq"): AWQ_4BIT,
     ("mlx_affine_g64_b4", "awq"): MLX_BIAS,
     ("mlx_affine_g64_b4", "compressed-tensors"): MLX_BIAS,

@@ -22,8 +22,11 @@ from converter.runtime import drop_pages
 from converter.tensor import QuantizedTensor
 
 
-def compare_tensors(a, b) -> dict[str, Any]:
-    """Compare a source tensor with its written-and-read-back counterpart."""
+def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, Any]:
+    """Compare a source tensor with its written-and-read-back counterpart.
+
+    ``dense_axes``: the axis order in which a float target stores quantized ``a`` (the source's
+    ``metadata["dense_axes"]``, e.g. ``[expert, in, out]``): its dequantization is compared in that order."""
     if not isinstance(a, QuantizedTensor):
         # one value stored 0-dim in one format and [1] in the other (ModelOpt vs compressed-tensors
         # input_scale) is the same bytes: a passthrough, with the reshape stated in the row
@@ -40,11 +43,16 @@ def compare_tensors(a, b) -> dict[str, Any]:
         return row
     if b is not None and not isinstance(b, QuantizedTensor):  # a float target: values, not codes
         da = a.dequantize()
+        if dense_axes and sorted(dense_axes) == sorted(a.axes):
+            da = np.ascontiguousarray(np.transpose(da, [a.axes.index(x) for x in dense_axes]))
         db = np.asarray(b.data).astype(np.float32)
         same = da.shape == db.shape and bool(np.array_equal(da, db))
         diff = float(np.max(np.abs(da - db))) if same or da.shape == db.shape and da.size else None
-        return {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
-                "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
+        row = {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
+               "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
+        if dense_axes:
+            row["dense_axes"] = list(dense_axes)
+        return row
     if not isinstance(b, QuantizedTensor):
         return {"name": a.name, "kind": "quantized", "mode": "changed", "codes_identical": False,
                 "scales_identical": False, "max_abs_diff": None, "bit_exact": False}

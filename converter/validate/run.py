@@ -114,7 +114,8 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
             continue
         if not isinstance(t, QuantizedTensor):
             continue
-        report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
+        dense_axes = (ckpt.metadata or {}).get("dense_axes", {}).get(spec.name)
+        report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt, dense_axes)
         if "float" in report.tensors[spec.name] and report.tensors[spec.name]["float"]["magnitude"]:
             magnitudes[spec.name] = report.tensors[spec.name]["float"]["magnitude"]
         gs = fp4_checks.global_scale_evidence(t)
@@ -130,8 +131,21 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     return report
 
 
+def _reference_in_logical_order(ref_shape: tuple[int, ...], t: QuantizedTensor,
+                                dense_axes: list[str] | None) -> list[int] | None:
+    """The permutation that brings a reference stored in the source's declared float orientation
+    (``metadata["dense_axes"]``, e.g. gpt-oss experts ``[expert, in, out]``) back to ``t``'s logical axes;
+    the identity when the reference has the logical shape and no orientation is declared; None when neither fits."""
+    ident = list(range(len(t.shape)))
+    if dense_axes and sorted(dense_axes) == sorted(t.axes):
+        perm = [t.axes.index(a) for a in dense_axes]
+        if tuple(ref_shape) == tuple(t.shape[i] for i in perm):
+            return [int(i) for i in np.argsort(perm)]
+    return ident if tuple(ref_shape) == tuple(t.shape) else None
+
+
 def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: registry.ValidationHooks,
-                  ref_ckpt) -> dict[str, Any]:
+                  ref_ckpt, dense_axes: list[str] | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
     report.add(*structural.check_loaded(spec, t))
     report.add(*structural.check_padding(source, spec, t))
@@ -156,12 +170,16 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     if hooks.zero_convention is not None:
         _zero_convention(hooks.zero_convention, source, spec, report)
     if ref_ckpt is not None:
-        if spec.name not in ref_ckpt or tuple(ref_ckpt.spec(spec.name).shape) != tuple(t.shape):
+        back = (_reference_in_logical_order(tuple(ref_ckpt.spec(spec.name).shape), t, dense_axes)
+                if spec.name in ref_ckpt else None)
+        if back is None:
             found = list(ref_ckpt.spec(spec.name).shape) if spec.name in ref_ckpt else "absent"
             report.add(finding("reference-missing", t.name, "no tensor of the same name and shape in the reference",
                                expected=list(t.shape), found=found))
         else:
             ref = np.asarray(ref_ckpt[spec.name].dequantize(), dtype=np.float32)
+            if back != list(range(len(back))):  # a float export's orientation (declared by the source)
+                ref = np.ascontiguousarray(np.transpose(ref, back))
             ref_findings, stats["reference"] = compare(t, ref)
             report.add(*ref_findings)
     return stats
