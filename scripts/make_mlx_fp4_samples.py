@@ -108,7 +108,7 @@ def mlx_lm_sample(src: Path, out: Path, mode: str) -> None:
     cmd = ["from mlx_lm.utils import load_model, quantize_model, save_model, save_config",
            f"model, config = load_model(Path('{src.name}'))",
            f"model, config = quantize_model(model, config, None, None, mode='{mode}')",
-           f"save_model(out, model); save_config(config, config_path=out / 'config.json')"]
+           "save_model(out, model); save_config(config, config_path=out / 'config.json')"]
     what = (f"MLX {mode} read (codes, {'E8M0' if mode == 'mxfp4' else 'E4M3'} scales) decodes like mx.dequantize "
             f"bit for bit; qckpt's {mode} writer reproduces these bytes; loads with mlx_lm.load")
     _provenance(d, name, cmd, src, what, hashes, {"format": f"mlx {mode}", "loads_with": "mlx_lm.utils.load_model"})

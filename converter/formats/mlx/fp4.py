@@ -34,6 +34,9 @@ from converter.formats.mlx.reader import codes_map
 
 #: MLX's global-scale direction (``mx.quantize(..., global_scale=amax)``).
 DIRECTION = "amax"
+#: What reads a dense layer's global scale (measured with mlx 0.32.4 / mlx-lm 0.32.2 on CPU).
+LOADER_NOTE = ("mx.dequantize(..., global_scale=g) decodes it; mlx-lm 0.32.2 attaches a global_scale to switch "
+               "(expert) layers only (utils._takes_global_scale), so mlx_lm.load refuses it on a dense Linear")
 #: E2M1 scale dtype -> MLX mode.
 FP4_MODES = {"F8_E8M0": "mxfp4", "F8_E4M3": "nvfp4"}
 
@@ -118,6 +121,7 @@ def plan_fp4(spec: TensorSpec) -> TensorPlan:
     notes = [f"exact: E2M1 codes relaid into uint32 words, {spec.scheme.scale_dtype} scale bytes kept ({mode})"]
     if spec.scheme.global_scale is not None:
         outs.append((f"{p}.global_scale", "F32", ()))
+        notes.append(LOADER_NOTE)
         if spec.scheme.global_scale != DIRECTION:
             notes.append(f"the {spec.scheme.global_scale} global scale re-expressed as MLX's amax (proven exact over "
                          f"every E4M3 scale)")

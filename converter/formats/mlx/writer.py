@@ -277,7 +277,8 @@ def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard
     def encode(spec: TensorSpec) -> TensorPlan:
         reason = check_target(spec)
         if reason:
-            raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine, mxfp8, mxfp4 or nvfp4",
+            raise NotRepresentableError(reason, tensor=spec.name, field="scheme",
+                                        expected="MLX affine, mxfp8, mxfp4 or nvfp4",
                                         found=f"{spec.scheme.describe()} {spec.group_map.describe()}",
                                         hint="requantize to an MLX affine scheme")
         return _plan(spec)
