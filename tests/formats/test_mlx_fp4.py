@@ -123,6 +123,23 @@ def test_ct_mxfp4_to_mlx_keeps_codes_and_e8m0_bytes(tmp_path):
         assert np.array_equal(ours.view(np.uint16), ref[p + ".weight"].view(np.uint16)), p
 
 
+def test_legacy_ct_mxfp4_e8m0_becomes_the_standard_mlx_byte(tmp_path):
+    """compressed-tensors 0.13.0 stored ``127 + log2(s) - 2`` (e8m0_rule.py): MLX gets the OCP byte ``127 + log2(s)``,
+    i.e. the bytes the real 0.19.0 sample stores, from the legacy file's bytes + 2."""
+    from converter.formats.registry import get
+    ct = SAMPLES / "ct_mxfp4_smollm2"
+    old, out = tmp_path / "old", tmp_path / "mlx"
+    get("compressed-tensors").write(load(ct), old, ct_version="0.13.0")
+    legacy, standard = _stored(old / "model.safetensors"), _stored(ct / "model.safetensors")
+    convert_exact(old, out, "mlx")
+    got = _model_arrays(out)
+    for p in SUBSET:
+        lb = legacy[p + ".weight_scale"].view(np.uint8).astype(np.int32)
+        sb = standard[p + ".weight_scale"].view(np.uint8)
+        assert np.array_equal(lb + 2, sb), p  # the legacy rule, by hand
+        assert np.array_equal(got[p + ".scales"], sb), p
+
+
 def test_mlx_mxfp4_to_ct_and_back_is_byte_identical(tmp_path):
     ct, back = tmp_path / "ct", tmp_path / "mlx"
     convert_exact(SAMPLES / MX4, ct, "compressed-tensors")
