@@ -247,10 +247,7 @@ def _swap_nibbles(b: np.ndarray) -> np.ndarray:
     return ((b >> 4) | (b << 4)).astype(np.uint8)
 
 
-@pytest.mark.parametrize("name", [CT_MX, pytest.param(MO_NV, marks=pytest.mark.xfail(
-    reason="validate --reference measures steps and alternatives on the stored group scales without the NVFP4 "
-           "global scale (rms_steps 0.007, alternatives ~512x off): owned by the reference-comparison fix",
-    strict=True))])
+@pytest.mark.parametrize("name", [CT_MX, MO_NV])  # NVFP4: the reference comparison applies the global scale
 def test_swapped_nibbles_detected_with_reference(tmp_path, name):
     """A within-byte nibble swap of E2M1 codes keeps every group (16 / 32 along in, an even number) and its
     scale, so no reference-free statistic moves (fp4_checks module docstring: histogram and per-group
