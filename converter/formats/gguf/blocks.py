@@ -8,11 +8,12 @@ the chunking.
 
 Layouts follow ``ggml/src/ggml-common.h`` (``block_q4_0``, ``block_q4_1``, ``block_q5_0``,
 ``block_q5_1``, ``block_q8_0``, ``block_q2_K``, ``block_q3_K``, ``block_q4_K``, ``block_q5_K``,
-``block_q6_K``; ``block_mxfp4`` / ``block_nvfp4`` in :mod:`.block_fp4`); arithmetic follows ``ggml/src/ggml-quants.c`` (``quantize_row_q*_ref``,
-``dequantize_row_q*``) and gguf-py ``gguf/quants.py`` (v0.19.0), with the same float32 operation order so
-results are bit-identical with ``gguf.quants.quantize``; ``decode`` exposes the fields, and the
-product's decode (``tensor_from_fields(...).dequantize()``, what a read does) is bit-identical with
-``gguf.quants.dequantize``.
+``block_q6_K``; ``block_mxfp4`` / ``block_nvfp4`` in :mod:`.block_fp4`); arithmetic follows
+``ggml/src/ggml-quants.c`` (``quantize_row_q*_ref``, ``dequantize_row_q*``) and gguf-py
+``gguf/quants.py`` (v0.19.0), with the same float32 operation order so results are bit-identical with
+``gguf.quants.quantize``; ``decode`` exposes the fields, and the product's decode
+(``tensor_from_fields(...).dequantize()``, what a read does) is bit-identical with
+``gguf.quants.dequantize`` (MXFP4 / NVFP4: value-identical, ggml decodes E2M1 code 0x8 as +0.0).
 
 Codes are exposed **unsigned with an implicit offset** (``Codec.code_offset``): the stored value
 ``q`` and the signed value ``q - code_offset``. Q8_0 is the exception: its codes are stored signed

@@ -51,7 +51,8 @@ result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever th
 
 Writing (``gguf.GGUFWriter``, streamed one tensor at a time into an atomic temporary file) packs
 quantized tensors whose scheme *is* a legacy type, a K-quant (its super-block fields) or MXFP4 / NVFP4
-(codes and scale bytes relaid, no requantization). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp reference rounding).
+(codes and scale bytes relaid, no requantization). :func:`quantize_to_gguf` is the explicit requantize
+path (llama.cpp reference rounding).
 
 Requantizing to GGUF (``qckpt convert --to gguf`` with requantize options) goes through
 :data:`converter.formats.gguf.requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in
@@ -174,6 +175,8 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
         raise FormatError("tensor name too long for GGUF", tensor=spec.name, field="name",
                           expected=f"<= {MAX_NAME_BYTES} bytes (GGML_MAX_NAME)", found=gname)
     shape = tuple(int(s) for s in spec.shape)
+    if not shape and spec.kind == "dense":  # a 0-d scale (ModelOpt input_scale): F32 [1], as _write_scale_tensor
+        shape = (1,)
     if not 1 <= len(shape) <= MAX_DIMS:
         raise NotRepresentableError("GGUF tensors have 1 to 4 dims", tensor=spec.name, field="shape",
                                     expected=f"1..{MAX_DIMS} dims", found=list(shape))
@@ -207,6 +210,8 @@ def _encode(t, p: _Plan) -> np.ndarray:
         data = np.ascontiguousarray(t.data)
         if p.widened_from is not None and data.dtype == DENSE_TYPES[p.widened_from]:
             data = data.astype(np.float32)  # exact: every F16 / BF16 value is an F32 value
+        if data.ndim == 0 and p.shape == (1,):
+            data = data.reshape(1)
         if tuple(data.shape) != p.shape or data.dtype != DENSE_TYPES[p.type_name]:
             raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
                               expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")

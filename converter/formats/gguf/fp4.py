@@ -75,8 +75,8 @@ def fp4_tensor(name: str, fields: BlockFields, shape: Sequence[int], global_scal
     gs = None if global_scale is None else np.array(np.asarray(global_scale, dtype=np.float32).reshape(()))
     return QuantizedTensor(name=name, axes=axes, codes=fields.codes.reshape(shape),
                            scales=np.ascontiguousarray(fields.scales).reshape(*shape[:-1], -1),
-                           scheme=fp4_scheme(t, gs is not None), group_map=GroupMap.per_group(FP4_CODECS[t].group_size, IN),
-                           global_scale=gs)
+                           scheme=fp4_scheme(t, gs is not None),
+                           group_map=GroupMap.per_group(FP4_CODECS[t].group_size, IN), global_scale=gs)
 
 
 def fp4_match(spec: TensorSpec) -> tuple[str | None, str | None]:
@@ -92,8 +92,10 @@ def fp4_match(spec: TensorSpec) -> tuple[str | None, str | None]:
     codec = FP4_CODECS[t]
     if t == "MXFP4" and s.global_scale is not None:
         return None, "MXFP4 with a global scale: GGUF MXFP4 has none"
-    if gm.granularity is not Granularity.GROUP or gm.axis != IN or gm.group_size != codec.group_size or gm.g_idx is not None:
-        return None, f"GGUF {t} has one scale per {codec.group_size} elements along 'in'; the tensor has {gm.describe()}"
+    if (gm.granularity is not Granularity.GROUP or gm.axis != IN or gm.group_size != codec.group_size
+            or gm.g_idx is not None):
+        return None, (f"GGUF {t} has one scale per {codec.group_size} elements along 'in'; the tensor has "
+                      f"{gm.describe()}")
     if spec.axes is None or tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
         return None, f"GGUF quantized tensors are (out, in) or (expert, out, in); found axes {list(spec.axes or ())}"
     if spec.shape[-1] % codec.block_size:
