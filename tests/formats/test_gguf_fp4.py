@@ -286,3 +286,48 @@ def test_per_expert_scale_vector_is_listed_not_decoded(tmp_path):
     ck = load(_gguf(tmp_path / "e.gguf", {"w.weight": (row, "NVFP4"), "w.scale": (np.ones(2, np.float32), "F32")}))
     spec = ck.spec("w.weight")
     assert spec.kind == "opaque" and any("per-expert" in n for n in spec.notes)
+
+
+def test_ct_legacy_e8m0_bias_gives_the_same_gguf_exponents(tmp_path):
+    """compressed-tensors 0.13.0 stored MXFP4 exponents 2 below OCP E8M0 (:mod:`...e8m0_rule`): the same
+    weights written that way must give the same GGUF ``e`` bytes (the true exponents), not bytes 2 too low."""
+    import shutil
+    from safetensors.numpy import save_file
+    legacy = tmp_path / "legacy"
+    shutil.copytree(MX_SAMPLE, legacy)
+    cfg = json.loads((legacy / "config.json").read_text())
+    cfg["quantization_config"]["version"] = "0.13.0"
+    (legacy / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(MX_SAMPLE / "model.safetensors"))
+    tensors = {k: (v - np.uint8(2) if k.endswith("weight_scale") else v) for k, v in tensors.items()}
+    save_file(tensors, str(legacy / "model.safetensors"))
+    a, b = _convert(MX_SAMPLE, tmp_path / "std.gguf"), _convert(legacy, tmp_path / "legacy.gguf")
+    assert a["summary"]["all_exact"] and b["summary"]["all_exact"]
+    std = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(tmp_path / "std.gguf").tensors}
+    old = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(tmp_path / "legacy.gguf").tensors}
+    assert std == old
+
+
+def test_power_of_two_divisor_is_written_as_its_exact_multiplier(tmp_path):
+    """A divisor global scale 4.0 (compressed-tensors' direction) is the multiplier 0.25 exactly: written as
+    ``w.scale`` = 0.25 and read back with the same effective scales; 3.0 has no exact multiplier: refused."""
+    from converter.formats.gguf.format import write_gguf
+    from converter.tensor import Checkpoint
+    rng = np.random.default_rng(1)
+    scheme = QuantScheme(4, False, scale_dtype="F8_E4M3", codebook=E2M1_VALUES, global_scale="divisor")
+    scales = rng.uniform(0.01, 400, (2, 8)).astype(ml_dtypes.float8_e4m3fn)
+    codes = rng.integers(0, 16, (2, 128)).astype(np.uint8)
+    t = QuantizedTensor("w.weight", (OUT, IN), codes, scales, scheme, GroupMap.per_group(16, IN),
+                        global_scale=np.array(4.0, np.float32))
+    out = tmp_path / "p2.gguf"
+    write_gguf(Checkpoint.from_tensors([t]), out, arch="unknownarch")
+    r = {x.name: x for x in gguf.GGUFReader(out).tensors}
+    assert float(np.asarray(r["w.scale"].data)[0]) == 0.25
+    back = load(out)["w.weight"]
+    assert back.scheme.global_scale == "multiplier" and np.array_equal(back.codes, codes)
+    assert np.array_equal(back.dequantize().view(np.uint32), t.dequantize().view(np.uint32))
+    bad = t.replace(global_scale=np.array(3.0, np.float32))
+    with pytest.raises(NotRepresentableError) as err:
+        write_gguf(Checkpoint.from_tensors([bad]), tmp_path / "p3.gguf", arch="unknownarch")
+    assert err.value.field == "global_scale" and err.value.found == 3.0
+    assert not (tmp_path / "p3.gguf").exists()

@@ -382,7 +382,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
-                                 "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
+                                 "K-quants Q2_K..Q6_K, MXFP4, NVFP4 read+write, F32/F16/BF16 dense",
+                                 detect_gguf, read_gguf, write_gguf,
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
                                  requant_targets=requant_targets,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
