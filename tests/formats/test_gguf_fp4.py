@@ -331,3 +331,13 @@ def test_power_of_two_divisor_is_written_as_its_exact_multiplier(tmp_path):
         write_gguf(Checkpoint.from_tensors([bad]), tmp_path / "p3.gguf", arch="unknownarch")
     assert err.value.field == "global_scale" and err.value.found == 3.0
     assert not (tmp_path / "p3.gguf").exists()
+
+
+def test_quant_type_mxfp4_on_an_mxfp4_source_carries_it_exactly(tmp_path):
+    doc = _convert(MX_SAMPLE, tmp_path / "q.gguf", "--quant-type", "MXFP4")
+    rows = [r for r in doc["tensors"] if r["name"].endswith("proj.weight")]
+    assert len(rows) == 4 and all(r["readback_bit_exact"] for r in rows)
+    src, back = load(MX_SAMPLE), load(tmp_path / "q.gguf")
+    for name in src.names():
+        assert np.array_equal(src[name].codes, back[name].codes)
+        assert np.array_equal(src[name].scales.view(np.uint8), back[name].scales.view(np.uint8))

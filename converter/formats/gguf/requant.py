@@ -34,6 +34,7 @@ from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.formats.gguf.block_fields import QK_K
 from converter.formats.gguf.block_fp4 import FP4_CODECS
+from converter.formats.gguf.fp4 import fp4_match
 from converter.formats.gguf.mix import FILE_TYPES
 from converter.formats.gguf.schemes import (REQUANT_OPTIONS, WRITE_TYPES, group_size_of, kquant_type_for,
                                             quantize_to_gguf, scheme_for)
@@ -116,7 +117,14 @@ def named_type(type_name: str) -> tuple[QuantScheme, GroupMap]:
 def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool | None:
     """K-quant targets: True when the source is stored in that very type (llama-quantize copies a
     tensor already of the target type), else False (requantized from the float values; a K-quant
-    cannot be carried into from another grid). None for the legacy types (the generic carry)."""
+    cannot be carried into from another grid). MXFP4 / NVFP4 targets: True when the source is that type as
+    GGUF stores it (:func:`~converter.formats.gguf.fp4.fp4_match`; an NVFP4 global scale only as a
+    multiplier), else False. None for the legacy types (the generic carry)."""
+    f = fp4_type_for(scheme, group_map)
+    if f is not None:
+        src_scheme = getattr(spec_or_tensor, "scheme", None)
+        return bool(fp4_match(spec_or_tensor)[0] == f and src_scheme is not None
+                    and src_scheme.global_scale in (None, "multiplier"))
     t = kquant_type_for(scheme, group_map)
     if t is None:
         return None

@@ -58,7 +58,8 @@ def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
         fp4, why = fp4_match(spec)
         if fp4 is not None:
             return fp4, None
-        return None, why or "codebook schemes (NF4, bitsandbytes FP4, FP8 elements) have no GGUF block type"
+        return None, why or ("codebook schemes other than E2M1 (NF4, bitsandbytes FP4, FP8 elements) have no "
+                             "GGUF block type")
     # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
     # (converter.quant.recode.as_groups), an exact re-expression
     regroupable = (gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
