@@ -333,11 +333,34 @@ def test_power_of_two_divisor_is_written_as_its_exact_multiplier(tmp_path):
     assert not (tmp_path / "p3.gguf").exists()
 
 
-def test_quant_type_mxfp4_on_an_mxfp4_source_carries_it_exactly(tmp_path):
+def test_quant_type_of_the_source_type_keeps_it_as_is(tmp_path):
+    """As llama-quantize copies a tensor already of the target type: CT MXFP4 under --quant-type MXFP4 is
+    carried, not requantized (llama.cpp's quantizer would pick +0 where compressed-tensors wrote -0).
+    ModelOpt NVFP4 has a global scale, which llama.cpp's NVFP4 quantizer has not: requantized, and the file
+    read back is what was computed (regression: the carried tensor's .scale was once dropped)."""
+    doc = _convert(MO_SAMPLE, tmp_path / "nv.gguf", "--quant-type", "NVFP4")
+    rows = [r for r in doc["tensors"] if r["name"].endswith("proj.weight")]
+    assert len(rows) == 7 and all(r["route"] == "requantized" and r["readback_bit_exact"] for r in rows)
+    assert not any(t.name.endswith(".scale") for t in gguf.GGUFReader(tmp_path / "nv.gguf").tensors)
     doc = _convert(MX_SAMPLE, tmp_path / "q.gguf", "--quant-type", "MXFP4")
     rows = [r for r in doc["tensors"] if r["name"].endswith("proj.weight")]
-    assert len(rows) == 4 and all(r["readback_bit_exact"] for r in rows)
+    assert len(rows) == 4 and all(r["route"] == "carried" and r["readback_bit_exact"] for r in rows)
     src, back = load(MX_SAMPLE), load(tmp_path / "q.gguf")
     for name in src.names():
         assert np.array_equal(src[name].codes, back[name].codes)
         assert np.array_equal(src[name].scales.view(np.uint8), back[name].scales.view(np.uint8))
+
+
+def test_writer_never_drops_a_global_scale_its_spec_did_not_announce(tmp_path):
+    """Regression: a tensor carrying a multiplier whose spec (a requantize target's) had none was written
+    without its ``.scale`` (values off by the multiplier); now a typed error, nothing written."""
+    from converter.formats.gguf.format import write_gguf
+    from converter.tensor import Checkpoint
+    scheme = QuantScheme(4, False, scale_dtype="F8_E4M3", codebook=E2M1_VALUES)
+    plain = QuantizedTensor("w.weight", (OUT, IN), np.zeros((1, 64), np.uint8),
+                            np.ones((1, 4), ml_dtypes.float8_e4m3fn), scheme, GroupMap.per_group(16, IN))
+    scaled = plain.replace(scheme=scheme.replace(global_scale="multiplier"), global_scale=np.array(2.0, np.float32))
+    ck = Checkpoint({"w.weight": spec_of(plain)}, lambda name: scaled, format="memory")
+    with pytest.raises(FormatError) as err:
+        write_gguf(ck, tmp_path / "x.gguf", arch="unknownarch")
+    assert err.value.field == "global_scale" and not (tmp_path / "x.gguf").exists()

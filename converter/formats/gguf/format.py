@@ -151,6 +151,7 @@ class _Plan:
     perm: np.ndarray | None
     widened_from: str | None = None  # a 1-D F16 / BF16 tensor written F32 (WIDENED_1D)
     global_of: bool = False  # the F32 [1] ``<name>.scale`` of NVFP4 tensor ``name`` (its multiplier)
+    scaled: bool = False  # an NVFP4 tensor whose ``<name>.scale`` is planned
 
 
 def _infer_type(v: Any) -> Any:
@@ -216,10 +217,14 @@ def _encode(t, p: _Plan) -> np.ndarray:
             raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
                               expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")
         return data.view(np.uint8) if p.type_name == "BF16" else data
-    if p.global_of:
-        return np.asarray(gguf_multiplier(t), dtype=np.float32).reshape(1)
-    if isinstance(t, QuantizedTensor) and p.type_name in FP4_TYPES:
-        gguf_multiplier(t)  # refused before any byte is packed when not an exact multiplier
+    if isinstance(t, QuantizedTensor) and (p.global_of or p.type_name in FP4_TYPES):
+        g = gguf_multiplier(t)  # refused before any byte is packed when not an exact multiplier
+        if (g is not None) != (p.scaled or p.global_of):  # never drop (or invent) a global scale silently
+            raise FormatError("tensor's global scale differs from its spec", tensor=p.name, field="global_scale",
+                              expected="present" if p.scaled or p.global_of else "none",
+                              found="none" if g is None else float(g))
+        if p.global_of:
+            return np.asarray(g, dtype=np.float32).reshape(1)
         return codec_for(p.type_name).pack(fp4_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
     if isinstance(t, QuantizedTensor) and p.type_name in K_TYPES:
         return codec_for(p.type_name).pack(_kquant_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
@@ -282,6 +287,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         if spec.name not in drop:
             plans.append(_plan(ckpt, spec, arch, gguf_type, names, src_kv))
             if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
+                plans[-1].scaled = True
                 plans.append(_Plan(spec.name, scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale",
                                    "F32", (1,), 4, None, global_of=True))
     seen: dict[str, str] = {}

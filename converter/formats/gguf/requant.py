@@ -114,26 +114,6 @@ def named_type(type_name: str) -> tuple[QuantScheme, GroupMap]:
     return scheme_for(type_name), GroupMap.per_group(group_size_of(type_name), IN)
 
 
-def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool | None:
-    """K-quant targets: True when the source is stored in that very type (llama-quantize copies a
-    tensor already of the target type), else False (requantized from the float values; a K-quant
-    cannot be carried into from another grid). MXFP4 / NVFP4 targets: True when the source is that type as
-    GGUF stores it (:func:`~converter.formats.gguf.fp4.fp4_match`; an NVFP4 global scale only as a
-    multiplier), else False. None for the legacy types (the generic carry)."""
-    f = fp4_type_for(scheme, group_map)
-    if f is not None:
-        src_scheme = getattr(spec_or_tensor, "scheme", None)
-        return bool(fp4_match(spec_or_tensor)[0] == f and src_scheme is not None
-                    and src_scheme.global_scale in (None, "multiplier"))
-    t = kquant_type_for(scheme, group_map)
-    if t is None:
-        return None
-    dq = getattr(spec_or_tensor, "double_quant", None)
-    kind = getattr(dq, "kind", dq)
-    return bool(kind == t and spec_or_tensor.scheme == scheme
-                and spec_or_tensor.group_map.group_size == group_map.group_size)
-
-
 def fp4_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
     """``MXFP4`` / ``NVFP4`` when ``scheme`` over ``group_map`` is exactly that type as llama.cpp's quantizer
     makes it (E2M1, E8M0 per 32 / E4M3 per 16 along ``in``, no global scale), else None."""
@@ -143,6 +123,26 @@ def fp4_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
         if scheme == scheme_for(t) and group_map.group_size == codec.group_size:
             return t
     return None
+
+
+def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool | None:
+    """K-quant targets: True when the source is stored in that very type (llama-quantize copies a
+    tensor already of the target type), else False (requantized from the float values; a K-quant
+    cannot be carried into from another grid). MXFP4 / NVFP4 targets: True when the source is that type as
+    llama.cpp's quantizer makes it (:func:`~converter.formats.gguf.fp4.fp4_match`, no global scale: the
+    target's scheme has none, so a source with one is requantized; its exact repack is ``convert`` without
+    ``--quant-type``), else False. None for the legacy types (the generic carry)."""
+    f = fp4_type_for(scheme, group_map)
+    if f is not None:
+        src_scheme = getattr(spec_or_tensor, "scheme", None)
+        return bool(fp4_match(spec_or_tensor)[0] == f and src_scheme is not None and src_scheme.global_scale is None)
+    t = kquant_type_for(scheme, group_map)
+    if t is None:
+        return None
+    dq = getattr(spec_or_tensor, "double_quant", None)
+    kind = getattr(dq, "kind", dq)
+    return bool(kind == t and spec_or_tensor.scheme == scheme
+                and spec_or_tensor.group_map.group_size == group_map.group_size)
 
 
 def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[int],
