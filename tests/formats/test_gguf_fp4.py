@@ -364,3 +364,21 @@ def test_writer_never_drops_a_global_scale_its_spec_did_not_announce(tmp_path):
     with pytest.raises(FormatError) as err:
         write_gguf(ck, tmp_path / "x.gguf", arch="unknownarch")
     assert err.value.field == "global_scale" and not (tmp_path / "x.gguf").exists()
+
+
+def test_stacked_experts_mxfp4_round_trip(tmp_path):
+    """(expert, out, in) MXFP4 (gpt-oss style experts): read as 3-D with one E8M0 scale per 32 along in,
+    written back byte for byte."""
+    from converter.formats.gguf.format import write_gguf
+    from converter.tensor import Checkpoint
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, (3, 2, 2 * 17), dtype=np.uint8)
+    raw.reshape(3, 2, 2, 17)[..., 0] = rng.integers(100, 140, (3, 2, 2))  # finite E8M0 bytes
+    src = _gguf(tmp_path / "e.gguf", {"blk.0.ffn_up_exps.weight": (raw, "MXFP4")})
+    t = load(src)["blk.0.ffn_up_exps.weight"]
+    assert t.shape == (3, 2, 64) and t.axes == ("expert", OUT, IN) and t.scales.shape == (3, 2, 2)
+    assert np.array_equal(t.dequantize().reshape(6, 64),
+                          gguf.quants.dequantize(raw.reshape(6, 34), gguf.GGMLQuantizationType.MXFP4))
+    write_gguf(Checkpoint.from_tensors([t]), tmp_path / "back.gguf", arch="unknownarch")
+    back = gguf.GGUFReader(tmp_path / "back.gguf").tensors[0]
+    assert back.tensor_type.name == "MXFP4" and np.asarray(back.data).tobytes() == raw.tobytes()
