@@ -286,6 +286,9 @@ def test_per_expert_scale_vector_is_listed_not_decoded(tmp_path):
     ck = load(_gguf(tmp_path / "e.gguf", {"w.weight": (row, "NVFP4"), "w.scale": (np.ones(2, np.float32), "F32")}))
     spec = ck.spec("w.weight")
     assert spec.kind == "opaque" and any("per-expert" in n for n in spec.notes)
+    # a .scale of another type is not silently ignored either
+    ck = load(_gguf(tmp_path / "f16.gguf", {"w.weight": (row[0], "NVFP4"), "w.scale": (np.ones(1, np.float16), "F16")}))
+    assert ck.names() == ["w.weight"] and ck.spec("w.weight").kind == "opaque"
 
 
 def test_ct_legacy_e8m0_bias_gives_the_same_gguf_exponents(tmp_path):

@@ -176,9 +176,10 @@ def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
     notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
     if isinstance(CODECS.get(e.type_name), FP4Codec):
         notes += (fp4_note(e.type_name),)
-        if scale is not None and int(np.prod(scale.ne)) != 1:  # stacked experts' .scale vector
+        if scale is not None and (int(np.prod(scale.ne)) != 1 or scale.type_name != "F32"):
             return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name, notes=notes + (
-                f"per-expert NVFP4 scales {scale.gguf_name} {list(scale.shape)} are not decoded by qckpt",))
+                f"NVFP4 scale {scale.gguf_name} {scale.type_name} {list(scale.shape)} is not one F32 (per-expert "
+                "scales of stacked experts?): not decoded by qckpt",))
         if scale is not None:
             stored += (StoredArray(scale.gguf_name, "global_scale", "F32", (), scale.nbytes, file),)
             notes += (f"{scale.gguf_name} (F32) multiplies: effective scale = e4m3(d) * scale (llama.cpp ggml_mul)",)
@@ -242,7 +243,7 @@ def _nvfp4_scales(entries: Mapping[str, _Entry]) -> dict[str, _Entry]:
     for e in entries.values():
         sname = scale_tensor_name(e.gguf_name) if e.type_name == "NVFP4" else None
         s = by_gguf.get(sname) if sname else None
-        if s is not None and s.type_name == "F32":
+        if s is not None:  # any type: one that is not a single F32 makes the weight opaque (_spec)
             out[e.name] = s
     return out
 
