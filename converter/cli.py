@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -23,15 +24,30 @@ from converter.report.validation import render_self_test, render_validation
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
 from converter.validate import self_test as do_self_test, validate as do_validate
 from converter.validate.findings import codes_help
-from converter.vocabulary import (DENSE_DTYPE_CHOICES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS,
-                                  QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, float_dtype_name, granularity_of,
-                                  granularity_options, parse_block)
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
+                                  GRANULARITY_OPTIONS, QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, WRITABLE_FORMATS,
+                                  float_dtype_name, granularity_of, granularity_options, parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # The commands import the formats layer (converter.formats.registry and what imports it: every format
 # module, ops.convert / quantize_model / requantize_model, the validator) and converter.schemas
 # (jsonschema) inside their bodies: `qckpt --help` and option errors then start without them
 # (about 0.2 s of a 1.1-1.4 s start-up, measured: `python -c 'import converter.cli'` with and without them).
+
+
+def _traceback_if_debug(ctx: click.Context) -> None:
+    """``qckpt --debug``: the traceback on stderr, then the same one-line error and exit status."""
+    if ctx.find_root().params.get("debug"):
+        traceback.print_exc()
+
+
+def _check_format_option(fmt: str | None) -> None:
+    """``--format NAME`` names a registered format; an unknown name is a usage error (exit 2), like
+    ``convert --to``."""
+    if fmt is not None:
+        from converter.formats.registry import get  # lazy: the formats layer (see the top)
+        with _usage_errors():
+            get(fmt)
 
 
 def _handle_errors(fn):
@@ -41,13 +57,12 @@ def _handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except ConverterError as exc:
-            if ctx.find_root().params.get("debug"):
-                raise
+            _traceback_if_debug(ctx)
+            exc.hint = getattr(exc, "cli_hints", {}).get(exc.hint, exc.hint)  # library words -> option names
             click.echo(f"qckpt: error: {exc.render()}", err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
-            if ctx.find_root().params.get("debug"):
-                raise
+            _traceback_if_debug(ctx)
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
             sys.exit(exit_codes.UNREADABLE)
@@ -109,12 +124,14 @@ def main(debug: bool) -> None:
 
 @main.command(epilog=exit_codes.epilog())
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/inspect.schema.json).")
 @_handle_errors
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    _check_format_option(fmt)
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -189,7 +206,8 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--sym/--asym", default=True, help="Symmetric (default) or asymmetric with integer zero points.")
 @click.option("--scale-dtype", type=click.Choice(SCALE_DTYPE_CHOICES), default=None,
               help="Scale dtype [default: f16; with --fp8: each weight's own dtype].")
-@click.option("--to", "to", default=None, help="Output format (default: native); any writable format.")
+@click.option("--to", "to", default=None, metavar="FORMAT",
+              help=f"Output format (default: native): {', '.join(WRITABLE_FORMATS)}.")
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
@@ -241,12 +259,14 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
 @main.command(epilog=exit_codes.epilog())
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--what-if", is_flag=True, help="Add the same tensors under other layouts (theoretical).")
-@click.option("--format", "fmt", default=None, help="Read as this format instead of auto-detecting.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/audit.schema.json).")
 @_handle_errors
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    _check_format_option(fmt)
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 
@@ -276,7 +296,8 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", default=None, help="Target format (default: the source's).")
+@click.option("--to", "to", default=None, metavar="FORMAT",
+              help=f"Target format (default: the source's): {', '.join(WRITABLE_FORMATS)}.")
 @click.option("--per-tensor", is_flag=True, help="Requantize: one scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="Requantize: one scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None,

@@ -86,8 +86,12 @@ class ConverterError(Exception):
             parts[-1] += ":"
         parts.append(self.message)
         text = " ".join(parts)
-        if self.expected is not None or self.found is not None:
+        if self.expected is not None and self.found is not None:
             text += f" (expected {self.expected}, found {self.found})"
+        elif self.found is not None:  # nothing to compare with: say what was found, no "expected None"
+            text += f" (found {self.found})"
+        elif self.expected is not None:
+            text += f" (expected {self.expected})"
         if self.hint:
             text += f". {self.hint}"
         return text
@@ -163,6 +167,9 @@ class WorkerDiedError(ConverterError, RuntimeError):
 
 
 class OutputExistsError(ConverterError, FileExistsError):
-    """The destination exists and ``--overwrite`` was not given, or DST is (inside) SRC."""
+    """The destination exists and ``overwrite=True`` (the CLI's ``--overwrite``) was not given, or DST
+    is (inside) SRC."""
 
     exit_code = exit_codes.USAGE
+    #: The CLI's wording of a library hint that names ``overwrite=True``.
+    cli_hints = {"pass overwrite=True to replace it": "pass --overwrite to replace it"}

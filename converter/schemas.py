@@ -56,3 +56,37 @@ def validate_document(doc: Any, name: str, *, file: str | Path | None = None, te
         path = "/".join(str(p) for p in err.absolute_path) or "(root)"
         raise FormatError(f"does not conform to {name}.schema.json: {err.message}", file=file, tensor=tensor,
                           field=path)
+
+
+def _external_refs(node: Any) -> set[str]:
+    """File names of the other schemas ``node`` refers to (``"x.schema.json#/..."`` refs)."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            found.add(ref.split("#", 1)[0])
+        for v in node.values():
+            found |= _external_refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            found |= _external_refs(v)
+    return found
+
+
+def bundled_schema(name: str) -> dict[str, Any]:
+    """Schema ``name`` as one self-contained document (JSON Schema 2020-12 bundling): every schema it
+    refers to, transitively, is embedded under ``$defs`` with its own ``$id``, so a plain
+    ``jsonschema.validate(doc, bundled_schema(name))`` resolves every ``$ref`` offline, without
+    qckpt's registry. The shipped copies are ``schemas/bundled/<name>.schema.json``."""
+    root = json.loads(json.dumps(load_schema(name)))
+    todo, embedded = sorted(_external_refs(root)), {f"{name}.schema.json"}
+    while todo:
+        ref = todo.pop(0)
+        if ref in embedded:
+            continue
+        embedded.add(ref)
+        sub = load_schema(ref.removesuffix(".schema.json"))
+        sub = {k: v for k, v in sub.items() if k != "$schema"}  # one dialect: the root's
+        root.setdefault("$defs", {})[f"bundled:{ref}"] = sub
+        todo += sorted(_external_refs(sub) - embedded)
+    return root

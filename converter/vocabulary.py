@@ -18,6 +18,13 @@ FLOAT_DTYPE_ALIASES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 #: ``--scale-dtype`` choices, in the order ``--help`` lists them.
 SCALE_DTYPE_CHOICES = ("f16", "bf16", "f32")
 
+#: The built-in formats by name, readable / writable, for ``--help`` without importing the formats
+#: layer (tests/test_vocabulary.py checks them against the registry).
+FORMAT_NAMES = ("awq", "bitsandbytes", "compressed-tensors", "fp8", "gguf", "gpt-oss", "gptq", "mlx", "modelopt",
+                "native", "plain")
+WRITABLE_FORMATS = ("awq", "compressed-tensors", "fp8", "gguf", "gpt-oss", "gptq", "mlx", "modelopt", "native",
+                    "plain")
+
 #: ``dequantize --dtype`` choices, in the order ``--help`` lists them.
 DENSE_DTYPE_CHOICES = ("f32", "f16", "bf16")
 

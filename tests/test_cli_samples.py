@@ -37,7 +37,8 @@ QUANTIZED = {k: (0 if v == "plain" else 5 if k.startswith("bnb") else 7) for k, 
 CONVERT_FORMATS = {**FORMATS, "ct_fp8_channel_smollm2": "compressed-tensors",
                    **{f"modelopt_{t}_smollm2tiny": "modelopt" for t in ("fp8", "fp8_pc_pt", "fp8_pb_wo")},
                    "deepseek_fp8_block_smollm2tiny": "fp8", "ct_mxfp4_smollm2": "compressed-tensors",
-                   "ct_nvfp4_smollm2": "compressed-tensors", "modelopt_nvfp4_smollm2tiny": "modelopt"}
+                   "ct_nvfp4_smollm2": "compressed-tensors", "modelopt_nvfp4_smollm2tiny": "modelopt",
+                   **{f"mlx_{m}_smollm2tiny": "mlx" for m in ("mxfp4", "nvfp4")}, "mlx_nvfp4_global_smollm2": "mlx"}
 
 
 def run(*args):

@@ -115,3 +115,15 @@ def test_equivalent_global_scale_pairs():
     assert w == np.float32(3.0) / np.float32(2688.0)
     assert equivalent_global_scale(np.float32(7.25), "divisor", "divisor") == np.float32(7.25)
     assert equivalent_global_scale(np.float32(0.0), "divisor", "multiplier") is None
+
+
+def test_compare_sees_a_changed_global_scale():
+    """Regression: a read-back with the same codes and group scales but another global scale value
+    is not "exact" (compare_tensors' shortcut once skipped the value): s=1, codes 0b0010 (E2M1 1.0),
+    g 4 -> 4.0, g 2 -> 2.0, so max |diff| is 2."""
+    from converter.ops.compare import compare_tensors
+
+    a, b = _nvfp4([[2, 2]], [[1.0]], 4.0, "multiplier"), _nvfp4([[2, 2]], [[1.0]], 2.0, "multiplier")
+    row = compare_tensors(a, b)
+    assert row["mode"] == "changed" and not row["bit_exact"] and row["max_abs_diff"] == 2.0
+    assert compare_tensors(a, _nvfp4([[2, 2]], [[1.0]], 4.0, "multiplier"))["mode"] == "exact"

@@ -50,9 +50,11 @@ GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
 MODELOPT_FP8 = "ModelOpt is written as FP8 (E4M3) only"
 CODEBOOK_GGUF = "codebook schemes other than E2M1 (NF4, bitsandbytes FP4, FP8 elements) have no GGUF block type"
 FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
+GPT_OSS_EXPERTS = "gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj"
 FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
                "modelopt_fp8_pb_wo_smollm2tiny", "deepseek_fp8_block_smollm2tiny")
-FP4_SAMPLES = ("ct_mxfp4_smollm2", "ct_nvfp4_smollm2", "modelopt_nvfp4_smollm2tiny")
+FP4_SAMPLES = ("ct_mxfp4_smollm2", "ct_nvfp4_smollm2", "modelopt_nvfp4_smollm2tiny", "mlx_mxfp4_smollm2tiny",
+               "mlx_nvfp4_smollm2tiny", "mlx_nvfp4_global_smollm2")
 INT_SAMPLES = ("gptq_w4_g128_sym", "gptq_w4_gchan_sym", "awq_gemm_w4_g128_zp", "ct_pack_w4a16_channel_sym",
                "ct_pack_w4a16_group128_asym", "ct_pack_w4a16_group128_sym", "ct_pack_w8a16_channel_sym",
                "mlx_affine_g64_b4", "mlx_affine_g32_b8", "bnb_int8", "bnb_nf4_bs64")
@@ -196,10 +198,22 @@ EXPECTED = {
     ("minilm_fp16.safetensors", "fp8"): REFUSE,
     # FP4 (E2M1 codes): relaid exactly into the formats that hold E2M1 with the same scales (compressed-
     # tensors mxfp4/nvfp4, ModelOpt NVFP4, native), dequantized by plain; integer grids and FP8 refuse.
-    **{(s, t): REFUSE for s in FP4_SAMPLES for t in ("awq", "fp8", "gguf", "gptq", "mlx")},
-    # GGUF MXFP4 (E8M0 per 32) / NVFP4 (E4M3 per 16, <name>.scale multiplies): the same codes and scale bytes
-    ("ct_mxfp4_smollm2", "gguf"): EXACT,
-    ("modelopt_nvfp4_smollm2tiny", "gguf"): EXACT,
+    **{(s, t): REFUSE for s in FP4_SAMPLES for t in ("awq", "fp8", "gguf", "gptq")},
+    # MLX mxfp4 / nvfp4 hold the same E2M1 codes and E8M0 / E4M3 scale bytes (relaid into uint32 words); a
+    # global scale is re-expressed as MLX's amax when proven exact (ModelOpt's multiplier w: g' = 2688 w),
+    # else refused: compressed-tensors' down_proj divisor 936 (not a power of two)
+    **{(s, "mlx"): EXACT for s in FP4_SAMPLES if s != "ct_nvfp4_smollm2"},
+    ("ct_nvfp4_smollm2", "mlx"): REFUSE,
+    ("mlx_mxfp4_smollm2tiny", "compressed-tensors"): EXACT,
+    ("mlx_nvfp4_smollm2tiny", "compressed-tensors"): EXACT,
+    ("mlx_mxfp4_smollm2tiny", "modelopt"): REFUSE,  # E8M0 scales
+    ("mlx_nvfp4_smollm2tiny", "modelopt"): REFUSE,  # weight-only: ModelOpt NVFP4 is W4A4 (input_scale)
+    ("mlx_nvfp4_global_smollm2", "modelopt"): REFUSE,
+    # amax g: the multiplier fp32(g / 2688) is not 1 / (a float32 divisor) for these g
+    ("mlx_nvfp4_global_smollm2", "compressed-tensors"): REFUSE,
+    # GGUF MXFP4 (E8M0 per 32) / NVFP4 (E4M3 per 16, <name>.scale multiplies): the same codes and scale bytes;
+    # a global scale as its exact multiplier (ModelOpt's as is, MLX's amax g: fp32(g / 2688)), else refused
+    **{(s, "gguf"): EXACT for s in FP4_SAMPLES if s != "ct_nvfp4_smollm2"},
     **{(s, "native"): EXACT for s in FP4_SAMPLES},
     **{(s, "plain"): DEQ for s in FP4_SAMPLES},
     ("ct_mxfp4_smollm2", "compressed-tensors"): EXACT,
@@ -209,6 +223,9 @@ EXPECTED = {
     ("ct_nvfp4_smollm2", "modelopt"): REFUSE,  # W4A16: ModelOpt NVFP4 is W4A4 (input_scale)
     # weight_scale_2 = 0.00120907... has no float32 divisor giving the same effective scales (not 2^k)
     ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): REFUSE,
+    # gpt-oss MXFP4 stores only GptOssExperts' 3-D gate_up_proj / down_proj quantized: no sample has them (the
+    # 2-D Linear weights of every sample load BF16 in transformers' Mxfp4 integration), so every pair refuses.
+    **{(s, "gpt-oss"): REFUSE for s in FP8_SAMPLES + FP4_SAMPLES + INT_SAMPLES + ("minilm_fp16.safetensors",)},
 }
 
 REASONS = {
@@ -217,10 +234,16 @@ REASONS = {
     # weight_global_scale 936.0 divides: 1/936 is no float32 multiplier giving the same effective scales
     ("ct_nvfp4_smollm2", "gguf"): "has no float32 multiplier",
     **{(s, "gptq"): "GPTQ stores integer grids, not codebook indices" for s in FP4_SAMPLES},
-    **{(s, "mlx"): "cannot be written to MLX" for s in FP4_SAMPLES},
+    ("ct_nvfp4_smollm2", "mlx"): "has no float32 amax",
+    ("mlx_mxfp4_smollm2tiny", "modelopt"): "MXFP4 uses E8M0",
+    ("mlx_nvfp4_smollm2tiny", "modelopt"): "the source has none",
+    ("mlx_nvfp4_global_smollm2", "modelopt"): "the source has none",
+    ("mlx_nvfp4_global_smollm2", "compressed-tensors"): "has no float32 divisor",
     ("ct_mxfp4_smollm2", "modelopt"): "MXFP4 uses E8M0",
     ("ct_nvfp4_smollm2", "modelopt"): "the source has none",
     ("modelopt_nvfp4_smollm2tiny", "compressed-tensors"): "has no float32 divisor",
+    **{(s, "gpt-oss"): GPT_OSS_EXPERTS for s in FP8_SAMPLES + FP4_SAMPLES + INT_SAMPLES},
+    ("minilm_fp16.safetensors", "gpt-oss"): NO_QUANT,
     ("ct_pack_w8a16_channel_sym", "awq"): AWQ_4BIT,
     ("mlx_affine_g64_b4", "awq"): MLX_BIAS,
     ("mlx_affine_g64_b4", "compressed-tensors"): MLX_BIAS,
@@ -319,7 +342,9 @@ def test_repack(sample, target, sources, tmp_path):
             assert modes[name] == PASS
             assert a.data.dtype == b.data.dtype and a.data.tobytes() == b.data.tobytes()
             continue
-        if expected == DEQ:
+        if expected == DEQ or (target == "compressed-tensors" and name.endswith("embed_tokens.weight")):
+            # compressed-tensors keeps embeddings dense (llm-compressor quantizes Linear layers only): an MLX
+            # quantized embedding is written as its float32 decode
             assert modes[name] == "dequantized"
             assert b.data.dtype == np.float32 and np.array_equal(b.data, a.dequantize())
             continue

@@ -31,3 +31,17 @@ def test_group_map_for():
     assert t.granularity is Granularity.TENSOR
     assert (c.granularity, c.axis) == (Granularity.CHANNEL, "out")
     assert (g.granularity, g.axis, g.group_size, g.g_idx) == (Granularity.GROUP, "in", 32, None)
+
+
+def test_help_format_lists_match_the_registry():
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from converter.formats.registry import formats, writable
+    from converter.vocabulary import FORMAT_NAMES, WRITABLE_FORMATS
+
+    assert tuple(sorted(formats())) == FORMAT_NAMES
+    assert tuple(writable()) == WRITABLE_FORMATS
+    for cmd, names in (("convert", WRITABLE_FORMATS), ("quantize", WRITABLE_FORMATS), ("inspect", FORMAT_NAMES)):
+        out = " ".join(CliRunner().invoke(main, [cmd, "--help"]).output.split())
+        assert ", ".join(names) in out, cmd

@@ -9,3 +9,4 @@ from converter.formats.gptq import format as _gptq  # noqa: F401
 from converter.formats.gguf import format as _gguf  # noqa: F401
 from converter.formats import modelopt  # noqa: F401
 from converter.formats import fp8  # noqa: F401
+from converter.formats import gpt_oss  # noqa: F401

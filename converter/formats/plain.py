@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 
+import numpy as np
+
 from converter.dtypes import float_dtype
 from converter.errors import FormatError
 from converter.tensor import Checkpoint
@@ -41,13 +43,30 @@ def detect_plain(src: Source) -> Detection | None:
     return None
 
 
-def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
-    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through."""
+def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
+    """A quantized tensor dequantized and stored with its axes in ``axes`` order (whole tensor)."""
+    perm = [spec.axes.index(a) for a in axes]
     np_dt = float_dtype(dtype)
+    return TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape[i] for i in perm))],
+                      lambda t: {spec.name: np.ascontiguousarray(np.transpose(t.dequantize(np_dt), perm))},
+                      [f"dequantized to {dtype}, stored as ({', '.join(axes)}): the model's float parameter order"])
+
+
+def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
+    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through.
+
+    A quantized tensor whose float parameter stores its axes in another order than the logical one
+    (``ckpt.metadata["dense_axes"]``: ``{name: [axis, ...]}``, declared by the source's reader; gpt-oss
+    experts are ``[expert, in, out]`` in transformers' BF16 ``GptOssExperts``) is written in that order."""
+    np_dt = float_dtype(dtype)
+    orders = (ckpt.metadata or {}).get("dense_axes") or {}
     plans = []
     for spec in ckpt.specs():
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
+        elif spec.name in orders and sorted(orders[spec.name]) == sorted(spec.axes) \
+                and list(orders[spec.name]) != list(spec.axes):
+            plans.append(_transposed_plan(spec, list(orders[spec.name]), dtype))
         else:
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
                                               lambda t, n=spec.name: {n: t.dequantize(np_dt)},

@@ -73,11 +73,17 @@ class ValidationHooks:
     negative_scales : bool
         The format's scales may be negative (MLX affine, GGUF ``d``); otherwise a negative scale
         is a ``scale-negative`` finding.
+    e8m0_rule : callable(Source) -> dict or None, optional
+        Which E8M0 exponent encoding the format's MXFP4 scales follow and what decided it:
+        ``{"rule", "by", "version_rule", "data_rule", "evidence", "factor", "tensors"}``; an
+        ``e8m0-bias`` finding when the declared rule and the data disagree
+        (:func:`converter.validate.fp4_checks.check_e8m0_rule`).
     """
 
     zero_convention: Optional[Callable[[Source, TensorSpec], Optional[dict]]] = None
     always_stored: tuple[str, ...] = ()
     negative_scales: bool = False
+    e8m0_rule: Optional[Callable[[Source], Optional[dict]]] = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 #: JSON files a reader interprets: never copied into an output, where they would describe the source's layout
 #: (``quantization_config.json``: auto-round's standalone copy of an fp8 ``quantization_config``).
 _KNOWN_JSON = ("config.json", "quantize_config.json", "quantization_config.json", INDEX_NAME)
+#: Records of how the source's own bytes were made (sample_checkpoints/*/PROVENANCE.json): they would
+#: misdescribe a file qckpt writes, so they are not copied through.
+_SOURCE_RECORDS = ("PROVENANCE.json",)
 
 
 def module_prefix(name: str) -> str:
@@ -285,7 +288,7 @@ class Source:
         """Other files of a model directory (tokenizer, generation config ...), to copy through."""
         if self.kind != "directory":
             return []
-        skip = {f.name for f in self.files} | set(_KNOWN_JSON)
+        skip = {f.name for f in self.files} | set(_KNOWN_JSON) | set(_SOURCE_RECORDS)
         root = self.path.resolve()
         # regular files only (no FIFOs); a symlink leading outside the directory is never copied
         return sorted(p for p in self.path.iterdir() if p.is_file() and p.name not in skip

@@ -22,8 +22,11 @@ from converter.runtime import drop_pages
 from converter.tensor import QuantizedTensor
 
 
-def compare_tensors(a, b) -> dict[str, Any]:
-    """Compare a source tensor with its written-and-read-back counterpart."""
+def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, Any]:
+    """Compare a source tensor with its written-and-read-back counterpart.
+
+    ``dense_axes``: the axis order in which a float target stores quantized ``a`` (the source's
+    ``metadata["dense_axes"]``, e.g. ``[expert, in, out]``): its dequantization is compared in that order."""
     if not isinstance(a, QuantizedTensor):
         # one value stored 0-dim in one format and [1] in the other (ModelOpt vs compressed-tensors
         # input_scale) is the same bytes: a passthrough, with the reshape stated in the row
@@ -40,11 +43,16 @@ def compare_tensors(a, b) -> dict[str, Any]:
         return row
     if b is not None and not isinstance(b, QuantizedTensor):  # a float target: values, not codes
         da = a.dequantize()
+        if dense_axes and sorted(dense_axes) == sorted(a.axes):
+            da = np.ascontiguousarray(np.transpose(da, [a.axes.index(x) for x in dense_axes]))
         db = np.asarray(b.data).astype(np.float32)
         same = da.shape == db.shape and bool(np.array_equal(da, db))
         diff = float(np.max(np.abs(da - db))) if same or da.shape == db.shape and da.size else None
-        return {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
-                "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
+        row = {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
+               "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
+        if dense_axes:
+            row["dense_axes"] = list(dense_axes)
+        return row
     if not isinstance(b, QuantizedTensor):
         return {"name": a.name, "kind": "quantized", "mode": "changed", "codes_identical": False,
                 "scales_identical": False, "max_abs_diff": None, "bit_exact": False}
@@ -60,10 +68,10 @@ def compare_tensors(a, b) -> dict[str, Any]:
         da, db = a.dequantize(), b.dequantize()
         diff = float(np.nanmax(np.abs(da - db))) if da.size and not np.isnan(da - db).all() else 0.0
         exact = bool(np.array_equal(da, db, equal_nan=True))  # a NaN code (E4M3 0x7F) decodes to NaN on both sides
-    # identical codes under another group layout are a rounding only when the values agree to a
-    # rounding of a derived parameter (per-channel scales repeated over groups: float32 products);
-    # other block extents over the same scale grid move whole values
-    rounding = codes_same and (_same_layout(ua, ub) or diff <= ROUNDING_REL * _max_abs(a))
+    # identical codes are a rounding only when the values agree to a rounding of a parameter (a
+    # scale dtype narrowed, per-channel scales repeated over groups: float32 products); another
+    # global scale, or other block extents over the same scale grid, move whole values
+    rounding = codes_same and diff <= ROUNDING_REL * _max_abs(a)
     mode = "exact" if exact and codes_same else ("exact_up_to_rounding" if rounding else "changed")
     return {"name": a.name, "kind": "quantized", "mode": mode, "codes_identical": codes_same,
             "scales_identical": scales_same, "max_abs_diff": diff, "bit_exact": exact,
@@ -137,9 +145,14 @@ def _same_layout(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 
 def _same_parameters(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """Same scheme, group map and zero points (as float32): everything else dequantize reads."""
+    """Same scheme, group map, global scale and zero points (as float32): everything else dequantize
+    reads."""
     if a.scheme.replace(scale_dtype="F32") != b.scheme.replace(scale_dtype="F32") or not _same_layout(a, b):
         return False
+    if (a.global_scale is None) != (b.global_scale is None) or (
+            a.global_scale is not None and not bytes_equal(np.asarray(a.global_scale, np.float32).reshape(-1),
+                                                           np.asarray(b.global_scale, np.float32).reshape(-1))):
+        return False  # NVFP4's second-level scale multiplies (or divides) every group scale
     if (a.zero_points is None) != (b.zero_points is None):
         return False
     return a.zero_points is None or bool(np.array_equal(a.zero_points.astype(np.float32),

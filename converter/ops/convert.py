@@ -163,7 +163,7 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
         row["mode"] = "tied" if row["bit_exact"] else "changed"
         row["tied_to"] = tied["embedding"]
         return row
-    row = compare_tensors(ckpt[name], b)
+    row = compare_tensors(ckpt[name], b, (ckpt.metadata or {}).get("dense_axes", {}).get(name))
     if b is None:
         row["mode"] = "missing"
     return row
@@ -203,6 +203,14 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     handler = registry.check_writable(to)
     # the target's module policy: what its loaders keep dense is written dense (exact dequantization)
     view, modules = apply_module_policy(ckpt, handler)
+    dequantized = [m for m in modules if m["decision"] == "dequantized"]
+    if ckpt.quantized_names() and not view.quantized_names() and not handler.output.dense_source:
+        first = dequantized[0]
+        raise NotRepresentableError(f"{to} keeps every quantized module of this source dense ({first['reason']}): "
+                                    f"nothing to repack", file=ckpt.path, tensor=first["tensor"], field="--to",
+                                    expected=f"a module {to} stores quantized",
+                                    found=f"{len(dequantized)} quantized module(s), all kept dense by {to}",
+                                    hint="convert to another format, or requantize the modules it stores quantized")
     plan_exact(view, to, options)
     # an output this replaces is deleted while the proof runs (deletion waits on the disk)
     with deferred_removal() as remove_replaced:

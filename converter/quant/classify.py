@@ -10,6 +10,7 @@ from converter.codebooks import element_of
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
 from converter.quant.format_quant import FormatQuantizer
+from converter.quant.widen import widens
 from converter.quant.target import _WIDER, Target, resolve
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor, TensorSpec
@@ -87,6 +88,9 @@ def classify(spec_or_tensor: "TensorSpec | QuantizedTensor", target: Target,
         return ("exact", "stored in the target type already") if same else \
             ("lossy", "requantized by the target format's own quantizer")
     reasons: list[str] = []
+    if target.scale_search == "none" and widens(s, gm, ts, tgm):
+        return "exact", (f"{s.describe()} codes widened to {ts.describe()} (every E2M1 value is an E4M3 value), "
+                         f"scales carried as {ts.scale_dtype}")
     if ts.codebook is not None and s.codebook is None:  # --fp8: integer codes re-rounded to the element
         return "lossy", f"requantized to {ts.describe()} with absmax scales"
     if s.codebook is not None:

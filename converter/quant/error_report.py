@@ -62,11 +62,14 @@ def metadata_cost(spec: TensorSpec) -> dict[str, Any]:
     """Theoretical bytes of a quantized spec: payload, metadata (scales, zero points, g_idx), bits/weight."""
     th = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
                            SCALE_BYTES.get(spec.scheme.scale_dtype, 4), zero_point_bytes(spec), spec.act_order)
+    # NVFP4's second-level scale: one float32 per tensor (ModelOpt weight_scale_2, CT weight_global_scale)
+    meta = th["metadata_bytes"] + (4 if spec.scheme.global_scale else 0)
+    total = th["payload_bytes"] + meta
     return {"scheme": spec.scheme.describe(), "scale_dtype": spec.scheme.scale_dtype,
             "groups": spec.group_map.describe() + ("+g_idx" if spec.act_order else ""), "n_groups": th["groups"],
-            "payload_bytes": th["payload_bytes"], "metadata_bytes": th["metadata_bytes"],
-            "total_bytes": th["total_bytes"], "bits_per_weight": th["bits_per_weight"],
-            "metadata_bits_per_weight": 8 * th["metadata_bytes"] / spec.numel if spec.numel else 0.0}
+            "payload_bytes": th["payload_bytes"], "metadata_bytes": meta, "total_bytes": total,
+            "bits_per_weight": 8 * total / spec.numel if spec.numel else 0.0,
+            "metadata_bits_per_weight": 8 * meta / spec.numel if spec.numel else 0.0}
 
 
 def dense_cost(t: DenseTensor) -> dict[str, Any]:

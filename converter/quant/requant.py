@@ -39,6 +39,7 @@ from converter.quant.quantize import choose_params, codes_for
 from converter.quant.result import RequantResult
 from converter.quant.search import DEFAULT_RATIOS, mse_scale_search
 from converter.quant.target import Target, resolve
+from converter.quant.widen import widen_to_e4m3, widens
 from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor, TensorSpec
@@ -79,6 +80,11 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
     same = fmt.same_type(t, scheme, gm) if fmt is not None and fmt.same_type is not None else None
     if same:  # the source is stored in the very type the format defines: kept as it is
         return RequantResult(t, "carried", identical=True)
+    if allow_carry and target.scale_search == "none" and widens(t.scheme, t.group_map, scheme, gm):
+        # FP4 -> FP8: every E2M1 value is an E4M3 value, scales carried (refused when the scale dtype
+        # cannot hold them exactly): lossless, checked bit for bit
+        return RequantResult(widen_to_e4m3(t, scheme, gm), "carried", identical=True,
+                             note="E2M1 codes widened to E4M3 (the same values), group scales carried")
     if allow_carry and target.scale_search == "none" and same is None:
         out = carry(t, scheme, gm)
         if out is not None:  # carry() checked the values identical

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from typing import Any
 
 from rich.console import Console
@@ -28,8 +29,38 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
 
 
+#: Width when stdout is not a terminal and ``COLUMNS`` is unset (a pipe or a log file): wide enough
+#: that a row of a report stays one line.
+PIPE_WIDTH = 160
+
+
+def terminal_width() -> int:
+    """The terminal's columns (``COLUMNS`` first, then the terminal), else :data:`PIPE_WIDTH`."""
+    return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
+
+
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False, width=160)
+    return Console(highlight=False, soft_wrap=False, width=terminal_width())
+
+
+def table(*headers: str, **kwargs: Any) -> Table:
+    """A rich Table for the terminal's width whose cells wrap (fold) instead of being cut to an
+    ellipsis: a cut number or name is a wrong one (a ``.bias`` row and its ``.weight`` row would
+    look alike)."""
+    t = Table(*headers, **kwargs)
+    for col in t.columns:
+        col.overflow = "fold"
+    return t
+
+
+def fmt_bytes(x: Any) -> str:
+    """A byte count in full with thousands separators (theoretical counts may have a fraction:
+    N*b/8 for odd b), never in scientific notation."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:,.3f}".rstrip("0")
+    return f"{int(x):,}"
 
 
 def fmt(x: Any, digits: int = 4) -> str:
@@ -51,7 +82,7 @@ def render_inspect(doc: dict) -> None:
                        ("unreadable_groups", "unreadable (opaque)")):
         if meta.get(key):
             c.print(f"{label}: {meta[key]}")
-    t = Table("tensor", "kind", "shape", "storage", "scheme", "groups")
+    t = table("tensor", "kind", "shape", "storage", "scheme", "groups")
     for r in doc["tensors"]:
         storage = ", ".join(f"{s['role']}:{s['dtype']}{s['shape']}" for s in r["stored"])
         t.add_row(r["name"], r["kind"], "x".join(map(str, r["shape"])), storage,
@@ -61,7 +92,7 @@ def render_inspect(doc: dict) -> None:
 
 def render_quantize(doc: dict) -> None:
     c = console()
-    t = Table("tensor", "shape", "groups", "MSE", "max |err|", "SQNR dB", "scale range", "ideal x vs FP32",
+    t = table("tensor", "shape", "groups", "MSE", "max |err|", "SQNR dB", "scale range", "ideal x vs FP32",
               "x with metadata", title=f"quantize -> {doc['destination']} (worst SQNR first)")
     for r in doc["tensors"]:
         t.add_row(r["name"], "x".join(map(str, r["shape"])), r["groups"], fmt(r["mse"]), fmt(r["max_abs_error"]),
@@ -78,12 +109,12 @@ def render_audit(doc: dict) -> None:
     c = console()
     roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
     roles += tuple(r for r in ("activation_scale",) if any(r in t["bytes"] for t in doc["tensors"]))
-    t = Table("tensor", "shape", *roles, "bits/weight", "theoretical bytes",
+    t = table("tensor", "shape", *roles, "bits/weight", "theoretical bytes",
               title=f"audit of {doc['path']} ({doc['format']})")
     for r in doc["tensors"]:
         th = r.get("theoretical")
         t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"].get(k, 0)) for k in roles),
-                  fmt(r.get("bits_per_weight")), fmt(th["total_bytes"]) + " (theoretical)" if th else "-")
+                  fmt(r.get("bits_per_weight")), fmt_bytes(th["total_bytes"]) + " (theoretical)" if th else "-")
     c.print(t)
     for r in doc["tensors"]:
         b = r.get("blocks")
@@ -97,7 +128,7 @@ def render_audit(doc: dict) -> None:
     c.print(f"accounted {tot['accounted_bytes']} bytes = file sizes {tot['file_bytes']} bytes; "
             f"quantized weights {tot['quantized_weights']}, "
             f"measured {fmt(tot['quantized_bits_per_weight'])} bits/weight; "
-            f"theoretical {fmt(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
+            f"theoretical {fmt_bytes(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
     wi = [r for r in doc["tensors"] if "what_if" in r]
     if wi:
         render_what_if(c, wi)
@@ -115,11 +146,11 @@ def render_what_if(c: Console, tensors: list[dict]) -> None:
             agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
             numel[w["layout"]] = numel.get(w["layout"], 0) + r["numel"]
             current[w["layout"]] = current.get(w["layout"], 0) + bool(w.get("current"))
-    t2 = Table("what-if layout (same bits)", "theoretical bytes", "bits/weight", *(["current"] if marked else []),
+    t2 = table("what-if layout (same bits)", "theoretical bytes", "bits/weight", *(["current"] if marked else []),
                title="what-if (theoretical)")
     for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
         extra = [f"{current[k]} of {len(tensors)} tensors" if current[k] else ""] if marked else []
-        t2.add_row(k, fmt(v, 8), fmt(8 * v / numel[k]), *extra)
+        t2.add_row(k, fmt_bytes(v), fmt(8 * v / numel[k]), *extra)
     c.print(t2)
 
 
@@ -137,7 +168,7 @@ def render_dequantize(doc: dict) -> None:
 
 def render_convert(doc: dict) -> None:
     c = console()
-    t = Table("tensor", "mode", "codes identical", "scales identical", "max |diff|",
+    t = table("tensor", "mode", "codes identical", "scales identical", "max |diff|",
               title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']}")
     for r in doc["tensors"]:
         mode = r["mode"] + (" (reshaped {} -> {})".format(*r["reshaped"]) if r.get("reshaped") else "")
@@ -193,15 +224,15 @@ def render_modules(doc: dict, c: Console | None = None) -> None:
 
 def render_error_report(doc: dict) -> None:
     """Requantize report: one row per tensor, worst first; overall figures and metadata cost."""
-    c = Console(highlight=False, soft_wrap=False, width=200)
+    c = console()
     ref = doc.get("reference") is not None
     search = any("scale_search" in r for r in doc["tensors"])
-    t = Table(title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']} (worst first)")
-    t.add_column("tensor", overflow="fold", min_width=30)
+    t = table(title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']} (worst first)")
+    t.add_column("tensor", overflow="fold")
     for col in ("plan/result", "target", "rel.Frob", "SQNR dB", "max|err|", "changed", "out err",
                 *(["float err src->dst"] if ref else []), *(["mse gain dB"] if search else []),
                 "worst ch/group", "bits/w"):
-        t.add_column(col, no_wrap=True)
+        t.add_column(col, overflow="fold")
     for r in doc["tensors"]:
         v = r["vs_source"]
         wc, wg = v.get("worst_channel"), v.get("worst_group")
@@ -235,8 +266,8 @@ def render_error_report(doc: dict) -> None:
                 f"output error {fmt(vr['source']['output_rel_error'])} -> "
                 f"{fmt(vr['target']['output_rel_error'])}")
     m = o["metadata"]
-    c.print(f"metadata cost (theoretical): {fmt(m['before']['metadata_bytes'], 8)} -> "
-            f"{fmt(m['after']['metadata_bytes'], 8)} bytes, "
+    c.print(f"metadata cost (theoretical): {fmt_bytes(m['before']['metadata_bytes'])} -> "
+            f"{fmt_bytes(m['after']['metadata_bytes'])} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
     render_modules(doc, c)
     render_side_files(doc, c)

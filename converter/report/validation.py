@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
-from converter.report.render import console
+from converter.report.render import console, table
 
 
 def render_validation(doc: dict[str, Any]) -> None:
@@ -19,12 +17,13 @@ def render_validation(doc: dict[str, Any]) -> None:
     c = console()
     s = doc["summary"]
     verdict = "clean" if doc["exit_code"] == 0 else "FINDINGS"
-    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{doc['format']}[/bold]  checks: {', '.join(doc['checks'])}  "
+    fmt = doc["format"] or "not detected (the files could not be read)"
+    c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
             f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "
             f"{s['info']} info)")
     if not doc["findings"]:
         return
-    t = Table("severity", "code", "tensor", "message", "evidence")
+    t = table("severity", "code", "tensor", "message", "evidence")
     for f in doc["findings"]:
         ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None and k != "reader_error")
         t.add_row(f["severity"], f["code"], f["tensor"] or "-", f["message"], ev[:240])
@@ -34,7 +33,7 @@ def render_validation(doc: dict[str, Any]) -> None:
 def render_self_test(doc: dict[str, Any]) -> None:
     """Table: one row per probe, alternatives rejected n/n, and the verdict per format."""
     c = console()
-    t = Table("format", "scheme", "shape", "groups", "declared exact", "alternatives rejected", "result",
+    t = table("format", "scheme", "shape", "groups", "declared exact", "alternatives rejected", "result",
               title="qckpt validate --self-test: axis probes")
     for r in doc["probes"]:
         alts = r["alternatives"]

@@ -49,6 +49,12 @@ CODES: dict[str, tuple[str, str, str]] = {
     "scale-direction": ("error", "scales", "float-element weights decode orders of magnitude off the 1/sqrt(in) size "
                         "(or their layer's siblings) and the reciprocal scales fit: a divisor (*_scale_inv, global "
                         "scale) read as a multiplier, or the reverse"),
+    "global-scale-direction": ("error", "scales", "FP4 global scale read in the wrong direction (multiplier vs "
+                               "divisor): effective group scales beyond E4M3's 448 and weights g^2 off their "
+                               "1/sqrt(in) size or siblings, while the other direction fits both"),
+    "e8m0-bias": ("error", "scales", "MXFP4 E8M0 exponents follow another encoding than the file declares "
+                  "(compressed-tensors 0.13.0 legacy 127 + log2 s - 2 vs standard): every weight 4 times off under "
+                  "the declared rule; info when nothing decides it"),
     "degenerate": ("error", "structure", "every weight of the tensor decodes to the same value (B17)"),
     "group-tail": ("info", "groups", "partial final group: logical vs padded width and the legal group sizes "
                                      "(B13/B14/B15)"),

@@ -13,6 +13,10 @@ logical model and the stored :class:`~converter.layout.AxisMap` records:
   order (sequential, reversed, AWQ interleave and its inverse; B09);
 - ``zero +1`` / ``zero -1``: the zero point (or implicit centre, or float bias) one step off (B01);
 - ``sequential groups``: ``g_idx`` ignored (B11);
+- stacked experts ``(expert, out, in)`` only: ``expert order reversed``, ``scales of the neighbouring expert``,
+  ``each expert stored transposed`` (``[E, in, out]``, a BF16 export's orientation, read as ``[E, out, in]``),
+  ``out rows de-interleaved`` (rows ``0::2`` then ``1::2``: a fused gate / up read as halves), and the scales
+  shifted one group along ``in``;
 - float elements (FP8 / FP4) only: ``scales as divisors`` (``codebook[q] / s``: a ``*_scale_inv`` or
   global scale taken the wrong way), ``transposed blocks`` (codes and block scales of a square
   tensor transposed together), ``block <2b>`` / ``block <b/2>`` (the stored block grid read with
@@ -138,6 +142,8 @@ def alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
             if gm is t.group_map and np.array_equal(sc, t.scales):
                 continue
             out[name] = decode(t, scales=sc, zero_points=zp, group_map=gm)
+    if q.ndim == 3 and t.axes[0] == EXPERT:
+        out.update(expert_alternatives(t))
     for name, codes in nibble_alternatives(t).items():
         out[name] = decode(t, codes=codes)
     if t.scheme.codebook is None:
@@ -150,6 +156,35 @@ def alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
             out["sequential groups (g_idx ignored)"] = decode(t, group_map=seq)
     if float_element(t) is not None:
         out.update(float_alternatives(t))
+    return out
+
+
+def expert_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
+    """Alternative decodes of a stacked ``(expert, out, in)`` tensor (see the module docstring)."""
+    out: dict[str, np.ndarray] = {}
+    q, s, z, gm = t.codes, t.scales, t.zero_points, t.group_map
+    E, O, I = q.shape
+
+    def flip(a):
+        return None if a is None else np.ascontiguousarray(a[::-1])
+    if E > 1:
+        out["expert order reversed"] = decode(t, codes=flip(q), scales=flip(s), zero_points=flip(z))
+        if s.shape[0] == E:
+            out["scales of the neighbouring expert"] = decode(
+                t, scales=np.roll(s, 1, axis=0), zero_points=None if z is None else np.roll(z, 1, axis=0))
+    moved = np.ascontiguousarray(q.transpose(0, 2, 1))  # square: transposed; else the buffer read [E, out, in]
+    out["each expert stored transposed ([E, in, out])"] = decode(t, codes=moved if O == I else moved.reshape(E, O, I))
+    if O % 2 == 0 and O > 2:
+        perm = np.r_[0:O:2, 1:O:2]
+
+        def rows(a):
+            return None if a is None else (np.ascontiguousarray(a[:, perm]) if a.shape[1] == O else a)
+        out["out rows de-interleaved (0::2 then 1::2)"] = decode(t, codes=rows(q), scales=rows(s), zero_points=rows(z))
+    if gm.granularity is Granularity.GROUP and gm.axis == "in" and s.shape[2] > 1:
+        out["scales shifted one group forward"] = decode(t, scales=np.roll(s, 1, axis=2),
+                                                         zero_points=None if z is None else np.roll(z, 1, axis=2))
+        out["scales shifted one group back"] = decode(t, scales=np.roll(s, -1, axis=2),
+                                                      zero_points=None if z is None else np.roll(z, -1, axis=2))
     return out
 
 

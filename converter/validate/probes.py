@@ -34,7 +34,7 @@ from converter.errors import ConverterError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.groups import GroupMap
-from converter.layout import IN, OUT
+from converter.layout import EXPERT, IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import Checkpoint, QuantizedTensor, spec_of
 from converter.validate.interpretations import alternatives
@@ -103,6 +103,28 @@ def float_probe_tensor(out: int, inp: int, block: tuple[int, int] | str | None, 
     return QuantizedTensor(name, (OUT, IN), codes, scales, scheme, gm)
 
 
+#: The name of the stacked-expert probe (a fused MoE projection as transformers names gpt-oss's).
+EXPERT_PROBE_NAME = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+def mx_expert_probe_tensor(experts: int = 3, out: int = 14, inp: int = 96, *,
+                           name: str = EXPERT_PROBE_NAME) -> QuantizedTensor:
+    """A stacked MXFP4 probe ``(expert, out, in)``: E2M1 codes ``(5i + 3o + 7e) mod 16`` (16 consecutive codes
+    differ; code 8, -0, appears), E8M0 scales per 32 along ``in`` ``2^((3o mod 7) - 3 + 2(g mod 3) - 2 + e)``
+    varying by expert, row and group; ``out`` even (a fused gate / up pair per two rows)."""
+    import ml_dtypes
+
+    from converter.codebooks import E2M1_VALUES
+    e = np.arange(experts)[:, None, None]
+    o = np.arange(out)[None, :, None]
+    codes = ((5 * np.arange(inp)[None, None, :] + 3 * o + 7 * e) % 16).astype(np.uint8)
+    g = np.arange(-(-inp // 32))[None, None, :]
+    exps = (3 * o) % 7 - 3 + 2 * (g % 3) - 2 + e
+    scales = (exps + 127).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    scheme = QuantScheme(4, False, ZeroPoint.NONE, "F8_E8M0", codebook=E2M1_VALUES)
+    return QuantizedTensor(name, (EXPERT, OUT, IN), codes, scales, scheme, GroupMap.per_group(32, IN))
+
+
 def probe_tensors(t: QuantizedTensor, handler) -> list:
     """The checkpoint a probe is written as with ``handler``: ``t`` and the tensors the format requires
     beside it (:attr:`FormatHandler.probe_companions`; none by default)."""
@@ -135,7 +157,7 @@ class ProbeResult:
 
     format: str
     scheme: str
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     groups: str
     declared_exact: bool = False
     alternatives: dict[str, bool] = field(default_factory=dict)  # name -> rejected (True is good)
@@ -169,6 +191,9 @@ def _candidates(handler) -> Iterator[QuantizedTensor]:
             if t is not None:
                 yield t
     yield from _float_candidates(handler)
+    experts = mx_expert_probe_tensor()
+    if handler.target_reason(spec_of(experts)) is None:
+        yield experts
 
 
 def run_probe(handler, t: QuantizedTensor, workdir: Path) -> ProbeResult:

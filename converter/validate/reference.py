@@ -26,6 +26,7 @@ import numpy as np
 
 from converter.rows import pieces
 from converter.tensor import QuantizedTensor
+from converter.values import with_effective_scales
 from converter.validate.findings import Finding, finding
 from converter.validate.float_checks import float_element
 from converter.validate.interpretations import alternatives
@@ -85,7 +86,12 @@ def _rel(a: np.ndarray, ref: np.ndarray, ref_norm: float | None = None) -> float
 
 
 def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[str, Any]]:
-    """Findings and statistics of ``t`` against the float reference ``ref`` (same logical shape)."""
+    """Findings and statistics of ``t`` against the float reference ``ref`` (same logical shape).
+
+    A global scale (NVFP4) is folded into the group scales first (:func:`converter.values.with_effective_scales`):
+    steps, the matmul prediction and every alternative are then in the decoded values' units.
+    """
+    t = with_effective_scales(t)
     ref32 = np.asarray(ref, dtype=np.float32)
     ref64 = ref32.astype(np.float64)
     ref_norm = _norm(ref32)

@@ -8,7 +8,9 @@ per quantized tensor: header checks (block grid), load (errors -> findings), con
 padding bits, scales, saturation, zero offset, float-element checks (NaN codes, per-block saturation,
 magnitudes: :mod:`converter.validate.float_checks`), the format's zero-convention hook and, with a
 reference, the reference comparison; last, the scale direction across the float-element tensors
-(:mod:`converter.validate.scale_direction`). Only one tensor is materialised at a time.
+(:mod:`converter.validate.scale_direction`) and the FP4 global-scale direction, the format's E8M0
+rule evidence and NaN scale bytes (:mod:`converter.validate.fp4_checks`). Only one tensor is
+materialised at a time.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import (data_checks, files, float_checks, nibble_order, reader_errors, scale_direction,
-                                structural)
+from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
+                                scale_direction, structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -88,8 +90,15 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     report.checks.append("data")
     if ref_ckpt is not None:
         report.checks.append("reference")
+    if hooks.e8m0_rule is not None:
+        try:
+            rule_ev = registry.guarded(hooks.e8m0_rule, source.path, f"{report.format} E8M0-rule hook")(source)
+        except ConverterError:
+            rule_ev = None
+        report.add(*fp4_checks.check_e8m0_rule(rule_ev))
     profiles: dict[str, dict[str, Any]] = {}
     magnitudes: dict[str, dict[str, Any]] = {}
+    global_scales: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
@@ -105,23 +114,44 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
             continue
         if not isinstance(t, QuantizedTensor):
             continue
-        report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt)
+        dense_axes = (ckpt.metadata or {}).get("dense_axes", {}).get(spec.name)
+        report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt, dense_axes)
         if "float" in report.tensors[spec.name] and report.tensors[spec.name]["float"]["magnitude"]:
             magnitudes[spec.name] = report.tensors[spec.name]["float"]["magnitude"]
+        gs = fp4_checks.global_scale_evidence(t)
+        if gs is not None:
+            global_scales[spec.name] = gs
         prof = nibble_order.column_profile(t)
         if prof is not None:
             profiles[spec.name] = prof
     report.add(*nibble_order.check_nibble_order(profiles))
-    report.add(*scale_direction.check_scale_direction(magnitudes))
+    direction = fp4_checks.check_global_scale_direction(global_scales, magnitudes)
+    flipped = {f.tensor for f in direction}  # the one fault, named once (the global scale's direction)
+    report.add(*direction, *(f for f in scale_direction.check_scale_direction(magnitudes) if f.tensor not in flipped))
     return report
 
 
+def _reference_in_logical_order(ref_shape: tuple[int, ...], t: QuantizedTensor,
+                                dense_axes: list[str] | None) -> list[int] | None:
+    """The permutation that brings a reference stored in the source's declared float orientation
+    (``metadata["dense_axes"]``, e.g. gpt-oss experts ``[expert, in, out]``) back to ``t``'s logical axes;
+    the identity when the reference has the logical shape and no orientation is declared; None when neither fits."""
+    ident = list(range(len(t.shape)))
+    if dense_axes and sorted(dense_axes) == sorted(t.axes):
+        perm = [t.axes.index(a) for a in dense_axes]
+        if tuple(ref_shape) == tuple(t.shape[i] for i in perm):
+            return [int(i) for i in np.argsort(perm)]
+    return ident if tuple(ref_shape) == tuple(t.shape) else None
+
+
 def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: registry.ValidationHooks,
-                  ref_ckpt) -> dict[str, Any]:
+                  ref_ckpt, dense_axes: list[str] | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
     report.add(*structural.check_loaded(spec, t))
     report.add(*structural.check_padding(source, spec, t))
-    report.add(*data_checks.check_scales(t, negative_ok=hooks.negative_scales))
+    nan_bytes = fp4_checks.check_nan_scale_bytes(t)  # FP4: the NaN bytes and their group indices
+    report.add(*nan_bytes, *(f for f in data_checks.check_scales(t, negative_ok=hooks.negative_scales)
+                             if not (nan_bytes and f.code == "scale-nonfinite")))
     report.add(*data_checks.check_degenerate(t))
     sat_findings, stats["saturation"] = data_checks.check_saturation(t)
     report.add(*sat_findings)
@@ -140,12 +170,16 @@ def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTe
     if hooks.zero_convention is not None:
         _zero_convention(hooks.zero_convention, source, spec, report)
     if ref_ckpt is not None:
-        if spec.name not in ref_ckpt or tuple(ref_ckpt.spec(spec.name).shape) != tuple(t.shape):
+        back = (_reference_in_logical_order(tuple(ref_ckpt.spec(spec.name).shape), t, dense_axes)
+                if spec.name in ref_ckpt else None)
+        if back is None:
             found = list(ref_ckpt.spec(spec.name).shape) if spec.name in ref_ckpt else "absent"
             report.add(finding("reference-missing", t.name, "no tensor of the same name and shape in the reference",
                                expected=list(t.shape), found=found))
         else:
             ref = np.asarray(ref_ckpt[spec.name].dequantize(), dtype=np.float32)
+            if back != list(range(len(back))):  # a float export's orientation (declared by the source)
+                ref = np.ascontiguousarray(np.transpose(ref, back))
             ref_findings, stats["reference"] = compare(t, ref)
             report.add(*ref_findings)
     return stats

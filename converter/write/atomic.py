@@ -94,7 +94,7 @@ def _exists(path: Path) -> bool:
 
 def _refuse_existing(dst: Path) -> OutputExistsError:
     return OutputExistsError("destination exists", file=dst, expected="a new path", found="existing",
-                             hint="pass --overwrite to replace it")
+                             hint="pass overwrite=True to replace it")
 
 
 def refuse_existing(dst: str | os.PathLike, overwrite: bool) -> None:

@@ -3,7 +3,8 @@ cannot hold them, with a typed NotRepresentableError naming the reason, before a
 
 GPTQ (scales ``[nG, out]``), AWQ, compressed-tensors int (strategies tensor / channel / group), MLX affine
 (``mlx.core.quantize``: one scale per row and group), GGUF (32-element blocks along ``in``), ModelOpt and fp8
-(FP8 only) have no layout for a scale shared by a block of rows and columns; native stores it, plain
+(FP8 only) and gpt-oss (3-D MXFP4 experts only)
+have no layout for a scale shared by a block of rows and columns; native stores it, plain
 dequantizes it. bitsandbytes is read-only.
 """
 
@@ -29,6 +30,7 @@ REFUSING = {
     "gguf": "GGUF legacy blocks are 32 consecutive elements along 'in'",
     "modelopt": "ModelOpt is written as FP8 (E4M3) only",
     "fp8": "an integer scheme needs requantizing",
+    "gpt-oss": "gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj",
 }
 
 

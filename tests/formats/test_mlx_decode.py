@@ -59,7 +59,9 @@ def test_b23_nvfp4_subnormal_e4m3_scale(tmp_path):
     t = converter.load(d)["model.layers.0.mlp.up_proj.weight"]
     assert t.dequantize()[0, :3].tolist() == B23_RIGHT
     f = next(f for f in validate(d).findings if f.code == "scale-subnormal")
-    assert f.severity == "warning" and f.tensor == "model.layers.0.mlp.up_proj.weight"
+    # mx.quantize nvfp4 writes amax / 6 as E4M3, subnormal for small groups routinely: info, so --strict passes
+    assert f.severity == "info" and f.tensor == "model.layers.0.mlp.up_proj.weight"
+    assert validate(d, strict=True).exit_code == 0
     for dt in ("bf16", "f16", "f32"):
         out = tmp_path / f"deq-{dt}.safetensors"
         assert cli("dequantize", d, out, "--dtype", dt).exit_code == 0

@@ -217,6 +217,17 @@ def test_pickle_next_to_safetensors_is_ignored_not_copied(tmp_path):
     assert all(p.suffix != ".bin" for p in src.extra_files())
 
 
+def test_source_provenance_is_not_copied_but_the_tokenizer_is(tmp_path):
+    """Regression: `qckpt dequantize sample_checkpoints/ct_nvfp4_smollm2` copied the sample's
+    PROVENANCE.json (llm-compressor's record) into an output qckpt wrote."""
+    d = tmp_path / "m"
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", {"a.weight": A})
+    (d / "PROVENANCE.json").write_text('{"tool": "llm-compressor"}')
+    (d / "tokenizer.json").write_text("{}")
+    assert [p.name for p in Source(d).extra_files()] == ["tokenizer.json"]
+
+
 # -- special files, LFS stubs ---------------------------------------------------------------------
 
 def test_fifo_refused_without_blocking(tmp_path):

@@ -68,3 +68,28 @@ def test_integer_tensor_gets_fp4_what_if_rows():
     assert rows["mxfp4: E2M1, group 32, F8_E8M0 scales"]["bytes"] == 8704
     assert rows["nvfp4: E2M1, group 16, F8_E4M3 scales + F32 global scale"]["bytes"] == 9220
     assert all("current" not in r for r in rows.values())
+
+
+@pytest.mark.parametrize("sample,group,global_bytes", [("ct_mxfp4_smollm2", 32, 0), ("ct_nvfp4_smollm2", 16, 4),
+                                                       ("modelopt_nvfp4_smollm2tiny", 16, 4)])
+def test_real_fp4_samples_bits_per_weight(sample, group, global_bytes):
+    """The files the real tools wrote: 4 + 8/32 = 4.25 (MXFP4, E8M0 per 32); 4 + 8/16 = 4.5 plus the 4-byte
+    F32 global scale of each tensor (NVFP4: compressed-tensors weight_global_scale [1], ModelOpt
+    weight_scale_2 []), by hand from each tensor's shape."""
+    from tests.conftest import SAMPLES
+    doc = audit(load(SAMPLES / sample))
+    validate_document(doc, "audit")
+    rows = [r for r in doc["tensors"] if r["kind"] == "quantized"]
+    assert rows
+    total_bytes = total_n = 0
+    for r in rows:
+        n = r["numel"]
+        want = n // 2 + n // group + global_bytes
+        assert r["bytes"]["codes"] == n // 2 and r["bytes"]["scales"] == n // group
+        assert r["bytes"].get("global_scale", 0) == global_bytes
+        assert r["bits_per_weight"] == pytest.approx(8 * want / n, rel=1e-12)
+        assert r["bits_per_weight"] == pytest.approx((4.25 if group == 32 else 4.5) + 8 * global_bytes / n, rel=1e-12)
+        total_bytes, total_n = total_bytes + want, total_n + n
+    assert doc["totals"]["quantized_bits_per_weight"] == pytest.approx(8 * total_bytes / total_n, rel=1e-12)
+    if group == 32:
+        assert doc["totals"]["quantized_bits_per_weight"] == 4.25

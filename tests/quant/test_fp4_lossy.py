@@ -73,3 +73,23 @@ def test_fp4_requantized_with_a_correct_error_report(sources, tmp_path, kind, to
         assert row["vs_source"]["max_abs"] == pytest.approx(float(np.abs(got - src).max()), rel=1e-6), n
         # relative to the decode's magnitude the error is small: the global scale was honoured
         assert rmse < 0.2 * float(np.sqrt(np.mean(src.astype(np.float64) ** 2))), n
+
+
+@pytest.mark.parametrize("kind,group,scale_bytes,global_bytes", [("mxfp4", 32, 1, 0), ("nvfp4", 16, 1, 4)])
+def test_fp4_report_counts_the_source_metadata_with_its_global_scale(sources, tmp_path, kind, group, scale_bytes,
+                                                                      global_bytes):
+    """The report's "before" cost of an FP4 source, by hand: payload N/2 bytes, one scale byte per
+    group (E8M0 / E4M3), plus NVFP4's float32 global scale (4 bytes; it was once left out), so
+    bits per weight are 4.25 for MXFP4 and 4.5 + 32/N for NVFP4."""
+    fx, root = sources
+    rep = tmp_path / "rep.json"
+    r = CliRunner().invoke(main, ["convert", str(root / kind), str(tmp_path / "o"), "--to", "gguf",
+                                  "--quant-type", "Q8_0", "--report", str(rep)])
+    assert r.exit_code == 0, r.output
+    rows = {t["name"]: t for t in json.loads(rep.read_text())["tensors"]}
+    for n in NAMES:
+        numel = fx[f"{n}.bf16"].size
+        before = rows[n]["metadata"]["before"]
+        assert before["payload_bytes"] == numel // 2
+        assert before["metadata_bytes"] == numel // group * scale_bytes + global_bytes
+        assert before["bits_per_weight"] == pytest.approx(4 + 8 / group + 8 * global_bytes / numel)

@@ -216,14 +216,16 @@ def test_mlx_mixed_affine_and_mxfp8_modules_get_their_mode(tmp_path, weights):
 
 
 def test_mlx_still_refuses_other_float_elements():
-    """Only E4M3 (mxfp8) is written: E2M1 (mxfp4 / nvfp4) and E5M2 stay refused with the reason."""
+    """Of the 8-bit elements only E4M3 (mxfp8) is written: E5M2 stays refused with the reason; E2M1 is written
+    as mxfp4 / nvfp4 only with E8M0 / E4M3 scales (tests/formats/test_mlx_fp4.py), F32 scales refused."""
     from converter.codebooks import E2M1
     from converter.formats.mlx import check_target
     from converter.tensor import spec_of
-    for cb, bits in ((E2M1, 4), (ELEMENTS["e5m2"].values, 8)):
+    for cb, bits, reason in ((E2M1, 4, "MLX mxfp4 stores E8M0 and nvfp4 E4M3 group scales"),
+                             (ELEMENTS["e5m2"].values, 8, "cannot be written to MLX")):
         t = QuantizedTensor("m.weight", ("out", "in"), np.zeros((2, 64), np.uint8), np.ones((2, 2), np.float32),
                             QuantScheme(bits, False, scale_dtype="F32", codebook=cb), GroupMap.per_group(32))
-        assert "cannot be written to MLX" in check_target(spec_of(t))
+        assert reason in check_target(spec_of(t))
 
 
 def test_mx_groups_carry_nan_codes():

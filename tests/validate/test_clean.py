@@ -27,6 +27,10 @@ FP8_INFO = {
     "modelopt_fp8_pb_wo_smollm2tiny": {("block-tail", t) for t in _KV},
     "deepseek_fp8_block_smollm2tiny": {("block-tail", t) for t in _ALL7},
     "modelopt_nvfp4_smollm2tiny": {("activation-scale", None)},  # input_scale of every NVFP4 layer (W4A4)
+    # mx.quantize nvfp4 (no global scale) stores amax / 6 as E4M3: small groups get subnormal scales
+    # routinely (v_proj: 2460 of 6912, the fraction FP_MANIFEST.json records for mx's own output), info only
+    "mlx_nvfp4_smollm2tiny": {("scale-subnormal", f"model.{m}.weight") for m in (
+        "embed_tokens", "layers.0.mlp.down_proj", "layers.0.self_attn.o_proj", "layers.0.self_attn.v_proj")},
 }
 
 def _expected_info(name):
@@ -43,7 +47,10 @@ def test_real_sample_is_clean(name):
         # MXFP4: compressed-tensors rounds the E8M0 exponent of amax down (round_to_power_2), so about half
         # of the groups top out at 4 instead of 6 (FP_MANIFEST quirks: 0.47 of them saturate on this sample;
         # a wrong E8M0 bias moves every group by a factor 4, to 0 or to clipping); every other sample fully
-        assert stats["saturation"]["declared"] >= (0.4 if "mxfp4" in name else 1.0)
+        # MLX mxfp4 rounds the exponent up (e = ceil(log2(amax / 6)): amax / 2^e in (3, 6], never clips), so
+        # only groups with amax / 2^e > 5 reach code 6: about log(6/5)/log(2) = 0.26 of them (0.20-0.31 here)
+        floor = 0.15 if name.startswith("mlx_mxfp4") else 0.4 if "mxfp4" in name else 1.0
+        assert stats["saturation"]["declared"] >= floor
 
 
 @pytest.mark.parametrize("name", MINILM)

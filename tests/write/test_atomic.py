@@ -52,7 +52,7 @@ def test_refuses_existing(tmp_path):
     with pytest.raises(OutputExistsError) as info:
         with atomic_output(dst):
             pytest.fail("body must not run")
-    assert "--overwrite" in str(info.value) and str(dst) in str(info.value)
+    assert "overwrite=True" in str(info.value) and str(dst) in str(info.value)
     assert info.value.exit_code == 2 and dst.read_bytes() == b"old"
 
 

@@ -12,9 +12,9 @@ FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.
 from __future__ import annotations
 
 from converter.formats.modules import hf_linear_policy
-from converter.formats.registry import FormatHandler, register
+from converter.formats.registry import FormatHandler, ValidationHooks, register
 from converter.formats.compressed_tensors.config import parse_config  # noqa: F401
-from converter.formats.compressed_tensors.reader import detect_ct, read_ct
+from converter.formats.compressed_tensors.reader import detect_ct, e8m0_rule_evidence, read_ct
 from converter.formats.compressed_tensors.writer import CTTargetOptions, check_target, write_ct
 
 HANDLER = register(FormatHandler("compressed-tensors",
@@ -23,4 +23,5 @@ HANDLER = register(FormatHandler("compressed-tensors",
                                  target_options=CTTargetOptions,
                                  keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True),
                                  partial_groups=False,
-                                 float_bias="symmetric"))
+                                 float_bias="symmetric",
+                                 validation=ValidationHooks(e8m0_rule=e8m0_rule_evidence)))

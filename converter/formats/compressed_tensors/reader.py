@@ -26,17 +26,11 @@ from converter.formats.compressed_tensors.fp4_layout import activation_spec as f
 
 FORMAT = "compressed-tensors"
 SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_global_scale")
-__all__ = ["AXES", "FORMAT", "SUFFIXES", "detect_ct", "read_ct"]
+__all__ = ["AXES", "FORMAT", "SUFFIXES", "detect_ct", "e8m0_rule_evidence", "read_ct"]
 
 
-def read_ct(src: Source) -> Checkpoint:
-    """Read a compressed-tensors checkpoint into a lazily loaded :class:`Checkpoint`.
-
-    Raises
-    ------
-    FormatError, MissingTensorError, UnsupportedError
-        See :func:`module_layout` and :func:`converter.formats.compressed_tensors.config.parse_config`.
-    """
+def _layouts(src: Source):
+    """(config, module layouts, opaque specs, owned stored names, MXFP4 prefixes, E8M0 rule decision)."""
     cfg_file = Path(src.directory) / "config.json"
     cfg = parse_config(src.quantization_config, file=cfg_file)
     layouts: dict[str, ModuleLayout | FloatLayout | FP4Layout] = {}
@@ -62,6 +56,30 @@ def read_ct(src: Source) -> Checkpoint:
     if rule is not None:
         layouts.update({n: replace(m, rule=rule) for n, m in layouts.items()
                         if isinstance(m, FP4Layout) and m.prefix in mx})
+    return cfg, layouts, opaque, owned, mx, rule
+
+
+def e8m0_rule_evidence(src: Source) -> dict | None:
+    """Validation hook: which E8M0 encoding the MXFP4 modules use and what decided it
+    (:func:`e8m0_rule.decide`); None without MXFP4 modules. Keys: ``rule``, ``by``, ``version_rule``,
+    ``data_rule``, ``evidence``, ``factor`` (the two encodings' decode ratio, 4), ``tensors``."""
+    _, layouts, _, _, mx, rule = _layouts(src)
+    if rule is None:
+        return None
+    names = sorted(n for n, m in layouts.items() if isinstance(m, FP4Layout) and m.prefix in mx)
+    return {"rule": rule.rule, "by": rule.by, "version_rule": rule.version_rule, "data_rule": rule.data_rule,
+            "evidence": rule.evidence, "factor": 2 ** e8m0_rule.LEGACY_OFFSET, "tensors": names}
+
+
+def read_ct(src: Source) -> Checkpoint:
+    """Read a compressed-tensors checkpoint into a lazily loaded :class:`Checkpoint`.
+
+    Raises
+    ------
+    FormatError, MissingTensorError, UnsupportedError
+        See :func:`module_layout` and :func:`converter.formats.compressed_tensors.config.parse_config`.
+    """
+    cfg, layouts, opaque, owned, mx, rule = _layouts(src)
     # Stray partner tensors of modules that are not quantized would be silently dense otherwise.
     for n in src.tensor_names():
         if n not in owned and n.rsplit(".", 1)[-1] in SUFFIXES:

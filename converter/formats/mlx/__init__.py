@@ -34,7 +34,7 @@ from converter.formats.registry import FormatHandler, ValidationHooks, register
 __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map", "dequantize_like_mlx", "detect_mlx",
            "read_mlx", "as_affine", "check_target", "mlx_config", "target_group_size", "write_mlx"]
 
-HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8; mxfp4, nvfp4 read-only)",
+HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8, mxfp4, nvfp4)",
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target,
                                  target_options=MLXTargetOptions,
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).

@@ -97,7 +97,7 @@ def known_widths(src: Source, quantized: Iterable[str]) -> set[int]:
     walk(src.config or {})
     owned = set()
     for p in quantized:
-        owned.update({f"{p}.weight", f"{p}.scales", f"{p}.biases"})
+        owned.update({f"{p}.weight", f"{p}.scales", f"{p}.biases", f"{p}.global_scale"})
         known.add(int(src.info(f"{p}.weight").shape[-2]) if len(src.info(f"{p}.weight").shape) >= 2 else 0)
     for n in src.tensor_names():
         if n not in owned:

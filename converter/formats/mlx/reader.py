@@ -37,10 +37,8 @@ def _layer_spec(src: Source, qcfg: Mapping[str, Any], p: str, known: set[int]) -
         raise FormatError("config marks the module unquantized (false) but it has scales", file=file, tensor=p,
                           field=f"quantization.{p}", expected="a params dict", found=False)
     mode, bits, group = params["mode"], params["bits"], params["group_size"]
-    if src.has(f"{p}.global_scale"):
-        raise UnsupportedError("per-tensor global_scale (nvfp4) is not supported: no sample to verify MLX's "
-                               "order of multiplication", file=file, tensor=f"{p}.global_scale")
     w, s = src.info(wname), src.info(sname)
+    has_global = _check_global_scale(src, p, mode, w.shape)
     if w.dtype != "U32" or len(w.shape) not in (2, 3):
         raise FormatError("packed weight must be uint32 of rank 2 or 3", file=src.file_of(wname), tensor=wname,
                           field="dtype", expected="U32 [..., out, in*bits/32]", found=f"{w.dtype} {list(w.shape)}")
@@ -86,14 +84,47 @@ def _layer_spec(src: Source, qcfg: Mapping[str, Any], p: str, known: set[int]) -
     shape = tuple(int(d) for d in w.shape[:-1]) + (in_features,)
     codebook = MODES[mode][3]
     scheme = QuantScheme(bits, False, ZeroPoint.FLOAT if codebook is None else ZeroPoint.NONE,
-                         scale_dtype=scale_dtype, codebook=codebook)
+                         scale_dtype=scale_dtype, codebook=codebook, global_scale="amax" if has_global else None)
     stored = [src.stored_array(wname, "codes"), src.stored_array(sname, "scales")]
     if mode == "affine":
         stored.append(src.stored_array(bname, "zero_points"))
-    notes = [f"mlx mode {mode}"] + ([note] if note else [])
+    if has_global:
+        stored.append(src.stored_array(f"{p}.global_scale", "global_scale"))
+    notes = [f"mlx mode {mode}"] + (["global_scale: tensor amax, effective scale s * fp32(g / 2688)"]
+                                    if has_global else []) + ([note] if note else [])
     spec = TensorSpec(wname, "quantized", shape, tuple(stored), axes=axes, scheme=scheme,
                       group_map=GroupMap.per_group(group, IN), notes=tuple(notes))
     return spec, params
+
+
+def _check_global_scale(src: Source, p: str, mode: str, wshape) -> bool:
+    """Whether module ``p`` has an nvfp4 ``global_scale`` (F32, 0-dim, beside a 2-D weight).
+
+    mlx-lm 0.32.2 loads one when the tensor is present (``utils.load_model``: ``f"{p}.global_scale" in
+    weights``) and records ``"global_scale": true`` in the module's config entry (``quantize_model``).
+    """
+    gname = f"{p}.global_scale"
+    entry = (quant_config(src) or {}).get(p)
+    declared = isinstance(entry, dict) and entry.get("global_scale") is True
+    if not src.has(gname):
+        if declared:
+            raise MissingTensorError("config declares a global scale for the module but the tensor is absent",
+                                     file=src.file_of(f"{p}.scales"), tensor=gname, expected="F32 []", found="absent")
+        return False
+    file = src.file_of(gname)
+    if mode != "nvfp4":
+        raise FormatError("a global_scale belongs to nvfp4 only (mx.quantize)", file=file, tensor=gname,
+                          field="quantization.mode", expected="nvfp4", found=mode)
+    g = src.info(gname)
+    if len(wshape) != 2:
+        raise UnsupportedError("per-expert nvfp4 global scales (one per expert of a switch layer) are not in the "
+                               "logical model, which holds one float32 global scale per tensor", file=file,
+                               tensor=gname, field="shape", expected="F32 [] beside a 2-D weight",
+                               found=f"{g.dtype} {list(g.shape)} beside weight {list(wshape)}")
+    if g.dtype != "F32" or tuple(g.shape) != ():
+        raise FormatError("an nvfp4 global_scale is one float32 value (0-dim)", file=file, tensor=gname,
+                          field="shape", expected="F32 []", found=f"{g.dtype} {list(g.shape)}", kind=ErrorKind.SHAPE)
+    return True
 
 
 def codes_map(axes: tuple[str, ...], bits: int) -> AxisMap:
@@ -108,12 +139,15 @@ def _load(src: Source, spec: TensorSpec, mode: str) -> QuantizedTensor:
     try:
         codes = cmap.to_logical(src.read(spec.name), spec.axes, sizes)
         scales = np.array(src.read(f"{p}.scales"))
-        zp = None
+        zp, g = None, None
         if mode == "affine":
             zp = np.array(src.read(f"{p}.biases"))
         else:
             scales = scales.view(spec.scheme.scale_np_dtype)
+        if spec.scheme.global_scale is not None:
+            g = np.array(src.read(f"{p}.global_scale"), dtype=np.float32).reshape(())
         return QuantizedTensor(spec.name, spec.axes, codes, scales, spec.scheme, spec.group_map, zero_points=zp,
+                               global_scale=g,
                                stored={"codes": cmap, "scales": AxisMap(spec.axes), "zero_points": AxisMap(spec.axes)}
                                if mode == "affine" else {"codes": cmap, "scales": AxisMap(spec.axes)})
     except LayoutError as exc:
@@ -132,7 +166,7 @@ def read_mlx(src: Source) -> Checkpoint:
     MissingTensorError
         ``.weight`` / ``.biases`` partner missing, or a uint32 ``.weight`` without ``.scales``.
     UnsupportedError
-        nvfp4 ``global_scale``.
+        per-expert nvfp4 ``global_scale`` vectors (switch layers).
     """
     names = src.tensor_names()
     quantized = [n[: -len(".scales")] for n in names if n.endswith(".scales")]
@@ -150,7 +184,7 @@ def read_mlx(src: Source) -> Checkpoint:
         specs[spec.name] = spec
         modes[spec.name] = params["mode"]
     for n in names:
-        if n in specs or (n.endswith((".scales", ".biases")) and n.rsplit(".", 1)[0] in qset):
+        if n in specs or (n.endswith((".scales", ".biases", ".global_scale")) and n.rsplit(".", 1)[0] in qset):
             continue
         if n.endswith(".biases"):
             raise MissingTensorError("biases without scales", file=src.file_of(n),

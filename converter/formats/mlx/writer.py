@@ -1,5 +1,6 @@
 """MLX writer: logical tensors -> ``weight`` / ``scales`` / ``biases`` (affine) or ``weight`` /
-``scales`` (``mxfp8``: E4M3 codes, E8M0 scales per 32 along ``in``) and the ``quantization`` config.
+``scales`` (``mxfp8``: E4M3 codes, E8M0 scales per 32 along ``in``; ``mxfp4`` / ``nvfp4``: E2M1 codes,
+:mod:`converter.formats.mlx.fp4`) and the ``quantization`` config.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from converter.formats.base import plan_tensors, write_directory
 from converter.formats.source import module_prefix
 
 from converter.formats.mlx.config import AFFINE_BITS, AFFINE_GROUPS, FLOAT_SCALE_DTYPES, MODES
+from converter.formats.mlx.fp4 import check_global_scales, config_entry, fp4_mode, fp4_reason, is_fp4, plan_fp4
 from converter.formats.mlx.reader import codes_map
 
 #: The mxfp8 mode's group size (``mlx/ops.cpp`` ``fp_quantize``: 32 elements along ``in`` per E8M0 scale).
@@ -35,7 +37,9 @@ MXFP8_GROUP = MODES["mxfp8"][0]
 # -- writer -------------------------------------------------------------------------------------
 def target_mode(spec: TensorSpec) -> str:
     """``mxfp8`` for an FP8 E4M3 weight (written as MX groups, :func:`converter.quant.carry.as_mx_groups`),
-    else ``affine``."""
+    ``mxfp4`` / ``nvfp4`` for E2M1 with E8M0 / E4M3 scales, else ``affine``."""
+    if spec.scheme is not None and is_fp4(spec):
+        return fp4_mode(spec) or "affine"
     return "mxfp8" if spec.scheme is not None and spec.scheme.codebook == E4M3 else "affine"
 
 
@@ -86,8 +90,8 @@ def target_group_size(spec: TensorSpec) -> int | None:
     row's scale and bias (:func:`converter.quant.recode.as_groups`): an exact re-expression.
     """
     gm = spec.group_map
-    if target_mode(spec) == "mxfp8":
-        return MXFP8_GROUP
+    if target_mode(spec) in ("mxfp8", "mxfp4", "nvfp4"):
+        return MODES[target_mode(spec)][0]
     if gm.granularity is Granularity.GROUP:
         return gm.group_size
     n_in = int(spec.shape[-1])
@@ -107,6 +111,8 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     gm, s = spec.group_map, spec.scheme
     if target_mode(spec) == "mxfp8":
         return _mxfp8_reason(spec, options)
+    if is_fp4(spec):
+        return fp4_reason(spec)
     if s.codebook is not None:
         el = element_of(s.codebook)
         return (f"{s.describe()} cannot be written to MLX: affine takes integer grids and the writer's only fp "
@@ -186,6 +192,8 @@ def _plan_mxfp8(spec: TensorSpec) -> TensorPlan:
 def _plan(spec: TensorSpec) -> TensorPlan:
     if target_mode(spec) == "mxfp8":
         return _plan_mxfp8(spec)
+    if is_fp4(spec):
+        return plan_fp4(spec)
     p = module_prefix(spec.name)
     sizes = dict(zip(spec.axes, spec.shape))
     cmap = codes_map(tuple(spec.axes), spec.scheme.bits)
@@ -236,10 +244,12 @@ def mlx_config(ckpt: Checkpoint) -> dict:
     quant: dict[str, Any] = {"group_size": g, "bits": b, "mode": mode}
     for s in q:
         key = (target_group_size(s), s.scheme.bits, target_mode(s))
-        if key != (g, b, mode):
-            entry: dict[str, Any] = {"group_size": key[0], "bits": key[1]}
+        entry: dict[str, Any] | None = config_entry(s)
+        if entry is None and key != (g, b, mode):
+            entry = {"group_size": key[0], "bits": key[1]}
             if key[2] != mode:
                 entry["mode"] = key[2]
+        if entry is not None:
             quant[module_prefix(s.name)] = entry
     cfg = {k: copy.deepcopy(v) for k, v in (ckpt.config or {}).items()
            if k not in ("quantization", "quantization_config")}
@@ -252,19 +262,23 @@ def mlx_config(ckpt: Checkpoint) -> dict:
 def write_mlx(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_shard_bytes: int | None = None,
               **_: Any) -> dict:
     """Write ``ckpt`` as an MLX model directory (``model.safetensors`` + ``config.json``): affine
-    integer weights, and FP8 E4M3 weights with power-of-two scales as ``mxfp8``.
+    integer weights, FP8 E4M3 weights with power-of-two scales as ``mxfp8``, E2M1 weights as
+    ``mxfp4`` (E8M0 scales) / ``nvfp4`` (E4M3 scales, optional ``global_scale``).
 
     Raises
     ------
     NotRepresentableError
-        A quantized tensor :func:`check_target` refuses (nothing is written).
+        A quantized tensor :func:`check_target` refuses, or an NVFP4 global scale with no exact
+        MLX amax (``field="global_scale"``); nothing is written.
     """
     ckpt.refuse_opaque("mlx")
+    check_global_scales(ckpt)
 
     def encode(spec: TensorSpec) -> TensorPlan:
         reason = check_target(spec)
         if reason:
-            raise NotRepresentableError(reason, tensor=spec.name, field="scheme", expected="MLX affine or mxfp8",
+            raise NotRepresentableError(reason, tensor=spec.name, field="scheme",
+                                        expected="MLX affine, mxfp8, mxfp4 or nvfp4",
                                         found=f"{spec.scheme.describe()} {spec.group_map.describe()}",
                                         hint="requantize to an MLX affine scheme")
         return _plan(spec)

@@ -1,0 +1,67 @@
+"""Exit statuses and one-line errors (issue 18 item 5 and 4): `--debug` keeps the documented status,
+an unknown `--format` is a usage error like `convert --to`, a message with nothing expected does not
+print "expected None", and an unreadable folder is not reported as format "None"."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from converter.cli import main
+from converter.errors import FormatError
+from tests.conftest import REPO, SAMPLES
+
+GPTQ = SAMPLES / "gptq_w4_g128_sym"
+
+
+def test_debug_prints_the_traceback_and_keeps_the_exit_status(tmp_path):
+    missing = tmp_path / "nothing-here"
+    plain = subprocess.run([sys.executable, "-m", "converter", "inspect", str(missing)], cwd=REPO,
+                           capture_output=True, text=True)
+    debug = subprocess.run([sys.executable, "-m", "converter", "--debug", "inspect", str(missing)], cwd=REPO,
+                           capture_output=True, text=True)
+    assert plain.returncode == debug.returncode == 3
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1] == plain.stderr.rstrip()
+
+
+def test_unknown_format_option_is_a_usage_error():
+    for cmd in (["inspect", "--format", "foo", str(GPTQ)], ["audit", "--format", "foo", str(GPTQ)]):
+        r = CliRunner().invoke(main, cmd)
+        assert r.exit_code == 2, (cmd, r.output)
+        assert "unknown format" in r.output and "gptq" in r.output
+
+
+def test_render_without_an_expected_value():
+    assert FormatError("bad byte", field="scale", found=255).render() == "field 'scale': bad byte (found 255)"
+    assert FormatError("bad", field="f", expected=4).render() == "field 'f': bad (expected 4)"
+    assert FormatError("bad", field="f", expected=4, found=5).render() == "field 'f': bad (expected 4, found 5)"
+
+
+def test_unreadable_folder_says_format_not_detected(tmp_path):
+    d = tmp_path / "broken"
+    shutil.copytree(SAMPLES / "ct_mxfp4_smollm2", d)
+    (d / "model.safetensors").unlink()
+    r = CliRunner().invoke(main, ["validate", str(d)])
+    assert r.exit_code == 1 and "format: None" not in r.output and "format: not detected" in r.output
+
+
+def test_library_error_names_the_argument_and_the_cli_names_the_option(tmp_path):
+    import pytest
+
+    import converter
+    from converter.errors import OutputExistsError
+
+    dst = tmp_path / "w.safetensors"
+    dst.write_bytes(b"x")
+    ckpt = converter.load(SAMPLES / "minilm_fp16.safetensors")
+    with pytest.raises(OutputExistsError) as ei:
+        converter.save(ckpt, dst, format="plain")
+    assert "overwrite=True" in ei.value.render() and "--overwrite" not in ei.value.render()
+    r = CliRunner().invoke(main, ["quantize", str(SAMPLES / "minilm_fp16.safetensors"), str(dst), "--bits", "4",
+                                  "--per-channel"])
+    assert r.exit_code == 2 and "pass --overwrite to replace it" in r.output
+    assert dst.read_bytes() == b"x"
