@@ -316,7 +316,8 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
               help="Float checkpoint to measure the error against (requantize only).")
 @click.option(QUANT_TYPE_OPTION, "quant_type", default=None,
               help="Requantize to a type the target format defines by name, with its own quantizer "
-                   "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0 ... "
+                   "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0, "
+                   "MXFP4, NVFP4 ... "
                    "for every weight llama.cpp quantizes, as llama-quantize --pure).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")

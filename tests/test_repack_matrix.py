@@ -48,7 +48,7 @@ MLX_BIAS = "float bias is not an integer zero point"
 NO_QUANT = "the source has no quantized tensors"
 GGUF_INT_ZERO = "integer zero points: Q4_1/Q5_1 compute d*q + m"
 MODELOPT_FP8 = "ModelOpt is written as FP8 (E4M3) only"
-CODEBOOK_GGUF = "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
+CODEBOOK_GGUF = "codebook schemes other than E2M1 (NF4, bitsandbytes FP4, FP8 elements) have no GGUF block type"
 FP8_INTEGER = "fp8 stores FP8 E4M3 / E5M2 elements; an integer scheme needs requantizing"
 GPT_OSS_EXPERTS = "gpt-oss MXFP4 quantizes only the GptOssExperts gate_up_proj / down_proj"
 FP8_SAMPLES = ("ct_fp8_channel_smollm2", "modelopt_fp8_smollm2tiny", "modelopt_fp8_pc_pt_smollm2tiny",
@@ -211,6 +211,9 @@ EXPECTED = {
     ("mlx_nvfp4_global_smollm2", "modelopt"): REFUSE,
     # amax g: the multiplier fp32(g / 2688) is not 1 / (a float32 divisor) for these g
     ("mlx_nvfp4_global_smollm2", "compressed-tensors"): REFUSE,
+    # GGUF MXFP4 (E8M0 per 32) / NVFP4 (E4M3 per 16, <name>.scale multiplies): the same codes and scale bytes;
+    # a global scale as its exact multiplier (ModelOpt's as is, MLX's amax g: fp32(g / 2688)), else refused
+    **{(s, "gguf"): EXACT for s in FP4_SAMPLES if s != "ct_nvfp4_smollm2"},
     **{(s, "native"): EXACT for s in FP4_SAMPLES},
     **{(s, "plain"): DEQ for s in FP4_SAMPLES},
     ("ct_mxfp4_smollm2", "compressed-tensors"): EXACT,
@@ -228,7 +231,8 @@ EXPECTED = {
 REASONS = {
     **{(s, "awq"): "AWQ codes are an affine integer grid" for s in FP4_SAMPLES},
     **{(s, "fp8"): "E2M1 weights" for s in FP4_SAMPLES},
-    **{(s, "gguf"): CODEBOOK_GGUF for s in FP4_SAMPLES},
+    # weight_global_scale 936.0 divides: 1/936 is no float32 multiplier giving the same effective scales
+    ("ct_nvfp4_smollm2", "gguf"): "has no float32 multiplier",
     **{(s, "gptq"): "GPTQ stores integer grids, not codebook indices" for s in FP4_SAMPLES},
     ("ct_nvfp4_smollm2", "mlx"): "has no float32 amax",
     ("mlx_mxfp4_smollm2tiny", "modelopt"): "MXFP4 uses E8M0",
@@ -257,7 +261,7 @@ REASONS = {
     ("ct_pack_w4a16_group128_asym", "gguf"): GGUF_INT_ZERO,
     ("mlx_affine_g32_b8", "gguf"): "no affine GGUF legacy type has 8-bit codes",
     ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
-    ("bnb_nf4_bs64", "gguf"): "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type",
+    ("bnb_nf4_bs64", "gguf"): CODEBOOK_GGUF,
     **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf",
                                                            "modelopt", "fp8")},
     **{(s, "awq"): CODEBOOK_AWQ for s in FP8_SAMPLES},

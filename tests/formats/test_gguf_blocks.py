@@ -103,7 +103,7 @@ def _tricky_values(rng: np.random.Generator, rows: int = 12, row_len: int = 256)
 # ------------------------------------------------------------------------------------------
 
 def test_registry_matches_ggml_sizes():
-    assert set(SUPPORTED_READ) == set(LEGACY) | set(KQUANTS)
+    assert set(SUPPORTED_READ) == set(LEGACY) | set(KQUANTS) | {"MXFP4", "NVFP4"}
     assert set(SUPPORTED_WRITE) == set(LEGACY)
     for name, codec in CODECS.items():
         assert (codec.block_size, codec.type_size) == GGML_QUANT_SIZES[_gguf_type(name)], name

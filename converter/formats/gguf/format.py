@@ -24,7 +24,10 @@ Q2_K/Q4_K  unsigned, float bias; effective F32 scales ``d*sc`` and biases ``-(dm
 /Q5_K      computed in float32 as ``dequantize_row_q*_K`` does, plus a :class:`DoubleQuant`
            record of ``d``, ``dmin`` (F16) and the integer ``sc``, ``m``
 Q3_K/Q6_K  3/6-bit unsigned symmetric (centre 4/32 = 2^(b-1)), effective F32 scales ``d*sc``
-F32/F16/   :class:`DenseTensor` (also F64, I8..I64); any other ggml type (IQ*, TQ*, MXFP4 ...)
+MXFP4      E2M1 codebook, F8_E8M0 scale per 32 (the byte ``e`` as is); split nibble order per block
+NVFP4      E2M1 codebook, F8_E4M3 scale per 16 (UE4M3 bytes 0..0x7E), 64-element blocks; the F32
+           ``<name>.scale`` tensor is the global scale, a multiplier (:mod:`.fp4`)
+F32/F16/   :class:`DenseTensor` (also F64, I8..I64); any other ggml type (IQ*, TQ* ...)
 BF16       is listed but raises UnsupportedError when loaded
 =========  ==============================================================================
 
@@ -47,9 +50,9 @@ result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever th
 ``widened``, not ``passthrough``).
 
 Writing (``gguf.GGUFWriter``, streamed one tensor at a time into an atomic temporary file) packs
-quantized tensors whose scheme *is* a legacy type (codes and scales reused, no requantization);
-K-quants cannot be written (no K-quant encoder in gguf-py; ``d*sc`` is generally not one fp16
-scale). :func:`quantize_to_gguf` is the explicit requantize path (llama.cpp reference rounding).
+quantized tensors whose scheme *is* a legacy type, a K-quant (its super-block fields) or MXFP4 / NVFP4
+(codes and scale bytes relaid, no requantization). :func:`quantize_to_gguf` is the explicit requantize
+path (llama.cpp reference rounding).
 
 Requantizing to GGUF (``qckpt convert --to gguf`` with requantize options) goes through
 :data:`converter.formats.gguf.requant.GGUF_QUANTIZER` (:mod:`converter.quant.format_quant`): every target is put in
@@ -83,7 +86,8 @@ from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, 
                                             QUANTIZATION_VERSION, FILE_TYPES, MANAGED_KEYS, WRITE_TYPES, gguf_module,
                                             quantize_to_gguf, scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
-from converter.formats.gguf.targets import check_target, kquant_match, legacy_match
+from converter.formats.gguf.targets import check_target, exact_type
+from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
 from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, config_kv, tokenizer_warning
@@ -146,6 +150,8 @@ class _Plan:
     nbytes: int
     perm: np.ndarray | None
     widened_from: str | None = None  # a 1-D F16 / BF16 tensor written F32 (WIDENED_1D)
+    global_of: bool = False  # the F32 [1] ``<name>.scale`` of NVFP4 tensor ``name`` (its multiplier)
+    scaled: bool = False  # an NVFP4 tensor whose ``<name>.scale`` is planned
 
 
 def _infer_type(v: Any) -> Any:
@@ -170,6 +176,8 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
         raise FormatError("tensor name too long for GGUF", tensor=spec.name, field="name",
                           expected=f"<= {MAX_NAME_BYTES} bytes (GGML_MAX_NAME)", found=gname)
     shape = tuple(int(s) for s in spec.shape)
+    if not shape and spec.kind == "dense":  # a 0-d scale (ModelOpt input_scale): F32 [1], as _write_scale_tensor
+        shape = (1,)
     if not 1 <= len(shape) <= MAX_DIMS:
         raise NotRepresentableError("GGUF tensors have 1 to 4 dims", tensor=spec.name, field="shape",
                                     expected=f"1..{MAX_DIMS} dims", found=list(shape))
@@ -180,7 +188,7 @@ def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, 
     if spec.kind == "dense":
         type_name = "F32" if len(shape) == 1 and spec.dtype in WIDENED_1D else spec.dtype
     else:
-        type_name = kquant_match(spec) or legacy_match(spec)[0]
+        type_name = exact_type(spec)
         if gguf_type is not None and type_name != gguf_type:
             raise NotRepresentableError(f"tensor's scheme is {type_name}, not the requested {gguf_type}",
                                         tensor=spec.name, field="gguf_type", expected=gguf_type, found=type_name,
@@ -203,10 +211,21 @@ def _encode(t, p: _Plan) -> np.ndarray:
         data = np.ascontiguousarray(t.data)
         if p.widened_from is not None and data.dtype == DENSE_TYPES[p.widened_from]:
             data = data.astype(np.float32)  # exact: every F16 / BF16 value is an F32 value
+        if data.ndim == 0 and p.shape == (1,):
+            data = data.reshape(1)
         if tuple(data.shape) != p.shape or data.dtype != DENSE_TYPES[p.type_name]:
             raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
                               expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")
         return data.view(np.uint8) if p.type_name == "BF16" else data
+    if isinstance(t, QuantizedTensor) and (p.global_of or p.type_name in FP4_TYPES):
+        g = gguf_multiplier(t)  # refused before any byte is packed when not an exact multiplier
+        if (g is not None) != (p.scaled or p.global_of):  # never drop (or invent) a global scale silently
+            raise FormatError("tensor's global scale differs from its spec", tensor=p.name, field="global_scale",
+                              expected="present" if p.scaled or p.global_of else "none",
+                              found="none" if g is None else float(g))
+        if p.global_of:
+            return np.asarray(g, dtype=np.float32).reshape(1)
+        return codec_for(p.type_name).pack(fp4_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
     if isinstance(t, QuantizedTensor) and p.type_name in K_TYPES:
         return codec_for(p.type_name).pack(_kquant_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
     if isinstance(t, QuantizedTensor):
@@ -263,14 +282,21 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
     drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
-    plans = [_plan(ckpt, spec, arch, gguf_type, names, src_kv) for spec in ckpt.specs() if spec.name not in drop]
+    plans = []
+    for spec in ckpt.specs():
+        if spec.name not in drop:
+            plans.append(_plan(ckpt, spec, arch, gguf_type, names, src_kv))
+            if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
+                plans[-1].scaled = True
+                plans.append(_Plan(spec.name, scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale",
+                                   "F32", (1,), 4, None, global_of=True))
     seen: dict[str, str] = {}
     for p in plans:
         if p.gguf_name in seen:
             raise FormatError("two tensors map to one GGUF name", tensor=p.name, field="name",
                               found=f"{seen[p.gguf_name]} and {p.name} -> {p.gguf_name}")
         seen[p.gguf_name] = p.name
-    types = {p.name: p.type_name for p in plans}
+    types = {p.name: p.type_name for p in plans if not p.global_of}
     src_ggml = ckpt.metadata.get("ggml_types") or {}
     mix = ckpt.metadata.get(FILE_TYPE_KEY)
     if ckpt.format == "gguf" and src_ggml == types and isinstance(src_kv.get("general.file_type"), int):
@@ -281,7 +307,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         weight = Counter()
         for p in plans:
             weight[p.type_name] += int(np.prod(p.shape, dtype=np.int64)) if len(p.shape) >= 2 else 0
-        quant = [t for t in weight if t in LEGACY_TYPES] or [t for t in weight if t in K_TYPES]
+        quant = [t for t in weight if t in LEGACY_TYPES + FP4_TYPES] or [t for t in weight if t in K_TYPES]
         dom = (max(quant, key=lambda t: weight[t]) if quant
                else max(weight, key=lambda t: weight[t]) if weight else "F32")
         file_type = int(gguf.LlamaFileType[FILE_TYPES.get(dom, "ALL_F32")])
@@ -362,7 +388,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
-                                 "K-quants Q2_K..Q6_K read, F32/F16/BF16 dense", detect_gguf, read_gguf, write_gguf,
+                                 "K-quants Q2_K..Q6_K, MXFP4, NVFP4 read+write, F32/F16/BF16 dense",
+                                 detect_gguf, read_gguf, write_gguf,
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
                                  requant_targets=requant_targets,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the

@@ -220,7 +220,7 @@ def _rules(st: _State, ft: str, new: str, t: TensorInfo, cat: str) -> str:
 
 def _fallback(t: TensorInfo, new: str) -> str:
     """``tensor_type_fallback``: a 32-block type when ``ne[0]`` is not a multiple of the type's block."""
-    block = 256 if new in _K_TYPES else 32
+    block = 256 if new in _K_TYPES else 64 if new == "NVFP4" else 32
     if t.row_len % block == 0:
         return new
     if new not in _FALLBACK:

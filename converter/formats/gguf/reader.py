@@ -16,7 +16,8 @@ from converter.groups import GroupMap
 from converter.runtime import drop_pages
 from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, StoredArray, TensorSpec
-from converter.formats.gguf.blocks import LegacyCodec, codec_for, CODECS
+from converter.formats.gguf.blocks import FP4Codec, LegacyCodec, codec_for, CODECS
+from converter.formats.gguf.fp4 import fp4_note, fp4_scheme, scale_tensor_name
 from converter.formats.gguf.names import gguf_to_hf, llama_row_permutation, permute_heads_key
 from converter.formats.registry import Detection
 from converter.formats.source import Source
@@ -157,6 +158,10 @@ def _stored_arrays(e: _Entry, file: str) -> tuple[StoredArray, ...]:
     # block fields interleave with the codes on disk; shapes here are per block (legacy) or per
     # super-block (K-quants: d, dmin and the packed sub-block scales/mins), in logical orientation
     per_block = tuple(e.shape[:-1]) + (e.shape[-1] // codec.block_size,)
+    if isinstance(codec, FP4Codec):  # one scale byte per group
+        per_group = tuple(e.shape[:-1]) + (e.shape[-1] // codec.group_size,)
+        return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
+                StoredArray(e.gguf_name + ":scales", "scales", "U8", per_group, rest, file))
     if isinstance(codec, LegacyCodec) and codec.affine:
         return (StoredArray(e.gguf_name, "codes", e.type_name, e.shape, code_bytes, file),
                 StoredArray(e.gguf_name + ":d", "scales", "F16", per_block, rest // 2, file),
@@ -166,9 +171,21 @@ def _stored_arrays(e: _Entry, file: str) -> tuple[StoredArray, ...]:
                         "F16" if isinstance(codec, LegacyCodec) else "U8", per_block, rest, file))
 
 
-def _spec(e: _Entry, file: str) -> TensorSpec:
+def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
     stored = _stored_arrays(e, file)
     notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
+    if isinstance(CODECS.get(e.type_name), FP4Codec):
+        notes += (fp4_note(e.type_name),)
+        if scale is not None and (int(np.prod(scale.ne)) != 1 or scale.type_name != "F32"):
+            return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name, notes=notes + (
+                f"NVFP4 scale {scale.gguf_name} {scale.type_name} {list(scale.shape)} is not one F32 (per-expert "
+                "scales of stacked experts?): not decoded by qckpt",))
+        if scale is not None:
+            stored += (StoredArray(scale.gguf_name, "global_scale", "F32", (), scale.nbytes, file),)
+            notes += (f"{scale.gguf_name} (F32) multiplies: effective scale = e4m3(d) * scale (llama.cpp ggml_mul)",)
+        return TensorSpec(e.name, "quantized", e.shape, stored, axes=axes_for(len(e.shape)),
+                          scheme=fp4_scheme(e.type_name, scale is not None),
+                          group_map=GroupMap.per_group(group_size_of(e.type_name), IN), notes=notes)
     if e.type_name in DENSE_TYPES:
         return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
     if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
@@ -218,6 +235,19 @@ def qk_permutation(gguf_name: str, rows: int, arch: str, kv: Mapping[str, Any], 
     return llama_row_permutation(rows, heads, tensor=tensor)
 
 
+def _nvfp4_scales(entries: Mapping[str, _Entry]) -> dict[str, _Entry]:
+    """Logical weight name -> its NVFP4 second-level scale tensor ``<name>.scale`` (F32; llama.cpp's
+    converter, :mod:`converter.formats.gguf.fp4`), for each NVFP4 weight that has one."""
+    by_gguf = {e.gguf_name: e for e in entries.values()}
+    out = {}
+    for e in entries.values():
+        sname = scale_tensor_name(e.gguf_name) if e.type_name == "NVFP4" else None
+        s = by_gguf.get(sname) if sname else None
+        if s is not None:  # any type: one that is not a single F32 makes the weight opaque (_spec)
+            out[e.name] = s
+    return out
+
+
 def read_gguf(src: Source) -> Checkpoint:
     """Read a ``.gguf`` file into a lazily loaded :class:`Checkpoint` (HF names where known).
 
@@ -228,6 +258,7 @@ def read_gguf(src: Source) -> Checkpoint:
     UnsupportedError
         Big-endian files. ggml types without a codec (IQ*, TQ*, ...) are listed as ``opaque``
         specs (inspect, audit); loading one raises UnsupportedError (from :class:`Checkpoint`).
+        An NVFP4 weight's F32 ``<name>.scale`` tensor is its global scale (a multiplier), not a tensor of its own.
     FormatError
         Two GGUF names mapping to one logical name.
     """
@@ -244,8 +275,11 @@ def read_gguf(src: Source) -> Checkpoint:
             raise FormatError("two GGUF tensors map to one name", file=path, tensor=gname, field="name",
                               expected="unique names", found=f"{entries[name].gguf_name} and {gname} -> {name}")
         entries[name] = _Entry(i, gname, name, tname, ne, off, nbytes)
+    scales = _nvfp4_scales(entries)
+    for s in scales.values():
+        del entries[s.name]
     file = path.name
-    specs = {name: _spec(e, file) for name, e in entries.items()}
+    specs = {name: _spec(e, file, scales.get(name)) for name, e in entries.items()}
 
     def load(name: str):
         e = entries[name]
@@ -264,7 +298,10 @@ def read_gguf(src: Source) -> Checkpoint:
                     raise CorruptFileError("quantized tensor has no elements", field="ne",
                                            expected="every dimension >= 1", found=list(e.ne))
                 raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, e.nbytes // max(1, int(np.prod(e.shape[:-1]))))
-                out = tensor_from_fields(name, codec.decode(raw), e.shape)
+                g = None
+                if name in scales:
+                    g = np.asarray(reader.tensors[scales[name].index].data).view(np.float32).reshape(())
+                out = tensor_from_fields(name, codec.decode(raw), e.shape, global_scale=g)
             else:
                 raise UnsupportedError(f"ggml type {e.type_name} is not supported", field="ggml_type",
                                        expected=f"one of {', '.join((*DENSE_TYPES, *CODECS))}", found=e.type_name)

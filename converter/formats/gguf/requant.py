@@ -33,6 +33,8 @@ from converter.quant.recode import as_groups
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.formats.gguf.block_fields import QK_K
+from converter.formats.gguf.block_fp4 import FP4_CODECS
+from converter.formats.gguf.fp4 import fp4_match
 from converter.formats.gguf.mix import FILE_TYPES
 from converter.formats.gguf.schemes import (REQUANT_OPTIONS, WRITE_TYPES, group_size_of, kquant_type_for,
                                             quantize_to_gguf, scheme_for)
@@ -112,10 +114,28 @@ def named_type(type_name: str) -> tuple[QuantScheme, GroupMap]:
     return scheme_for(type_name), GroupMap.per_group(group_size_of(type_name), IN)
 
 
+def fp4_type_for(scheme: QuantScheme, group_map: GroupMap) -> str | None:
+    """``MXFP4`` / ``NVFP4`` when ``scheme`` over ``group_map`` is exactly that type as llama.cpp's quantizer
+    makes it (E2M1, E8M0 per 32 / E4M3 per 16 along ``in``, no global scale), else None."""
+    if group_map.granularity is not Granularity.GROUP or group_map.axis != IN or group_map.g_idx is not None:
+        return None
+    for t, codec in FP4_CODECS.items():
+        if scheme == scheme_for(t) and group_map.group_size == codec.group_size:
+            return t
+    return None
+
+
 def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool | None:
     """K-quant targets: True when the source is stored in that very type (llama-quantize copies a
     tensor already of the target type), else False (requantized from the float values; a K-quant
-    cannot be carried into from another grid). None for the legacy types (the generic carry)."""
+    cannot be carried into from another grid). MXFP4 / NVFP4 targets: True when the source is that type as
+    llama.cpp's quantizer makes it (:func:`~converter.formats.gguf.fp4.fp4_match`, no global scale: the
+    target's scheme has none, so a source with one is requantized; its exact repack is ``convert`` without
+    ``--quant-type``), else False. None for the legacy types (the generic carry)."""
+    f = fp4_type_for(scheme, group_map)
+    if f is not None:
+        src_scheme = getattr(spec_or_tensor, "scheme", None)
+        return bool(fp4_match(spec_or_tensor)[0] == f and src_scheme is not None and src_scheme.global_scale is None)
     t = kquant_type_for(scheme, group_map)
     if t is None:
         return None
@@ -128,6 +148,12 @@ def _same_type(spec_or_tensor, scheme: QuantScheme, group_map: GroupMap) -> bool
 def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[int],
                      axes: Sequence[str]) -> str | None:
     """The label of llama.cpp's quantizer when :func:`quantize_to_gguf` produces this target."""
+    f = fp4_type_for(scheme, group_map)
+    if f is not None:
+        if tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN)) or len(shape) != len(axes) or \
+                shape[-1] % FP4_CODECS[f].block_size:
+            return None
+        return f"gguf {f}: llama.cpp quantize_row_{f.lower()}_ref, qckpt numpy port"
     k = kquant_type_for(scheme, group_map)
     if k is not None:
         if tuple(axes) not in ((OUT, IN), (EXPERT, OUT, IN)) or len(shape) != len(axes) or shape[-1] % QK_K:
@@ -143,7 +169,7 @@ def _requant_accepts(scheme: QuantScheme, group_map: GroupMap, shape: Sequence[i
 def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupMap, axes: Sequence[str],
                       name: str) -> QuantizedTensor:
     """:func:`quantize_to_gguf` for an accepted target (rows quantized independently)."""
-    t = kquant_type_for(scheme, group_map) or legacy_type_for(scheme, group_map)
+    t = kquant_type_for(scheme, group_map) or fp4_type_for(scheme, group_map) or legacy_type_for(scheme, group_map)
     out = quantize_to_gguf(values, t, name=name)
     if tuple(out.axes) != tuple(axes):
         raise UnsupportedError("GGUF quantizer axes differ from the target's", tensor=name, field="axes",
@@ -154,7 +180,7 @@ def _requant_quantize(values: np.ndarray, scheme: QuantScheme, group_map: GroupM
 def _requant_stored(t: QuantizedTensor) -> QuantizedTensor:
     """``t`` as the reader returns it: parameters repeated over the 32-element blocks (``t`` itself
     when it has no such form: the writer then refuses it; K-quants are read as written)."""
-    if t.double_quant is not None:
+    if t.double_quant is not None or t.scheme.codebook is not None:  # K-quants, MXFP4 / NVFP4: as written
         return t
     try:
         return as_groups(t, 32)

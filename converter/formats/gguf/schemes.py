@@ -15,7 +15,8 @@ from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import DoubleQuant, QuantizedTensor
-from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, LegacyCodec, codec_for
+from converter.formats.gguf.blocks import QK_K, SUPPORTED_WRITE, BlockFields, FP4Codec, LegacyCodec, codec_for
+from converter.formats.gguf.fp4 import FP4_TYPES, fp4_scheme, fp4_tensor, quantize_fp4
 
 
 LEGACY_TYPES: tuple[str, ...] = SUPPORTED_WRITE
@@ -26,8 +27,8 @@ K_TYPES: tuple[str, ...] = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 """K-quant types written by llama.cpp's reference quantizers (:mod:`converter.formats.gguf.kquant_encode`)
 or repacked from a K-quant source's own super-block fields."""
 
-WRITE_TYPES: tuple[str, ...] = LEGACY_TYPES + K_TYPES
-"""Every quantized ggml type qckpt writes."""
+WRITE_TYPES: tuple[str, ...] = LEGACY_TYPES + K_TYPES + FP4_TYPES
+"""Every quantized ggml type qckpt writes (MXFP4 / NVFP4: :mod:`converter.formats.gguf.fp4`)."""
 
 DENSE_TYPES: dict[str, np.dtype] = {n: DTYPES[n].numpy
                                    for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
@@ -45,7 +46,9 @@ FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_
               "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0",
               # a file of one K-quant type (no mix): llama.cpp's "_S" file type of that type
               "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_S", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S",
-              "Q6_K": "MOSTLY_Q6_K"}
+              "Q6_K": "MOSTLY_Q6_K",
+              # llama.cpp's llama_ftype for an all-FP4 file (gguf-py LlamaFileType)
+              "MXFP4": "MOSTLY_MXFP4_MOE", "NVFP4": "MOSTLY_NVFP4"}
 
 
 def gguf_module():
@@ -61,6 +64,8 @@ def scheme_for(type_name: str) -> QuantScheme:
         For types without a codec (IQ*, TQ*, ...).
     """
     codec = codec_for(type_name)
+    if isinstance(codec, FP4Codec):
+        return fp4_scheme(type_name)
     if isinstance(codec, LegacyCodec):
         if codec.bits == 8:
             return QuantScheme(8, True, ZeroPoint.NONE, "F16", "half_away")
@@ -74,6 +79,8 @@ def scheme_for(type_name: str) -> QuantScheme:
 
 def group_size_of(type_name: str) -> int:
     codec = codec_for(type_name)
+    if isinstance(codec, FP4Codec):
+        return codec.group_size
     return codec.block_size if isinstance(codec, LegacyCodec) else codec.sub_block_size
 
 
@@ -92,7 +99,7 @@ def axes_for(ndim: int) -> tuple[str, ...] | None:
     return {2: (OUT, IN), 3: (EXPERT, OUT, IN)}.get(ndim)
 
 
-def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int]) -> QuantizedTensor:
+def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int], global_scale=None) -> QuantizedTensor:
     """Build the logical tensor from decoded block fields.
 
     Parameters
@@ -103,6 +110,8 @@ def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int]) -> 
         From ``codec.decode(raw)`` with ``raw`` of shape ``(rows, row_bytes)``, ``rows = prod(shape[:-1])``.
     shape : sequence of int
         Logical shape ``(out, in)`` or ``(expert, out, in)`` (``reversed(ne)``).
+    global_scale : float32, optional
+        NVFP4 only: the ``<name>.scale`` multiplier (:mod:`converter.formats.gguf.fp4`).
 
     Returns
     -------
@@ -110,6 +119,8 @@ def tensor_from_fields(name: str, fields: BlockFields, shape: Sequence[int]) -> 
         Codes ``shape``; scales ``(..., out, in/group)``. K-quant effective scales/biases are float32
         products computed exactly as ``KQuantCodec.dequantize`` does, so ``dequantize()`` is bit-exact.
     """
+    if fields.type_name in FP4_TYPES:
+        return fp4_tensor(name, fields, shape, global_scale)
     shape = tuple(int(s) for s in shape)
     axes = axes_for(len(shape))
     if axes is None:
@@ -167,12 +178,15 @@ def quantize_to_gguf(values: np.ndarray, type_name: str, *, name: str = "tensor"
         Bad row length, non-finite input, fp16 overflow of a block scale.
 
     K-quants (Q2_K..Q6_K): llama.cpp's ``quantize_row_q*_K_ref`` (no importance matrix), ``in`` a
-    multiple of 256; the result carries the super-block fields (:class:`DoubleQuant`).
+    multiple of 256; the result carries the super-block fields (:class:`DoubleQuant`). MXFP4 / NVFP4:
+    ``quantize_row_mxfp4_ref`` / ``quantize_row_nvfp4_ref`` (``in`` a multiple of 32 / 64, no global scale).
     """
     values = np.asarray(values, dtype=np.float32)
     if values.ndim not in (2, 3):
         raise UnsupportedError("only 2-D or 3-D tensors can be quantized to GGUF", tensor=name, field="shape",
                                expected="2 or 3 dims", found=list(values.shape))
+    if type_name in FP4_TYPES:
+        return quantize_fp4(values, type_name, name=name)
     codec = codec_for(type_name)
     try:
         raw = codec.encode(values.reshape(-1, values.shape[-1]))

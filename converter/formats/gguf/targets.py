@@ -3,13 +3,16 @@
 A quantized tensor is written to GGUF as it is only when its scheme *is* a legacy ggml type
 (Q4_0/Q5_0/Q8_0 symmetric, Q4_1/Q5_1 float bias) in 32-element blocks along ``in`` (or a
 per-tensor / per-channel / 32k-group scale that each block repeats exactly), or a K-quant whose
-super-block fields it carries (a K-quant source, or llama.cpp's quantizer's output).
-:func:`check_target` is the handler's answer, :func:`legacy_match` / :func:`kquant_match` the type.
+super-block fields it carries (a K-quant source, or llama.cpp's quantizer's output), or FP4 E2M1
+with E8M0 scales per 32 (``MXFP4``) or E4M3 scales per 16 (``NVFP4``) along ``in``
+(:func:`converter.formats.gguf.fp4.fp4_match`). :func:`check_target` is the handler's answer,
+:func:`exact_type` the type.
 """
 
 from __future__ import annotations
 
 from converter.formats.gguf.blocks import CODECS, KQuantCodec
+from converter.formats.gguf.fp4 import fp4_match
 from converter.formats.gguf.schemes import DENSE_TYPES, REQUANT_OPTIONS, kquant_type_for
 from converter.formats.registry import NO_OPTIONS, TargetOptions
 from converter.groups import Granularity
@@ -17,7 +20,7 @@ from converter.layout import EXPERT, IN, OUT
 from converter.scheme import ZeroPoint
 from converter.tensor import TensorSpec, opaque_reason
 
-__all__ = ["check_target", "legacy_match", "kquant_match"]
+__all__ = ["check_target", "legacy_match", "kquant_match", "exact_type"]
 
 
 def kquant_match(spec: TensorSpec) -> str | None:
@@ -41,7 +44,8 @@ def _k_quant_note(spec: TensorSpec) -> str | None:
 
 
 def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
-    """``(type_name, None)`` when the spec is a legacy ggml type exactly, else ``(None, reason)``."""
+    """``(type_name, None)`` when the spec is a legacy ggml type (or, E2M1, MXFP4 / NVFP4) exactly, else
+    ``(None, reason)``."""
     s, gm = spec.scheme, spec.group_map
     if s is None or gm is None or spec.axes is None:
         return None, "tensor has no supported quantization scheme (" + "; ".join(spec.notes) + ")"
@@ -51,7 +55,11 @@ def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
                       "fields): d*sc is generally not one fp16 block scale; requantize to a legacy type, or "
                       "pass --quant-type")
     if s.codebook is not None:
-        return None, "codebook schemes (NF4/FP4/E2M1) have no GGUF legacy block type"
+        fp4, why = fp4_match(spec)
+        if fp4 is not None:
+            return fp4, None
+        return None, why or ("codebook schemes other than E2M1 (NF4, bitsandbytes FP4, FP8 elements) have no "
+                             "GGUF block type")
     # per-tensor, per-output-channel or groups of 32k along in: each 32-block repeats its scale
     # (converter.quant.recode.as_groups), an exact re-expression
     regroupable = (gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT)
@@ -83,11 +91,18 @@ def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
                   f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
 
 
+def exact_type(spec: TensorSpec) -> str | None:
+    """The ggml type a quantized ``spec`` is written as without requantizing (K-quant, FP4 or legacy), or None."""
+    return kquant_match(spec) or legacy_match(spec)[0]
+
+
 def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str | None:
     """None if ``spec`` can be written to GGUF without requantizing, else the reason.
 
     Dense tensors: F32/F16/BF16/F64/I8..I64 pass through. Quantized: exactly a legacy type (group
-    32 along ``in``), or a K-quant type (:func:`kquant_match`: written from its super-block fields).
+    32 along ``in``), a K-quant type (:func:`kquant_match`: written from its super-block fields), or
+    MXFP4 / NVFP4 (codes and scale bytes relaid; an NVFP4 global scale must be an exact multiplier,
+    checked at write time).
     Legacy types: F16 scales are exact; F32/BF16 scales are cast to fp16 and every value is checked
     at write time (NotRepresentableError when a cast would round).
     """
