@@ -117,8 +117,8 @@ def reference(run, name: str, bf16: Path, dtype: str, source: Path | None, decod
             "dest": str(run.work / f"ref-fp4-{name}-{dtype}"), "reference_npz": str(npz), "prompts": C.FP8_PROMPTS,
             "france_index": 0, "greedy_tokens": C.FP8_GREEDY_TOKENS, "pad_id": 2}
     r = run.worker("fp4_reference", spec, C.slug(f"fp4-reference-{name}-{dtype}"), run.args.timeout)
-    if not r.get("ok"):
-        raise SystemExit(f"fp4 reference of {name} ({dtype}) failed: {r}")
+    if not r.get("ok"):  # every row that needs it fails, naming this (the run goes on)
+        return r
     meta_p.write_text(json.dumps(r, indent=1))
     return dict(r, npz=str(npz))
 
@@ -131,7 +131,7 @@ def _sources(run) -> list[tuple[str, dict | None]]:
 
 def run_fp4(run, log, selected, summary) -> list[dict]:
     rows = []
-    bf16 = Path(run.args.fp4_bf16)
+    bf16 = Path(run.args.fp4_bf16).resolve()  # the workers run in the work folder
     have_llama = None
     for name, info in _sources(run):
         all_cases = C.fp4_cases() if info else C.fp4_quantize_cases()
@@ -141,7 +141,7 @@ def run_fp4(run, log, selected, summary) -> list[dict]:
                  and (info is None or info["kind"] in c.get("kinds", [info["kind"]]))]
         if not cases:
             continue
-        sample = Path(run.args.samples) / name if info else bf16
+        sample = Path(run.args.samples).resolve() / name if info else bf16
         missing = [p for p in (sample, bf16) if not (p / "model.safetensors").exists()]
         if missing:
             rows.append({"group": "fp4", "id": f"{name}: all", "source": name, "loader": None, "verdict": "SKIP",
@@ -178,6 +178,12 @@ def run_fp4(run, log, selected, summary) -> list[dict]:
                 if dtype not in refs:
                     refs[dtype] = reference(run, name, bf16, dtype, sample if info else None, decoded)
                 ref = refs[dtype]
+                if not ref.get("ok"):
+                    row.update(verdict="FAIL", reason=f"the {dtype} reference failed: {ref.get('stage')}: "
+                                                      f"{ref.get('error')}", result=None)
+                    log(f"    -> FAIL {row['reason']}")
+                    rows.append(row)
+                    continue
                 spec = {"reference_npz": ref["npz"], "prompts": ref["prompts"], "france_index": 0,
                         "paris_id": ref["paris_ids"][0], "greedy_tokens": C.FP8_GREEDY_TOKENS,
                         "reference_greedy_ids": ref["greedy_ids"], "tokenizer": False, "pad_id": 2,
