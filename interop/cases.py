@@ -12,6 +12,11 @@ Group "fp8": the real FP8 checkpoints that load as a model (FP8_SOURCES, one ent
 1-layer SmolLM2 with a 256-token vocabulary and no tokenizer, so prompts are token ids), converted
 by qckpt and loaded whole by the target's real loader; compared with transformers running the
 source's own decode (the producing tool's reference_dequant.safetensors) in float32.
+
+Group "fp4": the real FP4 samples (FP4_SOURCES; the compressed-tensors model-free subsets completed
+into a loadable model by fp4_group.complete) and their bf16 source (FP4_BF16, for `quantize --fp4`),
+converted by qckpt and loaded whole by the target's real loader; compared with transformers running
+the producing tool's decode, in the dtype the row loads in (fp4_group, worker_fp4).
 """
 
 from __future__ import annotations
