@@ -98,8 +98,9 @@ def test_convert_json(sample, target, tmp_path):
     r = CliRunner().invoke(main, ["convert", str(SAMPLES / sample), str(dst), "--to", target, "--json"])
     if EXPECTED[(sample, target)] == REFUSE:
         assert r.exit_code == 3, r.output
-        lines = [ln for ln in r.output.splitlines() if ln.strip()]
-        assert len(lines) == 1 and lines[0].startswith("qckpt: error: ") and REASONS[(sample, target)] in lines[0]
+        err = json.loads(r.output)  # under --json a refusal is one JSON error object (schemas/error.schema.json)
+        validate_document(err, "error")
+        assert err["exit_code"] == 3 and REASONS[(sample, target)] in " ".join(str(v) for v in err.values())
         assert "Traceback" not in r.output and list(tmp_path.iterdir()) == []
         return
     assert r.exit_code == 0, r.output
