@@ -127,3 +127,17 @@ def test_compare_sees_a_changed_global_scale():
     row = compare_tensors(a, b)
     assert row["mode"] == "changed" and not row["bit_exact"] and row["max_abs_diff"] == 2.0
     assert compare_tensors(a, _nvfp4([[2, 2]], [[1.0]], 4.0, "multiplier"))["mode"] == "exact"
+
+
+def test_many_subnormal_nvfp4_scales_under_a_global_scale_warn():
+    """Subnormal E4M3 group scales are routine without a global scale (mx.quantize nvfp4: info), but a
+    global scale stretches them into E4M3's normal range (0 subnormal in the real ModelOpt and
+    compressed-tensors samples), so half of them subnormal there is a warning (review)."""
+    from converter.validate.data_checks import check_scales
+
+    sub = float(2 ** -9)  # E4M3's smallest subnormal
+    scales = [[sub], [1.0]]
+    for g, direction, severity in ((None, None, "info"), (2.0, "multiplier", "warning")):
+        t = _nvfp4([[2, 2], [2, 2]], scales, g, direction)
+        f = [x for x in check_scales(t, negative_ok=False) if x.code == "scale-subnormal"]
+        assert len(f) == 1 and f[0].severity == severity and f[0].evidence["count"] == 1

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.codebooks import FloatElement, element_of
+from converter.codebooks import E2M1_VALUES, FloatElement, element_of
 from converter.groups import Granularity
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.validate.findings import Finding, finding
@@ -247,6 +247,20 @@ def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
             "unsaturated_fraction": round(u / (n - z), 4) if n > z else 0.0, "first_unsaturated": _listed(unsat)}
 
 
+def _only_e2m1_values(t: QuantizedTensor, el: FloatElement, rows: int = 4096) -> bool:
+    """Whether every code of a 1-byte float-element tensor decodes to an E2M1 value (+-0, 0.5, 1, 1.5,
+    2, 3, 4, 6): code counts taken in row blocks, so no temporary of the tensor's size."""
+    codes = np.asarray(t.codes)
+    if codes.dtype.itemsize != 1 or len(el.values) != 256:
+        return False
+    counts = np.zeros(256, dtype=np.int64)
+    flat = codes.reshape(codes.shape[0], -1) if codes.ndim else codes.reshape(1, 1)
+    for i in range(0, flat.shape[0], rows):
+        counts += np.bincount(flat[i:i + rows].view(np.uint8).ravel(), minlength=256)
+    e2m1 = np.isin(np.abs(np.asarray(el.values, np.float64)), np.abs(np.asarray(E2M1_VALUES, np.float64)))
+    return bool(counts.any() and not counts[~e2m1].any())
+
+
 def check_unsaturated(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any] | None]:
     """``unsaturated`` for groups whose largest |code value| stays below :func:`saturation_bound`."""
     stats = block_saturation(t)
@@ -255,6 +269,11 @@ def check_unsaturated(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any]
     el = float_element(t)
     gm = t.group_map
     u, n, z, frac = stats["unsaturated"], stats["groups"], stats["all_zero"], stats["unsaturated_fraction"]
+    if el.name != "e2m1" and _only_e2m1_values(t, el):
+        # qckpt's lossless FP4 -> FP8 widening (quant/widen.py): E2M1 values (|v| <= 6) held as E4M3 codes
+        return [finding("unsaturated", t.name, f"every code is an E2M1 value (|v| <= 6) held as {el.name.upper()}: "
+                        f"a lossless FP4 -> FP8 widening, whose groups reach 6, not {stats['bound']:g}",
+                        severity="info", **stats, element=el.name, scale_dtype=t.scheme.scale_dtype)], stats
     if gm.granularity is Granularity.TENSOR:
         sev = "info"
         why = "a scale shared with other tensors (fused q/k/v or gate/up) or a static calibrated scale"

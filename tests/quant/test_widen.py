@@ -149,3 +149,24 @@ def test_experts_and_partial_final_group(axes, shape):
         q = int(codes[idx])
         v = math.ldexp(HAND[q & 7][0], int(k[idx[:-1] + (idx[-1] // 32,)])) * (-1 if q & 8 else 1)
         assert got[idx] == np.float32(v)
+
+
+def test_widened_output_validates_clean_under_strict(tmp_path):
+    """Regression (review): `validate --strict` failed qckpt's own lossless MXFP4 -> FP8 output with
+    'unsaturated' warnings (widened codes are E2M1 values, |v| <= 6, never the E4M3 bound 224); now an
+    info finding naming the widening, and exit 0."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from converter.validate import validate
+    from tests.conftest import SAMPLES
+
+    for to in ("compressed-tensors", "mlx"):
+        dst = tmp_path / to
+        r = CliRunner().invoke(main, ["convert", str(SAMPLES / "ct_mxfp4_smollm2"), str(dst), "--to", to, "--fp8",
+                                      "e4m3", "--block", "1x32"])
+        assert r.exit_code == 0, r.output
+        rep = validate(dst, strict=True)
+        assert rep.exit_code == 0, [(f.code, f.message) for f in rep.findings if f.severity != "info"]
+        notes = [f for f in rep.findings if f.code == "unsaturated"]
+        assert len(notes) == 4 and all(f.severity == "info" and "E2M1 value" in f.message for f in notes)
