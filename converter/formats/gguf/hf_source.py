@@ -30,15 +30,22 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     ``LlamaModel.set_gguf_parameters`` adds ``{arch}.vocab_size``, gguf-py ``constants.py``
     ``Keys.LLM.VOCAB_SIZE``): ``{arch}.rope.freq_base`` from ``rope_theta`` or
     ``rope_parameters.rope_theta``; ``{arch}.vocab_size`` from ``vocab_size`` (without it, and without
-    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding).
+    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding); the MoE keys
+    ``{arch}.expert_count`` / ``expert_used_count`` (``num_local_experts`` / ``num_experts_per_tok``),
+    ``attention.key_length`` / ``value_length`` (``head_dim``) and ``attention.sliding_window`` when the config
+    has them, and gpt-oss's ``expert_feed_forward_length`` (``GptOssModel.set_gguf_parameters``).
     """
     pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
              "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
              "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
              "attention.layer_norm_rms_epsilon": "rms_norm_eps", "attention.layer_norm_epsilon": "layer_norm_eps",
-             "vocab_size": "vocab_size"}
+             "vocab_size": "vocab_size", "expert_count": "num_local_experts",
+             "expert_used_count": "num_experts_per_tok", "attention.key_length": "head_dim",
+             "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
     values["rope.freq_base"] = rope_theta(config)
+    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: add_expert_feed_forward_length(intermediate_size)
+        values["expert_feed_forward_length"] = config.get("intermediate_size")
     out = {}
     for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
