@@ -152,3 +152,42 @@ def test_stacked_split_then_fuse_is_identity():
         a, b = src[n], back[n]
         assert np.array_equal(a.codes, b.codes) and a.scales.tobytes() == b.scales.tobytes()
     assert back.metadata["fused"].keys() == src.metadata["fused"].keys()
+
+
+def test_mlx_switch_glu_mxfp4_and_back(tmp_path):
+    """mlx-lm ``gpt_oss`` ``Model.sanitize`` makes ``gate_proj.weight`` = ``gate_up_proj_blocks[..., ::2, :]``
+    viewed as uint32 with the last two axes flattened: so the MLX words are the gpt-oss bytes of rows 0::2."""
+    rep = convert_exact(FIXTURE, tmp_path / "mlx", "mlx")
+    assert all(r["bit_exact"] for r in rep["tensors"])
+    mlx = raw_tensors(tmp_path / "mlx")
+    cfg = json.loads((tmp_path / "mlx" / "config.json").read_text())
+    assert cfg["quantization"] == {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    for L in (0, 1):
+        p = f"model.layers.{L}.mlp.experts"
+        gu_b, gu_s = u8(f"{p}.gate_up_proj_blocks"), u8(f"{p}.gate_up_proj_scales")
+        dn_b, dn_s = u8(f"{p}.down_proj_blocks"), u8(f"{p}.down_proj_scales")
+        for proj, (b, s) in {"gate_proj": (gu_b[:, 0::2], gu_s[:, 0::2]), "up_proj": (gu_b[:, 1::2], gu_s[:, 1::2]),
+                             "down_proj": (dn_b, dn_s)}.items():
+            e, o, g, _ = b.shape
+            assert mlx[f"{p}.{proj}.weight"] == ("U32", (e, o, g * 4), np.ascontiguousarray(b).tobytes())
+            assert mlx[f"{p}.{proj}.scales"] == ("U8", (e, o, g), np.ascontiguousarray(s).tobytes())
+        bias = SRC[f"{p}.gate_up_proj_bias"]
+        b = np.frombuffer(bias[2], np.uint16).reshape(bias[1])
+        assert mlx[f"{p}.gate_proj.bias"][2] == b[:, 0::2].tobytes()
+        assert mlx[f"{p}.up_proj.bias"][2] == b[:, 1::2].tobytes()
+        assert mlx[f"{p}.down_proj.bias"][2] == SRC[f"{p}.down_proj_bias"][2]
+    rep = convert_exact(tmp_path / "mlx", tmp_path / "back", "gpt-oss")
+    assert all(r["bit_exact"] for r in rep["tensors"])
+    back = raw_tensors(tmp_path / "back")
+    for k, v in SRC.items():
+        if "experts" in k:
+            assert back[k] == v, k
+
+
+def test_mlx_interop_figures_recorded():
+    """interop/gpt_oss_mlx.py (mlx 0.32.4, mlx-lm 0.32.2 vs transformers 5.24): mlx's own dequantize of the
+    written experts equals transformers' decode; float32 logits agree."""
+    doc = json.loads((DATA / "interop.json").read_text())["mlx_lm"]
+    assert doc["expert_modules"] == ["QuantizedSwitchLinear:mxfp4"]
+    assert doc["max_abs_mx_dequantize_minus_convert_moe_packed_tensors"] == 0.0
+    assert doc["f32"]["argmax_agreement"] == 1.0 and doc["f32"]["max_abs_logit_diff_mlx_lm_vs_transformers"] < 1e-2
