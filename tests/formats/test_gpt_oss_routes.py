@@ -191,3 +191,13 @@ def test_mlx_interop_figures_recorded():
     assert doc["expert_modules"] == ["QuantizedSwitchLinear:mxfp4"]
     assert doc["max_abs_mx_dequantize_minus_convert_moe_packed_tensors"] == 0.0
     assert doc["f32"]["argmax_agreement"] == 1.0 and doc["f32"]["max_abs_logit_diff_mlx_lm_vs_transformers"] < 1e-2
+
+
+def test_gguf_yarn_rope_keys(to_gguf):
+    """The fixture's ``rope_parameters`` (gpt-oss's YaRN: factor 32, original 4096, beta_fast 32, beta_slow 1) as
+    ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` writes them."""
+    r, _ = gguf_tensors(to_gguf[0])
+    got = {k: r.fields[k].contents() for k in r.fields if k.startswith("gpt-oss.rope.")}
+    assert got == {"gpt-oss.rope.freq_base": 150000.0, "gpt-oss.rope.scaling.type": "yarn",
+                   "gpt-oss.rope.scaling.factor": 32.0, "gpt-oss.rope.scaling.original_context_length": 4096,
+                   "gpt-oss.rope.scaling.yarn_beta_fast": 32.0, "gpt-oss.rope.scaling.yarn_beta_slow": 1.0}

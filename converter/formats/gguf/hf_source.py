@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
 
-__all__ = ["config_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
+__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -50,6 +50,30 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
+    out.update(yarn_kv(config, arch))
+    return out
+
+
+#: ``rope_parameters`` field -> GGUF ``{arch}.rope.scaling.*`` key of a YaRN RoPE, with its type.
+_YARN = (("factor", "factor", float), ("original_max_position_embeddings", "original_context_length", int),
+         ("extrapolation_factor", "yarn_ext_factor", float), ("attention_factor", "yarn_attn_factor", float),
+         ("beta_fast", "yarn_beta_fast", float), ("beta_slow", "yarn_beta_slow", float))
+
+
+def yarn_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The YaRN RoPE keys ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` writes when
+    ``rope_parameters`` (or ``rope_scaling``) has ``rope_type: "yarn"`` and a ``factor``: ``rope.scaling.type``
+    ``"yarn"``, ``factor``, ``original_context_length`` and, when given, ``yarn_ext_factor`` /
+    ``yarn_attn_factor`` (``attention_factor``) / ``yarn_beta_fast`` / ``yarn_beta_slow`` (gpt-oss: factor 32,
+    4096, beta 32 / 1). Nothing for another RoPE."""
+    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    if not isinstance(rp, Mapping) or rp.get("rope_type", rp.get("type")) != "yarn" or rp.get("factor") is None:
+        return {}
+    out: dict[str, Any] = {f"{arch}.rope.scaling.type": "yarn"}
+    for field, key, cast in _YARN:
+        v = rp.get(field)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{arch}.rope.scaling.{key}"] = cast(v)
     return out
 
 
