@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from converter.quant.recode import as_unsigned
-from converter.runtime import drop_pages
+from converter.runtime import current, drop_pages
 from converter.tensor import QuantizedTensor, row_splittable, take_rows
 
 
@@ -74,8 +74,16 @@ def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, An
             "scale_dtype": {"source": a.scheme.scale_dtype, "target": b.scheme.scale_dtype}}
 
 
-#: Elements per block when a quantized source is compared with its float output (float32: 64 MiB a side).
+#: Elements per block at most when a quantized source is compared with its float output (float32: 64 MiB a side);
+#: fewer under a smaller memory budget (:func:`_block_elements`).
 DENSE_BLOCK = 1 << 24
+
+
+def _block_elements() -> int:
+    """Elements per compared block: the per-worker budget over the ~16 bytes an element costs (two float32
+    sides, their difference and its absolute value), at most :data:`DENSE_BLOCK`."""
+    opts = current()
+    return max(1 << 12, min(DENSE_BLOCK, opts.memory // max(1, opts.n_workers) // 16))
 
 
 def _dense_values(a: QuantizedTensor, db: np.ndarray, perm: "list[int] | None") -> tuple[bool, "float | None"]:
@@ -90,7 +98,7 @@ def _dense_values(a: QuantizedTensor, db: np.ndarray, perm: "list[int] | None") 
     rows = int(a.shape[0]) if a.shape else 1
     per_row = max(1, int(db.size) // max(rows, 1))
     blocked = row_splittable(a) and (perm is None or perm[0] == 0)
-    step = max(1, DENSE_BLOCK // per_row) if blocked else rows
+    step = max(1, _block_elements() // per_row) if blocked else rows
     same, diff = True, 0.0
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -173,8 +181,11 @@ def _same_layout(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 def _same_parameters(a: QuantizedTensor, b: QuantizedTensor) -> bool:
     """Same scheme, group map, global scale and zero points (as float32): everything else dequantize
-    reads."""
-    if a.scheme.replace(scale_dtype="F32") != b.scheme.replace(scale_dtype="F32") or not _same_layout(a, b):
+    reads (the scheme's ``rounding``, how a quantizer rounds, is not read by dequantize: GGUF says
+    ``half_away``, gpt-oss ``half_even`` for the same MXFP4 bytes)."""
+    def read(s):
+        return s.replace(scale_dtype="F32", rounding="half_even")
+    if read(a.scheme) != read(b.scheme) or not _same_layout(a, b):
         return False
     if (a.global_scale is None) != (b.global_scale is None) or (
             a.global_scale is not None and not bytes_equal(np.asarray(a.global_scale, np.float32).reshape(-1),

@@ -104,3 +104,25 @@ def test_exact_repack_proof_does_not_dequantize(stack, monkeypatch):
     monkeypatch.setattr(QuantizedTensor, "dequantize", refuse)
     row = compare.compare_tensors(a, b)
     assert row["mode"] == "exact" and row["bit_exact"]
+
+
+def test_gguf_repack_proof_does_not_dequantize(stack, tmp_path, monkeypatch):
+    """GGUF reads MXFP4 with rounding ``half_away``, gpt-oss with ``half_even``: a quantizer's rounding is not a
+    parameter of the decode, so identical bytes still prove identical values without a float32 copy."""
+    from converter.formats.registry import get
+    from converter.ops import compare
+    from converter.ops.convert import convert_exact
+    from converter.tensor import QuantizedTensor
+    src, name, _ = stack
+    convert_exact(src, tmp_path / "o.gguf", "gguf")
+    a = get("gguf").arrange(load(src))
+    out = load(tmp_path / "o.gguf", format="gguf")
+    pairs = [(a[n], out[n]) for n in a.quantized_names()]
+    assert {x.scheme.rounding for x, _ in pairs} != {y.scheme.rounding for _, y in pairs}
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("dequantized")
+    monkeypatch.setattr(QuantizedTensor, "dequantize", refuse)
+    for x, y in pairs:
+        row = compare.compare_tensors(x, y)
+        assert row["mode"] == "exact" and row["bit_exact"], row
