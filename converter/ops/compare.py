@@ -19,7 +19,7 @@ import numpy as np
 
 from converter.quant.recode import as_unsigned
 from converter.runtime import current, drop_pages
-from converter.tensor import QuantizedTensor, row_splittable, take_rows
+from converter.tensor import QuantizedTensor, row_splittable, source_arrays, take_rows
 
 
 def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, Any]:
@@ -110,6 +110,8 @@ def _dense_values(a: QuantizedTensor, db: np.ndarray, perm: "list[int] | None") 
         same = same and bool(np.array_equal(da, dbb))
         diff = max(diff, float(np.max(np.abs(da - dbb))))
         del da, dbb
+        if step < rows:  # the mapped pages of the blocks done (both files) leave the resident set
+            drop_pages(db, *source_arrays(a))
     return same, diff
 
 
