@@ -116,6 +116,21 @@ def test_gguf_back_to_gpt_oss_is_the_source_bytes(to_gguf, tmp_path):
             assert back[k] == (dtype, shape, data), k
     cfg = json.loads((tmp_path / "back" / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "mxfp4"
+    # config.json rebuilt from the GGUF keys: every field the fixture sets away from GptOssConfig's defaults
+    src = json.loads((FIXTURE / "config.json").read_text())
+    for k in ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok",
+              "sliding_window", "layer_types", "max_position_embeddings", "rms_norm_eps", "vocab_size",
+              "attention_bias", "tie_word_embeddings", "rope_parameters"):
+        assert cfg[k] == src[k], k
+
+
+def test_gguf_round_trip_loads_in_transformers():
+    """interop/gpt_oss_gguf_roundtrip.py (transformers 5.24): gpt-oss -> GGUF -> gpt-oss loads with the source's
+    parameters and logits exactly."""
+    doc = json.loads((DATA / "interop.json").read_text())["gguf_round_trip"]
+    assert doc["same_parameter_names"] and doc["max_abs_parameter_diff"] == 0.0
+    assert doc["max_abs_logit_diff_round_trip_vs_source"] == 0.0
 
 
 def test_compressed_tensors_per_expert_linears_and_back(tmp_path):
