@@ -212,13 +212,21 @@ Tensor = Union[QuantizedTensor, DenseTensor]
 
 def row_splittable(t: Tensor) -> bool:
     """True when :func:`take_rows` can cut ``t`` along its outermost axis without copying it whole:
-    a dense tensor with a leading axis, or a quantized ``(out, in)`` tensor whose parameters run
-    per ``out`` row (or per tensor) and whose codes are an array or packed along ``in``."""
+    a dense tensor with a leading axis, a quantized ``(out, in)`` tensor whose parameters run
+    per ``out`` row (or per tensor), or an ``(expert, out, in)`` stack whose groups run along ``in`` (or per
+    ``out`` channel), cut into whole experts; in each case with codes that are an array or packed along ``in``."""
     if isinstance(t, DenseTensor):
         return t.data.ndim >= 1
     if t.group_map.granularity is Granularity.BLOCK:  # 2-D: rows as row groups; 3-D: whole experts
         return t.double_quant is None and t.packed is None and t.axes in (("out", "in"), (EXPERT, "out", "in"))
-    if t.double_quant is not None or not t.group_map.row_local(t.axes, g_idx_ok=True):
+    if t.double_quant is not None:
+        return False
+    if t.axes == (EXPERT, "out", "in"):  # whole experts: groups along in (no g_idx) or per out channel
+        gm = t.group_map
+        if not ((gm.granularity is Granularity.GROUP and gm.axis == "in" and gm.g_idx is None)
+                or (gm.granularity is Granularity.CHANNEL and gm.axis == "out")):
+            return False
+    elif not t.group_map.row_local(t.axes, g_idx_ok=True):
         return False
     return t.packed is None or t.packed.rows(0, 0) is not None
 

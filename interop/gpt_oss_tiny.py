@@ -101,7 +101,10 @@ def main() -> int:
     print(json.dumps(out, indent=1))
     if args.write_reference:
         save_file(ref, str(FIXTURE.parent / "reference_transformers.safetensors"), {"format": "pt"})
-        (FIXTURE.parent / "interop.json").write_text(json.dumps(out, indent=1) + "\n")
+        path = FIXTURE.parent / "interop.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        keep = {k: v for k, v in old.items() if k in ("mlx_lm", "gguf_round_trip")}  # the other scripts' sections
+        path.write_text(json.dumps({**out, **keep}, indent=1) + "\n")
     ok = loaded_vs_ours == 0 and ref_vs_ours == 0 and out["max_abs_logit_diff_mxfp4_vs_bf16"] == 0 \
         and out["max_abs_logit_diff_mxfp4_vs_qckpt_plain_export"] == 0
     return 0 if ok else 1

@@ -44,12 +44,18 @@ def detect_plain(src: Source) -> Detection | None:
 
 
 def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
-    """A quantized tensor dequantized and stored with its axes in ``axes`` order (whole tensor)."""
+    """A quantized tensor dequantized and stored with its axes in ``axes`` order.
+
+    When the outermost axis stays first (gpt-oss experts ``(expert, out, in)`` -> ``[expert, in, out]``) each
+    block of leading rows is one contiguous run of the output, so the plan is row-splittable: the writer
+    dequantizes and transposes a few experts at a time under the memory budget (a gpt-oss-120b expert stack
+    is ~8.5 GB in float32, one expert ~66 MB). Otherwise the tensor is worked on whole."""
     perm = [spec.axes.index(a) for a in axes]
     np_dt = float_dtype(dtype)
-    return TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape[i] for i in perm))],
+    plan = TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape[i] for i in perm))],
                       lambda t: {spec.name: np.ascontiguousarray(np.transpose(t.dequantize(np_dt), perm))},
                       [f"dequantized to {dtype}, stored as ({', '.join(axes)}): the model's float parameter order"])
+    return rows_plan(plan, values=True) if perm[0] == 0 else plan
 
 
 def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:

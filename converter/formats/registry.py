@@ -164,6 +164,11 @@ class FormatHandler:
         The tensors the format requires beside a quantized probe tensor to write it (ModelOpt FP8:
         the static ``<module>.input_scale`` of a per-tensor W8A8 layer); used by ``--self-test``
         probes (:func:`converter.validate.probes.probe_tensors`). None: the tensor alone.
+    arrange : callable(Checkpoint) -> Checkpoint, optional
+        The source's tensors in the arrangement this format's loaders want, before anything is planned
+        (gpt-oss fused experts split into stacked gate / up for GGUF and MLX, into per-expert Linear
+        weights for compressed-tensors, and fused back for gpt-oss); exact (whole rows move), returning the
+        checkpoint unchanged when it has nothing to rearrange. None: tensors are written as the source names them.
     """
 
     name: str
@@ -183,6 +188,7 @@ class FormatHandler:
     validation: ValidationHooks = field(default_factory=ValidationHooks)
     output: OutputKind = field(default_factory=OutputKind)
     probe_companions: Optional[Callable[[Any], list]] = None
+    arrange: Optional[Callable[[Any], Any]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

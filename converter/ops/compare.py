@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from converter.quant.recode import as_unsigned
-from converter.runtime import drop_pages
-from converter.tensor import QuantizedTensor
+from converter.runtime import current, drop_pages
+from converter.tensor import QuantizedTensor, row_splittable, source_arrays, take_rows
 
 
 def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, Any]:
@@ -42,12 +42,8 @@ def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, An
             row["reshaped"] = [list(a.data.shape), list(b.data.shape)]
         return row
     if b is not None and not isinstance(b, QuantizedTensor):  # a float target: values, not codes
-        da = a.dequantize()
-        if dense_axes and sorted(dense_axes) == sorted(a.axes):
-            da = np.ascontiguousarray(np.transpose(da, [a.axes.index(x) for x in dense_axes]))
-        db = np.asarray(b.data).astype(np.float32)
-        same = da.shape == db.shape and bool(np.array_equal(da, db))
-        diff = float(np.max(np.abs(da - db))) if same or da.shape == db.shape and da.size else None
+        perm = [a.axes.index(x) for x in dense_axes] if dense_axes and sorted(dense_axes) == sorted(a.axes) else None
+        same, diff = _dense_values(a, np.asarray(b.data), perm)
         row = {"name": a.name, "kind": "quantized", "mode": "dequantized" if same else "changed",
                "codes_identical": False, "scales_identical": False, "max_abs_diff": diff, "bit_exact": same}
         if dense_axes:
@@ -71,11 +67,52 @@ def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, An
     # identical codes are a rounding only when the values agree to a rounding of a parameter (a
     # scale dtype narrowed, per-channel scales repeated over groups: float32 products); another
     # global scale, or other block extents over the same scale grid, move whole values
-    rounding = codes_same and diff <= ROUNDING_REL * _max_abs(a)
+    rounding = codes_same and not exact and diff <= ROUNDING_REL * _max_abs(a)  # exact: no max |value| needed
     mode = "exact" if exact and codes_same else ("exact_up_to_rounding" if rounding else "changed")
     return {"name": a.name, "kind": "quantized", "mode": mode, "codes_identical": codes_same,
             "scales_identical": scales_same, "max_abs_diff": diff, "bit_exact": exact,
             "scale_dtype": {"source": a.scheme.scale_dtype, "target": b.scheme.scale_dtype}}
+
+
+#: Elements per block at most when a quantized source is compared with its float output (float32: 64 MiB a side);
+#: fewer under a smaller memory budget (:func:`_block_elements`).
+DENSE_BLOCK = 1 << 24
+
+
+def _block_elements() -> int:
+    """Elements per compared block: the per-worker budget over the ~16 bytes an element costs (two float32
+    sides, their difference and its absolute value), at most :data:`DENSE_BLOCK`."""
+    opts = current()
+    return max(1 << 12, min(DENSE_BLOCK, opts.memory // max(1, opts.n_workers) // 16))
+
+
+def _dense_values(a: QuantizedTensor, db: np.ndarray, perm: "list[int] | None") -> tuple[bool, "float | None"]:
+    """(bit-identical, max |difference|) of ``a`` dequantized (axes permuted by ``perm``) against the float
+    array ``db``, in blocks of whole leading rows when the permutation keeps the leading axis (a gpt-oss expert
+    stack: a few experts at a time), else whole. ``None`` difference: the shapes differ."""
+    shape = tuple(a.shape[i] for i in perm) if perm is not None else tuple(a.shape)
+    if shape != tuple(db.shape):
+        return False, None
+    if not db.size:
+        return True, 0.0
+    rows = int(a.shape[0]) if a.shape else 1
+    per_row = max(1, int(db.size) // max(rows, 1))
+    blocked = row_splittable(a) and (perm is None or perm[0] == 0)
+    step = max(1, _block_elements() // per_row) if blocked else rows
+    same, diff = True, 0.0
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        part = a if step >= rows else take_rows(a, r0, r1)
+        da = part.dequantize()
+        if perm is not None:
+            da = np.transpose(da, perm)
+        dbb = (db if step >= rows else db[r0:r1]).astype(np.float32)
+        same = same and bool(np.array_equal(da, dbb))
+        diff = max(diff, float(np.max(np.abs(da - dbb))))
+        del da, dbb
+        if step < rows:  # the mapped pages of the blocks done (both files) leave the resident set
+            drop_pages(db, *source_arrays(a))
+    return same, diff
 
 
 #: The largest difference, relative to max |value|, that a changed group layout may show and still count as
@@ -146,8 +183,11 @@ def _same_layout(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 def _same_parameters(a: QuantizedTensor, b: QuantizedTensor) -> bool:
     """Same scheme, group map, global scale and zero points (as float32): everything else dequantize
-    reads."""
-    if a.scheme.replace(scale_dtype="F32") != b.scheme.replace(scale_dtype="F32") or not _same_layout(a, b):
+    reads (the scheme's ``rounding``, how a quantizer rounds, is not read by dequantize: GGUF says
+    ``half_away``, gpt-oss ``half_even`` for the same MXFP4 bytes)."""
+    def read(s):
+        return s.replace(scale_dtype="F32", rounding="half_even")
+    if read(a.scheme) != read(b.scheme) or not _same_layout(a, b):
         return False
     if (a.global_scale is None) != (b.global_scale is None) or (
             a.global_scale is not None and not bytes_equal(np.asarray(a.global_scale, np.float32).reshape(-1),

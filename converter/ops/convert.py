@@ -206,6 +206,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     check_not_inside(src, dst)
     ckpt = registry.load(src)
     handler = registry.check_writable(to)
+    if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
+        ckpt = handler.arrange(ckpt)
     # the target's module policy: what its loaders keep dense is written dense (exact dequantization)
     view, modules = apply_module_policy(ckpt, handler)
     dequantized = [m for m in modules if m["decision"] == "dequantized"]

@@ -228,6 +228,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     source = registry.load(src)
     to = to or source.format
     handler = registry.check_writable(to)
+    if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
+        source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
     ckpt, modules = apply_module_policy(source, handler)
     if target.symmetric is None:  # what the format makes of a float-bias source (GGUF Q4_1, MLX)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from converter.formats.modules import hf_linear_policy
 from converter.formats.registry import FormatHandler, ValidationHooks, register
+from converter.formats.gpt_oss import arrange as gpt_oss_arrange
 from converter.formats.compressed_tensors.config import parse_config  # noqa: F401
 from converter.formats.compressed_tensors.reader import detect_ct, e8m0_rule_evidence, read_ct
 from converter.formats.compressed_tensors.writer import CTTargetOptions, check_target, write_ct
@@ -23,5 +24,7 @@ HANDLER = register(FormatHandler("compressed-tensors",
                                  target_options=CTTargetOptions,
                                  keep_dense=hf_linear_policy("compressed-tensors", quantized_head=True),
                                  partial_groups=False,
+                                 # llm-compressor's per-expert Linear modules (LinearExperts) for gpt-oss experts
+                                 arrange=gpt_oss_arrange.for_linear,
                                  float_bias="symmetric",
                                  validation=ValidationHooks(e8m0_rule=e8m0_rule_evidence)))

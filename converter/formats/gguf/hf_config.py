@@ -57,6 +57,7 @@ __all__ = ["hf_config_from_gguf", "ARCHITECTURES", "f32_decimal"]
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
 """``general.architecture`` -> (``model_type``, ``architectures[0]``)."""
 
@@ -179,6 +180,21 @@ def _rope(kv: Mapping[str, Any], arch: str, types: Mapping[str, Any], names: set
                            expected="none, linear or yarn", found=kind)
 
 
+def _gpt_oss(kv: Mapping[str, Any], a: str, layers: int) -> dict[str, Any]:
+    """``GptOssConfig`` fields from a llama.cpp ``gpt-oss`` GGUF (``convert_hf_to_gguf.py`` ``GptOssModel``):
+    ``intermediate_size`` is the expert FFN size (``expert_feed_forward_length``), the experts from
+    ``expert_count`` / ``expert_used_count``, the sliding window from ``attention.sliding_window``; llama.cpp's
+    gpt-oss alternates sliding and full attention from layer 0 (``set_swa_pattern(2)``), transformers' default
+    ``layer_types``; q/k/v/o carry biases (``attention_bias``). transformers' gpt-oss YaRN is not truncated
+    (``convert_gpt_oss_weights_to_hf.py`` writes ``"truncate": false``), which the GGUF keys do not say."""
+    fields = {"intermediate_size": a + "expert_feed_forward_length", "num_local_experts": a + "expert_count",
+              "num_experts_per_tok": a + "expert_used_count", "sliding_window": a + "attention.sliding_window"}
+    out: dict[str, Any] = {k: _int(kv, key) for k, key in fields.items()}
+    out["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    out["attention_bias"] = True
+    return out
+
+
 def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
                         kv_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``config.json`` (dict) of a GGUF model (see the module table).
@@ -216,7 +232,7 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
                                kind=ErrorKind.CONFIG_MISMATCH)
     model_type, cls = ARCHITECTURES[arch]
     a = f"{arch}."
-    if kv.get(a + "expert_count"):
+    if kv.get(a + "expert_count") and arch != "gpt-oss":
         raise UnsupportedError(f"mixture-of-experts '{arch}' GGUF files are not mapped to a Hugging Face config",
                                field=a + "expert_count", found=kv[a + "expert_count"], kind=ErrorKind.CONFIG_MISMATCH)
     layers = _int(kv, a + "block_count")
@@ -273,7 +289,11 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
     }
     if rope["rope_type"] != "default":
         cfg["rope_scaling"] = dict(rope)
-    if arch == "llama":
+    if arch == "gpt-oss":
+        cfg.update(_gpt_oss(kv, a, layers))
+        cfg["rope_parameters"] = rope = {**rope, "truncate": False} if rope["rope_type"] == "yarn" else rope
+        cfg.pop("rope_scaling", None)
+    elif arch == "llama":
         cfg["attention_bias"] = _bias_flag(names, _ATTN, layers, "attention")
         cfg["mlp_bias"] = _bias_flag(names, _MLP, layers, "MLP")
     else:  # qwen2: q/k/v biases are built in (Qwen2Attention bias=True), o_proj and the MLP have none

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
 
-__all__ = ["config_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
+__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -30,19 +30,50 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     ``LlamaModel.set_gguf_parameters`` adds ``{arch}.vocab_size``, gguf-py ``constants.py``
     ``Keys.LLM.VOCAB_SIZE``): ``{arch}.rope.freq_base`` from ``rope_theta`` or
     ``rope_parameters.rope_theta``; ``{arch}.vocab_size`` from ``vocab_size`` (without it, and without
-    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding).
+    ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding); the MoE keys
+    ``{arch}.expert_count`` / ``expert_used_count`` (``num_local_experts`` / ``num_experts_per_tok``),
+    ``attention.key_length`` / ``value_length`` (``head_dim``) and ``attention.sliding_window`` when the config
+    has them, and gpt-oss's ``expert_feed_forward_length`` (``GptOssModel.set_gguf_parameters``).
     """
     pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
              "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
              "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
              "attention.layer_norm_rms_epsilon": "rms_norm_eps", "attention.layer_norm_epsilon": "layer_norm_eps",
-             "vocab_size": "vocab_size"}
+             "vocab_size": "vocab_size", "expert_count": "num_local_experts",
+             "expert_used_count": "num_experts_per_tok", "attention.key_length": "head_dim",
+             "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
     values["rope.freq_base"] = rope_theta(config)
+    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: add_expert_feed_forward_length(intermediate_size)
+        values["expert_feed_forward_length"] = config.get("intermediate_size")
     out = {}
     for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
+    out.update(yarn_kv(config, arch))
+    return out
+
+
+#: ``rope_parameters`` field -> GGUF ``{arch}.rope.scaling.*`` key of a YaRN RoPE, with its type.
+_YARN = (("factor", "factor", float), ("original_max_position_embeddings", "original_context_length", int),
+         ("extrapolation_factor", "yarn_ext_factor", float), ("attention_factor", "yarn_attn_factor", float),
+         ("beta_fast", "yarn_beta_fast", float), ("beta_slow", "yarn_beta_slow", float))
+
+
+def yarn_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The YaRN RoPE keys ``convert_hf_to_gguf.py`` ``TextModel.set_gguf_parameters`` writes when
+    ``rope_parameters`` (or ``rope_scaling``) has ``rope_type: "yarn"`` and a ``factor``: ``rope.scaling.type``
+    ``"yarn"``, ``factor``, ``original_context_length`` and, when given, ``yarn_ext_factor`` /
+    ``yarn_attn_factor`` (``attention_factor``) / ``yarn_beta_fast`` / ``yarn_beta_slow`` (gpt-oss: factor 32,
+    4096, beta 32 / 1). Nothing for another RoPE."""
+    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    if not isinstance(rp, Mapping) or rp.get("rope_type", rp.get("type")) != "yarn" or rp.get("factor") is None:
+        return {}
+    out: dict[str, Any] = {f"{arch}.rope.scaling.type": "yarn"}
+    for field, key, cast in _YARN:
+        v = rp.get(field)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{arch}.rope.scaling.{key}"] = cast(v)
     return out
 
 

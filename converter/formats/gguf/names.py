@@ -55,15 +55,43 @@ _LLAMA = (
     ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
 )
 
-ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA}
+_GPT_OSS = (
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+    ("blk.{bid}.attn_norm", "model.layers.{bid}.input_layernorm"),
+    ("blk.{bid}.post_attention_norm", "model.layers.{bid}.post_attention_layernorm"),
+    ("blk.{bid}.attn_q", "model.layers.{bid}.self_attn.q_proj"),
+    ("blk.{bid}.attn_k", "model.layers.{bid}.self_attn.k_proj"),
+    ("blk.{bid}.attn_v", "model.layers.{bid}.self_attn.v_proj"),
+    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+    ("blk.{bid}.ffn_gate_inp", "model.layers.{bid}.mlp.router"),
+    ("blk.{bid}.ffn_gate_exps", "model.layers.{bid}.mlp.experts.gate_proj"),
+    ("blk.{bid}.ffn_up_exps", "model.layers.{bid}.mlp.experts.up_proj"),
+    ("blk.{bid}.ffn_down_exps", "model.layers.{bid}.mlp.experts.down_proj"),
+)
+"""llama.cpp ``gpt-oss`` (gguf-py ``MODEL_TENSORS[MODEL_ARCH.GPT_OSS]``; ``convert_hf_to_gguf.py`` ``GptOssModel``
+writes the experts split into ``<p>.experts.{gate,up,down}_proj.{weight,bias}``, the arrangement of
+:mod:`converter.formats.gpt_oss.stacked`; ``post_attention_layernorm`` is ``ATTN_POST_NORM`` for this arch)."""
+
+ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA,
+                                                       "gpt-oss": _GPT_OSS}
 """Per architecture: ``(gguf_stem, hf_stem)`` pairs; ``{bid}`` is the block index. Suffixes
 (``.weight``, ``.bias``) are carried over unchanged."""
 
 PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
 """Architectures whose converter row-permutes q/k (``LlamaModel.permute``); Qwen2 does not."""
 
-HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-"""``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama)."""
+HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2",
+                                         "gpt_oss": "gpt-oss"}
+"""``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama; gpt-oss is
+``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``)."""
+
+WHOLE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpt-oss": (("blk.{bid}.attn_sinks.weight", "model.layers.{bid}.self_attn.sinks"),),
+}
+"""Whole names mapped as they are (the Hugging Face side has no ``.weight`` suffix): gpt-oss's attention sinks,
+``GptOssModel.filter_tensors`` appends ``.weight`` to ``sinks`` before mapping it to ``ATTN_SINKS``."""
 
 
 def _compile(template: str) -> re.Pattern:
@@ -75,7 +103,21 @@ _PATTERNS: dict[str, list[tuple[re.Pattern, str, re.Pattern, str]]] = {
 }
 
 
+def _whole(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{bid\}", r"(?P<bid>\d+)") + "$")
+
+
+_WHOLE: dict[str, list[tuple[re.Pattern, str, re.Pattern, str]]] = {
+    arch: [(_whole(g), h, _whole(h), g) for g, h in table] for arch, table in WHOLE_NAMES.items()
+}
+
+
 def _map(name: str, arch: str | None, forward: bool) -> str:
+    for g_pat, h_tpl, h_pat, g_tpl in _WHOLE.get(arch or "", ()):
+        pat, tpl = (g_pat, h_tpl) if forward else (h_pat, g_tpl)
+        m = pat.match(name)
+        if m:
+            return tpl.replace("{bid}", m.group("bid"))
     for g_pat, h_tpl, h_pat, g_tpl in _PATTERNS.get(arch or "", ()):
         pat, tpl = (g_pat, h_tpl) if forward else (h_pat, g_tpl)
         m = pat.match(name)

@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 from converter.formats.base import define_format
-from converter.formats.gpt_oss import reader, writer
+from converter.formats.gpt_oss import arrange, reader, writer
 from converter.formats.gpt_oss.layout import load_expert
 
 HANDLER = define_format(
     reader.FORMAT, "gpt-oss MXFP4 experts (transformers quant_method mxfp4; openai/gpt-oss)",
     detect=reader.detect, layers=reader.layers, decode=lambda src, spec, m: load_expert(src, m),
     encode=writer.encode, config=writer.config, check_target=writer.check_target, metadata=reader.metadata,
-    dense=writer.dense, keep_dense=writer.keep_dense, partial_groups=False, float_bias="symmetric")
+    dense=writer.dense, keep_dense=writer.keep_dense, partial_groups=False, float_bias="symmetric",
+    arrange=arrange.for_gpt_oss)

@@ -16,12 +16,14 @@ Codes stay in their packed bytes and scales in their E8M0 bytes (:func:`.interle
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from dataclasses import replace
+from typing import Callable, Mapping
 
 import numpy as np
 
 from converter.errors import LayoutError, MissingTensorError
 from converter.layout import EXPERT, IN, OUT, PackedCodes
+from converter.spec import TensorSpec
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, Tensor
 from converter.formats.gpt_oss.interleave import GATE_UP, fuse, fuse_rows, split, split_rows
 from converter.formats.gpt_oss.layout import AXES
@@ -63,31 +65,70 @@ def _stack(parts: list[QuantizedTensor], name: str) -> QuantizedTensor:
                            zero_points=zp)
 
 
+def _expert_spec(spec: TensorSpec, name: str, rows: int, share: int) -> TensorSpec:
+    """The spec of one ``(out, in)`` part of an ``(expert, out, in)`` spec: ``rows`` out rows, ``1/share`` of the
+    stored bytes."""
+    stored = tuple(replace(a, name=f"{a.name}[{name}]", shape=a.shape[1:], nbytes=a.nbytes // share)
+                   for a in spec.stored)
+    return replace(spec, name=name, axes=(OUT, IN), shape=(rows, spec.shape[2]), stored=stored)
+
+
 def linear(ckpt: Checkpoint) -> Checkpoint:
-    """``ckpt`` with every fused expert tensor split into per-expert Linear weights and biases (in memory)."""
+    """``ckpt`` with every fused expert tensor split into per-expert Linear weights and biases.
+
+    Lazy: the specs come from the source's specs; a part is cut from its source tensor when asked for (the
+    last source tensor decoded is kept, so the experts of one stack decode it once)."""
     fused = dict((ckpt.metadata or {}).get("fused") or {})
-    out: list[Tensor] = []
-    for name, t in ckpt.items():
+    specs: dict[str, TensorSpec] = {}
+    make: dict[str, Callable[[Callable[[str], Tensor]], Tensor]] = {}
+    for spec in ckpt.specs():
+        name = spec.name
         prefix, _, proj = name.rpartition(".")
-        if isinstance(t, QuantizedTensor) and t.axes == AXES and proj in ("gate_up_proj", "down_proj"):
-            for e in range(t.shape[0]):
-                one = _expert(t, e, f"{prefix}.experts.{e}.{proj}.weight")
+        if spec.kind == "quantized" and tuple(spec.axes or ()) == AXES and proj in ("gate_up_proj", "down_proj"):
+            n_exp, rows = spec.shape[0], spec.shape[1]
+            rec = type(GATE_UP).from_json(fused[name]) if name in fused else GATE_UP
+            for e in range(n_exp):
+                whole = f"{prefix}.experts.{e}.{proj}.weight"
                 if proj == "gate_up_proj":
-                    rec = type(GATE_UP).from_json(fused[name]) if name in fused else GATE_UP
-                    out += split(one, [f"{prefix}.experts.{e}.{p}.weight" for p in rec.parts], rec)
+                    names = [f"{prefix}.experts.{e}.{p}.weight" for p in rec.parts]
+                    for k, part in enumerate(names):
+                        specs[part] = _expert_spec(spec, part, rows // rec.stride, n_exp * rec.stride)
+                        make[part] = lambda fetch, src=name, e=e, k=k, whole=whole, names=names, rec=rec: \
+                            split(_expert(fetch(src), e, whole), names, rec)[k]
                 else:
-                    out.append(one)
-        elif isinstance(t, DenseTensor) and proj in ("gate_up_proj_bias", "down_proj_bias") and t.data.ndim == 2:
-            for e in range(t.data.shape[0]):
-                if proj == "gate_up_proj_bias":
-                    for p, b in zip(GATE_UP.parts, split_rows(t.data[e], -1)):
-                        out.append(DenseTensor(f"{prefix}.experts.{e}.{p}.bias", b))
-                else:
-                    out.append(DenseTensor(f"{prefix}.experts.{e}.down_proj.bias", np.array(t.data[e])))
+                    specs[whole] = _expert_spec(spec, whole, rows, n_exp)
+                    make[whole] = lambda fetch, src=name, e=e, whole=whole: _expert(fetch(src), e, whole)
+        elif spec.kind == "dense" and proj in ("gate_up_proj_bias", "down_proj_bias") and len(spec.shape) == 2:
+            n_exp = spec.shape[0]
+            parts = GATE_UP.parts if proj == "gate_up_proj_bias" else ("down_proj",)
+            for e in range(n_exp):
+                for k, p in enumerate(parts):
+                    bname = f"{prefix}.experts.{e}.{p}.bias"
+                    specs[bname] = replace(spec, name=bname, shape=(spec.shape[1] // len(parts),),
+                                           stored=tuple(replace(a, name=f"{a.name}[{bname}]", shape=a.shape[1:],
+                                                                nbytes=a.nbytes // (n_exp * len(parts)))
+                                                        for a in spec.stored))
+                    if len(parts) > 1:
+                        make[bname] = lambda fetch, src=name, e=e, k=k, bname=bname: DenseTensor(
+                            bname, split_rows(np.asarray(fetch(src).data[e]), -1)[k])
+                    else:
+                        make[bname] = lambda fetch, src=name, e=e, bname=bname: DenseTensor(
+                            bname, np.array(fetch(src).data[e]))
         else:
-            out.append(t)
-    meta = {k: v for k, v in (ckpt.metadata or {}).items() if k != "fused"}
-    return Checkpoint.from_tensors(out, format=ckpt.format, config=ckpt.config, metadata=meta)
+            specs[name] = spec
+    cache: dict[str, Tensor] = {}
+
+    def fetch(n: str) -> Tensor:
+        if n not in cache:
+            cache.clear()
+            cache[n] = ckpt[n]
+        return cache[n]
+
+    def load(n: str) -> Tensor:
+        return make[n](fetch) if n in make else ckpt[n]
+    meta = {k: v for k, v in (ckpt.metadata or {}).items() if k not in ("fused", "dense_axes")}
+    return Checkpoint(specs, load, format=ckpt.format, path=ckpt.path, config=ckpt.config, metadata=meta,
+                      files=ckpt.files, extra_files=ckpt.extra_files, side_files=ckpt.side_files)
 
 
 def _stack_members(ckpt: Checkpoint, found: Mapping[int, Tensor], pattern: str) -> list[Tensor] | None:

@@ -30,6 +30,7 @@ from converter.formats.mlx.reader import codes_map, dequantize_like_mlx, detect_
 from converter.formats.mlx.writer import (MLXTargetOptions, as_affine, check_target, mlx_config, target_group_size,
                                           write_mlx)
 from converter.formats.registry import FormatHandler, ValidationHooks, register
+from converter.formats.gpt_oss import arrange as gpt_oss_arrange
 
 __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map", "dequantize_like_mlx", "detect_mlx",
            "read_mlx", "as_affine", "check_target", "mlx_config", "target_group_size", "write_mlx"]
@@ -37,5 +38,7 @@ __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map"
 HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8, mxfp4, nvfp4)",
                                  detect_mlx, read_mlx, write_mlx, check_target=check_target,
                                  target_options=MLXTargetOptions,
+                                 # mlx-lm gpt_oss: SwitchGLU gate_proj / up_proj / down_proj (Model.sanitize)
+                                 arrange=gpt_oss_arrange.for_stacked,
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
                                  validation=ValidationHooks(negative_scales=True)))

@@ -7,6 +7,9 @@ Storage (mlx 0.32.4 ``mlx/ops.cpp`` ``fp_quantize``; mlx-lm 0.32.2 ``utils.quant
 - ``<p>.weight`` U32 ``[out, in/8]``: the 4-bit E2M1 codes (bit 3 the sign) packed along ``in``,
   LSB-first (:func:`converter.formats.mlx.reader.codes_map`);
 - ``<p>.scales`` U8 ``[out, in/G]``: E8M0 bytes per 32 (``mxfp4``) or E4M3 bytes per 16 (``nvfp4``);
+- an expert stack (``SwitchLinear``, e.g. mlx-lm ``gpt_oss`` ``mlp.experts.gate_proj``) the same with a leading
+  expert axis: ``[E, out, in/8]`` / ``[E, out, in/G]`` (mlx-lm ``models/gpt_oss.py`` ``sanitize`` makes exactly
+  these from gpt-oss's blocks: ``view(uint32).flatten(-2)``; no global scale on a stack);
 - ``<p>.global_scale`` F32 0-dim (``nvfp4`` only, optional): the tensor's amax ``g``; the effective
   group scale is ``s * fp32(g / 2688)`` (:data:`converter.scheme.AMAX_DENOMINATOR`), and mlx-lm's
   config entry for the module says ``"global_scale": true``.
@@ -24,7 +27,7 @@ from converter import codebooks
 from converter.errors import NotRepresentableError
 from converter.global_scales import equivalent_global_scale
 from converter.groups import Granularity, GroupMap
-from converter.layout import IN, OUT
+from converter.layout import EXPERT, IN, OUT
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.write.plan import TensorPlan
 from converter.formats.source import module_prefix
@@ -61,8 +64,11 @@ def fp4_reason(spec: TensorSpec) -> str | None:
                 f"(mx.quantize)")
     group = MODES[mode][0]
     gm = spec.group_map
-    if tuple(spec.axes) != (OUT, IN):
-        return f"axes {list(spec.axes)}: MLX {mode} is written for 2-D [out, in] weights"
+    if tuple(spec.axes) not in ((OUT, IN), (EXPERT, OUT, IN)):
+        return f"axes {list(spec.axes)}: MLX {mode} is written for [out, in] weights and [expert, out, in] stacks"
+    if spec.axes[0] == EXPERT and spec.scheme.global_scale is not None:
+        return (f"a global scale on an expert stack: MLX {mode} switch layers (QuantizedSwitchLinear) take one "
+                f"global_scale per layer, and qckpt writes none for a stack")
     if gm.granularity is not Granularity.GROUP or gm.axis != IN or gm.group_size != group or spec.act_order:
         return f"{gm.describe()}: MLX {mode} takes one scale per {group} along in"
     if spec.shape[-1] % group:
