@@ -137,7 +137,7 @@ def test_many_subnormal_nvfp4_scales_under_a_global_scale_warn():
 
     sub = float(2 ** -9)  # E4M3's smallest subnormal
     scales = [[sub], [1.0]]
-    for g, direction, severity in ((None, None, "info"), (2.0, "multiplier", "warning")):
+    for g, direction, severity in ((None, None, "info"), (1.0, "divisor", "info"), (2.0, "multiplier", "warning")):
         t = _nvfp4([[2, 2], [2, 2]], scales, g, direction)
         f = [x for x in check_scales(t, negative_ok=False) if x.code == "scale-subnormal"]
         assert len(f) == 1 and f[0].severity == severity and f[0].evidence["count"] == 1

@@ -272,9 +272,11 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
         # real SmolLM2 v_proj scales under mx.quantize), so info; elsewhere a warning.
         # With a global scale (ModelOpt, compressed-tensors) the group scales are stretched into E4M3's
         # normal range (0 subnormal in the real samples): many subnormal ones there mean a wrong global
-        # scale, so only a few (< 1%) stay info.
+        # scale, so only a few (< 1%) stay info (a global scale of exactly 1, as qckpt writes for a
+        # source without one, stretches nothing).
         nvfp4 = t.scheme.scale_dtype == "F8_E4M3" and element_of(t.scheme.codebook) is ELEMENTS["e2m1"]
-        routine = nvfp4 and (t.scheme.global_scale is None or sub.sum() < 0.01 * n)
+        stretched = t.global_scale is not None and float(t.global_scale) != 1.0  # a global scale of 1 is none
+        routine = nvfp4 and (not stretched or sub.sum() < 0.01 * n)
         out.append(finding("scale-subnormal", t.name, f"{int(sub.sum())} of {n} scales are subnormal in "
                            f"{t.scheme.scale_dtype}" + (" (routine for NVFP4 E4M3 group scales of small groups: "
                                                          "exact, decoded by every NVFP4 kernel)" if routine else ""),
