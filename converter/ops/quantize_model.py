@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -200,8 +200,11 @@ QUANTIZE_HINT = "change the target (--bits, --per-tensor | --per-channel | --gro
                 "--fp8, --scale-dtype) or pick another --to format"
 
 
-def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = False) -> None:
+def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = False,
+                          hint: Callable[[NotRepresentableError], str] | None = None) -> None:
     """Ask format ``to``'s handler about every quantized spec of ``view`` before any data moves.
+
+    ``hint``: the refusal's hint from the error (default :data:`QUANTIZE_HINT`).
 
     ``absmax_scales``: the FP8 scales will be absmax (``--fp8``), never powers of two; passed to the
     target's ``check_target`` as the write option of that name (a target whose FP8 mode stores E8M0
@@ -220,7 +223,7 @@ def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = Fa
     try:
         plan_exact(view, to, {"absmax_scales": True} if absmax_scales else None)
     except NotRepresentableError as exc:
-        exc.hint = QUANTIZE_HINT
+        exc.hint = hint(exc) if hint is not None else QUANTIZE_HINT
         exc.args = (exc.render(),)
         raise
 
@@ -235,7 +238,10 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     UnsupportedError
         ``src`` already holds quantized (or undecodable) tensors: quantize takes a float checkpoint.
     NotRepresentableError
-        Before writing: a quantized tensor format ``to`` cannot store (hint names the options).
+        A quantized tensor format ``to`` cannot store, naming the source file: before writing (the
+        scheme), or while writing when only the data decides (an NVFP4 global scale with no exact
+        re-expression in the target's direction); nothing is left at ``dst``. The hint names the
+        options (:data:`QUANTIZE_HINT`, :func:`fp4_hint`).
 
     Returns
     -------
@@ -245,17 +251,34 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     handler = registry.check_writable(to)
     refuse_quantized_source(src)
     view = quantize_checkpoint(src, opts)
+    hint = (lambda exc: fp4_hint(opts, exc.field, exc.hint)) if opts.fp4 is not None else None
+    check_quantize_target(view, to, absmax_scales=opts.element is not None, hint=hint)
     try:
-        check_quantize_target(view, to, absmax_scales=opts.element is not None)
+        with collect_results() as got:
+            handler.write(view, Path(dst), overwrite=overwrite)
     except NotRepresentableError as exc:
-        if opts.fp4 is None:
-            raise
-        raise UnsupportedError(f"format {to} cannot write {opts.fp4} (E2M1) tensors yet: not yet writable",
-                               tensor=exc.tensor, field="format", expected=f"a format with an {opts.fp4} writer",
-                               found=to, hint=f"write the native format (no --to), or: {exc.render()}") from exc
-    with collect_results() as got:
-        handler.write(view, Path(dst), overwrite=overwrite)
+        # a refusal only the data decides (an FP4 global scale the target cannot hold): the target's reason
+        # stays the message, with the source named and the quantize way out
+        if hint is not None:
+            exc.hint = hint(exc)
+        exc.with_context(file=src.path)
+        raise
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
+
+
+def fp4_hint(opts: QuantizeOptions, field: str | None, hint: str | None = None) -> str:
+    """What ``qckpt quantize --fp4`` can change when the ``--to`` target refuses its tensors (``hint``: the
+    target's own, kept where it applies to a float source)."""
+    if field == "global_scale":
+        return (f"--fp4 {opts.fp4} (rule {opts.fp4_rule}) writes each global scale as the divisor 2688 / amax "
+                "(compressed-tensors' rule), which a target whose global scale multiplies or is an amax holds "
+                "exactly only when it is a power of two: write --to native or a format whose global scale "
+                "divides, or quantize with the target's own quantizer (qckpt convert SRC DST --to FORMAT "
+                "--quant-type ...)")
+    if field == "input_scale":
+        return ("qckpt quantize computes weights only (no activation calibration)"
+                + (f": {hint}" if hint else ": write a weight-only format, or native"))
+    return "change --fp4 (mxfp4 | nvfp4) or pick another --to format (native holds every FP4 tensor)"
 
 
 def refuse_quantized_source(src: Checkpoint) -> None:
