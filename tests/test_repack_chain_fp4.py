@@ -7,7 +7,7 @@ the sample's decode, the sign of zero included (``view(uint32)``): qckpt decodes
 every format, so no hop may flip it. (llama.cpp's own decoder gives +0.0 for 0x8 in GGUF MXFP4 / NVFP4,
 ``kvalues_mxfp4[8] = 0``: tests/formats/test_gguf_fp4.py compares with it as values; here only qckpt's
 read-back of each file is compared, where -0.0 must survive.) Where a chain returns to the sample's own
-format, its tensors are the sample's bytes.
+format, its tensors are the sample's bytes. Every file written validates clean under ``--strict``.
 
 The expected decodes come from the producing tools (each sample's ``reference_dequant.safetensors``, or
 llama.cpp's ``quantize_row_*_ref`` blocks in tests/data/gguf_fp4 for the GGUF sources), checked once at the
@@ -33,6 +33,7 @@ from converter.errors import NotRepresentableError
 from converter.formats import registry
 from converter.ops.convert import convert_exact
 from converter.tensor import QuantizedTensor
+from converter.validate import validate
 from tests.conftest import SAMPLES
 from tests.formats.test_gguf_fp4 import REF, _gguf
 
@@ -145,6 +146,9 @@ def test_chain_is_exact_at_every_hop(name, hops, tmp_path):
                 assert w.shape in ((), (1,)), n  # (a later ModelOpt / MLX hop writes it 0-dim again)
                 w = w.reshape(())
             assert _same_bits(v, w), (">".join(hops[: i + 1]), n)
+        rep = validate(dst, strict=True)  # a correct file validates clean, --strict included
+        assert rep.exit_code == 0, (">".join(hops[: i + 1]), [(f.severity, f.code, f.tensor) for f in rep.findings
+                                                               if f.severity != "info"])
         prev = dst
     if hops[-1] == orig.format and orig.format != GGUF:  # back home: the sample's tensor bytes
         a = _raw(next(src.glob("model*.safetensors")))
