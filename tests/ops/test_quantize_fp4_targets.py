@@ -97,7 +97,13 @@ def _by_hand(fx, n, kind) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
 def test_ct_rule_to_compressed_tensors_is_the_real_bytes(src, fx, tmp_path, kind):
     dst = tmp_path / "ct"
-    _quantize(src, dst, kind, "compressed-tensors")
+    doc = _quantize(src, dst, kind, "compressed-tensors")
+    # the error report of every quantized tensor (the error of compressed-tensors' own decode vs the bf16 source:
+    # FP_MANIFEST rms_err_vs_source, as for the native file in tests/ops/test_quantize_fp4.py)
+    rows = {r["name"]: r for r in doc["tensors"]}
+    assert sorted(rows) == sorted(NAMES)
+    want_rms = {"mxfp4": 0.04785331338644028, "nvfp4": 0.03750482574105263}[kind]
+    assert np.sqrt(rows[NAMES[1]]["mse"]) == pytest.approx(want_rms, rel=1e-6)
     got = _raw_safetensors(dst / "model.safetensors")
     for n in NAMES:
         p = n[: -len("weight")]
@@ -207,8 +213,14 @@ def test_modelopt_refuses_weight_only_fp4(src, tmp_path, kind, field, reason):
                                           ("mxfp4", "mlx", "mlx"), ("mxfp4", "ct", "mlx"), ("nvfp4", "ct", "mlx"),
                                           ("mxfp4", "ct", "gguf"), ("mxfp4", "mlx", "gguf"), ("nvfp4", "ct", "gguf"),
                                           ("mxfp4", "ct", "native"), ("nvfp4", "ct", "native")])
-def test_every_written_file_validates_strict(src_qkv, tmp_path, kind, rule, to):
+def test_every_written_file_validates_strict_and_reads_back(src_qkv, tmp_path, kind, rule, to):
     dst = tmp_path / ("q.gguf" if to == "gguf" else "q")
     _quantize(src_qkv, dst, kind, to, rule=rule)
     rep = validate(dst, strict=True)
     assert rep.exit_code == 0, [(f.severity, f.code, f.tensor, f.message) for f in rep.findings]
+    # the same quantization in every format: each file decodes to the native file's bits (sign of zero too)
+    nat = tmp_path / "native.safetensors"
+    _quantize(src_qkv, nat, kind, "native", rule=rule)
+    a, b = load(nat), load(dst)
+    for n in QKV:
+        assert np.array_equal(a[n].dequantize().view(np.uint32), b[n].dequantize().view(np.uint32)), n
