@@ -252,8 +252,9 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            scale_dtype=sd, include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE,
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, **kw)
-    _emit(summarize(stats, opts, str(src), dst, **kw), as_json, render.render_quantize, "quantize-report")
+    notes: dict = {}
+    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes, **kw)
+    _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())

@@ -229,9 +229,10 @@ def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = Fa
 
 
 def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
-                   overwrite: bool = False, to: str = NATIVE) -> dict[str, dict]:
+                   overwrite: bool = False, to: str = NATIVE, notes: dict | None = None) -> dict[str, dict]:
     """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
-    per-tensor statistics rows.
+    per-tensor statistics rows. ``notes``, when given, receives the writer's notes by tensor (the
+    ``warning: `` ones name a loader that will refuse what was written: :func:`write_warnings`).
 
     Raises
     ------
@@ -255,7 +256,9 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     check_quantize_target(view, to, absmax_scales=opts.element is not None, hint=hint)
     try:
         with collect_results() as got:
-            handler.write(view, Path(dst), overwrite=overwrite)
+            summary = handler.write(view, Path(dst), overwrite=overwrite)
+        if notes is not None and isinstance(summary, dict):
+            notes.update(summary.get("notes") or {})
     except NotRepresentableError as exc:
         # a refusal only the data decides (an FP4 global scale the target cannot hold): the target's reason
         # stays the message, with the source named and the quantize way out
@@ -325,15 +328,26 @@ def _stats_row(q: QuantizedTensor, err, degenerate: int | None = None) -> dict[s
                 "degenerate_groups": int(degenerate)} if degenerate is not None else {})}
 
 
+def write_warnings(notes: dict[str, list[str]]) -> list[str]:
+    """The writer's ``warning: `` notes, once each, with how many tensors they concern."""
+    warned: dict[str, list[str]] = {}
+    for name, ns in notes.items():
+        for note in ns:
+            if note.startswith("warning: "):
+                warned.setdefault(note[len("warning: "):], []).append(name)
+    return [f"{note} ({len(names)} tensors, e.g. {names[0]})" for note, names in warned.items()]
+
+
 def summarize(stats: dict[str, dict], opts: QuantizeOptions, src_path: str | None, dst: Path,
-              to: str = NATIVE) -> dict[str, Any]:
-    """The quantize report (``schemas/quantize-report.schema.json``), worst SQNR first."""
+              to: str = NATIVE, notes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The quantize report (``schemas/quantize-report.schema.json``), worst SQNR first; ``warnings``
+    (when there are any): :func:`write_warnings` of the writer's ``notes``."""
     rows = sorted(stats.values(), key=lambda r: (r["sqnr_db"] is None, r["sqnr_db"] if r["sqnr_db"] is not None else 0))
     numel = sum(int(np.prod(r["shape"])) for r in rows)
     sse = sum(r["mse"] * int(np.prod(r["shape"])) for r in rows)
     theo = sum(r["theoretical_bytes"] for r in rows)
     return {"source": src_path, "destination": str(dst), "format": to, "target": opts.target_json(),
-            "tensors": rows,
+            "tensors": rows, **({"warnings": warned} if (warned := write_warnings(notes or {})) else {}),
             "overall": {"quantized_tensors": len(rows), "quantized_weights": numel,
                         "mse": sse / numel if numel else 0.0,
                         "max_abs_error": max((r["max_abs_error"] for r in rows), default=0.0),

@@ -37,8 +37,8 @@ from converter.formats.mlx.reader import codes_map
 #: MLX's global-scale direction (``mx.quantize(..., global_scale=amax)``).
 DIRECTION = "amax"
 #: What reads a dense layer's global scale (measured with mlx 0.32.4 / mlx-lm 0.32.2 on CPU).
-LOADER_NOTE = ("mx.dequantize(..., global_scale=g) decodes it; mlx-lm 0.32.2 attaches a global_scale to switch "
-               "(expert) layers only (utils._takes_global_scale), so mlx_lm.load refuses it on a dense Linear")
+LOADER_NOTE = ("warning: mx.dequantize(..., global_scale=g) decodes it; mlx-lm 0.32.2 attaches a global_scale to "
+               "switch (expert) layers only (utils._takes_global_scale), so mlx_lm.load refuses it on a dense Linear")
 #: E2M1 scale dtype -> MLX mode.
 FP4_MODES = {"F8_E8M0": "mxfp4", "F8_E4M3": "nvfp4"}
 
