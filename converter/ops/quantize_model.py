@@ -14,7 +14,9 @@ Streams tensor by tensor: each selected weight is quantized when the writer asks
 write's worker task), its error statistics reported as that task's result
 (:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`), and it is released before
 the next one. :func:`quantize_model` collects the statistics the write returns. With ``--to``, the
-target handler's ``check_target`` sees every quantized spec before any data moves.
+target handler's ``check_target`` sees every quantized spec before any data moves; what only the data
+decides (an NVFP4 divisor global scale with no exact multiplier / amax in the target) is refused by the
+writer before its files are committed, nothing left at ``dst``.
 """
 
 from __future__ import annotations
