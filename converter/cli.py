@@ -183,8 +183,6 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
     fixed = 32 if fp4 == "mxfp4" else 16
     if per_tensor or per_channel or block is not None or (group_size is not None and group_size != fixed):
         raise click.UsageError(f"--fp4 {fp4} has groups of {fixed} along the input axis: drop the granularity option")
-    if rule == "mlx" and fp4 != "mxfp4":
-        raise click.UsageError("--fp4-rule mlx reproduces MLX's mxfp4 only: use --fp4 mxfp4 or --fp4-rule ct")
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -197,7 +195,8 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
               help="Quantize to FP4 (E2M1): mxfp4 = groups of 32, E8M0 scales; nvfp4 = groups of 16, E4M3 "
                    "scales and an F32 global scale (shared by q/k/v and gate/up, as llm-compressor does).")
 @click.option("--fp4-rule", type=click.Choice(["ct", "mlx"]), default="ct", show_default=True,
-              help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx, mxfp4 only).")
+              help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx; nvfp4 without a "
+                   "global scale).")
 @click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")

@@ -75,7 +75,7 @@ class QuantizeOptions:
     fp4 : ``"mxfp4" | "nvfp4"``, optional
         An FP4 (E2M1) target (bits 4, groups of 32 / 16 along ``in``, E8M0 / E4M3 scales).
     fp4_rule : ``"ct" | "mlx"``
-        Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` is MXFP4 only).
+        Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` NVFP4 has no global scale).
     """
 
     bits: int
@@ -94,7 +94,7 @@ class QuantizeOptions:
         """The target scheme of a weight stored as ``weight_dtype`` (it matters for a float element
         without a scale dtype)."""
         if self.fp4 is not None:
-            return fp4_scheme(self.fp4)
+            return fp4_scheme(self.fp4, self.fp4_rule)
         if self.element is not None:
             return float_scheme(float_element(self.element), self.scale_dtype or arith_dtype_of(weight_dtype))
         if self.symmetric:
@@ -158,7 +158,8 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
             specs[spec.name] = spec_of(probe)
         else:
             specs[spec.name] = spec
-    fused = {m: group for group in fused_sets(schemes) for m in group} if opts.fp4 == "nvfp4" else {}
+    fused = ({m: group for group in fused_sets(schemes) for m in group}
+             if opts.fp4 == "nvfp4" and opts.fp4_rule == "ct" else {})  # (MLX nvfp4: no global scale)
     amax_cache: dict[str, float] = {}
 
     def set_amax(name: str) -> float | None:
@@ -278,8 +279,8 @@ def fp4_hint(opts: QuantizeOptions, field: str | None, hint: str | None = None) 
         return (f"--fp4 {opts.fp4} (rule {opts.fp4_rule}) writes each global scale as the divisor 2688 / amax "
                 "(compressed-tensors' rule), which a target whose global scale multiplies or is an amax holds "
                 "exactly only when it is a power of two: write --to native or a format whose global scale "
-                "divides, or quantize with the target's own quantizer (qckpt convert SRC DST --to FORMAT "
-                "--quant-type ...)")
+                "divides, or use --fp4-rule mlx (MLX's nvfp4: no global scale), or the target's own quantizer "
+                "(qckpt convert SRC DST --to FORMAT --quant-type ...)")
     if field == "input_scale":
         return ("qckpt quantize computes weights only (no activation calibration)"
                 + (f": {hint}" if hint else ": write a weight-only format, or native"))

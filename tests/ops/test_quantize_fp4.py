@@ -90,9 +90,14 @@ def test_cli_fp4_option_conflicts(src, tmp_path, extra, msg):
     assert r.exit_code == 2 and msg in r.output
 
 
-def test_cli_fp4_rule_mlx_needs_mxfp4(src, tmp_path):
-    r = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "q"), "--fp4", "nvfp4", "--fp4-rule", "mlx"])
-    assert r.exit_code == 2 and "mxfp4 only" in r.output
+def test_cli_fp4_rule_mlx_nvfp4_has_no_global_scale(src, tmp_path):
+    """MLX's nvfp4 (mx.quantize without global_scale): E4M3 scales straight from amax / 6, no global scale; the
+    bytes against mlx-lm's own file are tests/ops/test_quantize_fp4_targets.py."""
+    dst = tmp_path / "q.safetensors"
+    r = run("quantize", src, dst, "--fp4", "nvfp4", "--fp4-rule", "mlx", "--json")
+    assert r.exit_code == 0, r.output
+    ck = load(dst)
+    assert all(ck[n].global_scale is None and ck[n].scheme.global_scale is None for n in NAMES)
 
 
 def test_cli_fp4_to_format_without_fp4_codes_is_refused_with_the_reason(src, tmp_path):

@@ -6,9 +6,9 @@ The expected bytes are the real tools' files, never qckpt's own output:
 - ``--fp4-rule ct --to compressed-tensors``: the tensors compressed-tensors 0.19.0 wrote (llm-compressor
   ``model_free_ptq`` MXFP4A16 / NVFP4A16; the fixture holds its bytes), and the sample's
   ``quantization_config.config_groups`` (sample_checkpoints/ct_{mx,nv}fp4_smollm2/config.json).
-- ``--fp4-rule mlx --to mlx``: the uint32 words and E8M0 bytes of the genuine mlx-lm 0.32.2
-  ``quantize_model(mode="mxfp4")`` sample (sample_checkpoints/mlx_mxfp4_smollm2tiny, whose layer-0 bf16
-  source is bit-identical to the fixture's; its down_proj at the fixture's ``down_rows``).
+- ``--fp4-rule mlx --to mlx``: the uint32 words and E8M0 / E4M3 bytes of the genuine mlx-lm 0.32.2
+  ``quantize_model(mode="mxfp4" | "nvfp4")`` samples (sample_checkpoints/mlx_{mx,nv}fp4_smollm2tiny, whose
+  layer-0 bf16 source is bit-identical to the fixture's; down_proj at the fixture's ``down_rows``).
 - ``--to gguf``: llama.cpp's decode as gguf-py 0.19 ports it (``gguf.quants.dequantize``) equals the
   compressed-tensors codes x scales computed by hand from the fixture bytes (ggml decodes E2M1 code 0x8
   as +0.0: compared as values, sign of zero aside).
@@ -122,11 +122,13 @@ def test_ct_rule_to_compressed_tensors_is_the_real_bytes(src, fx, tmp_path, kind
     assert load(dst).format == "compressed-tensors"
 
 
-def test_mlx_rule_to_mlx_is_the_mlx_lm_sample(src, fx, tmp_path):
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_mlx_rule_to_mlx_is_the_mlx_lm_sample(src, fx, tmp_path, kind):
     dst = tmp_path / "mlx"
-    assert "warnings" not in _quantize(src, dst, "mxfp4", "mlx", rule="mlx")  # mlx_lm loads it
+    assert "warnings" not in _quantize(src, dst, kind, "mlx", rule="mlx")  # mlx_lm loads it
     got = _raw_safetensors(dst / "model.safetensors")
-    real = _raw_safetensors(SAMPLES / "mlx_mxfp4_smollm2tiny" / "model.safetensors")
+    real = _raw_safetensors(SAMPLES / f"mlx_{kind}_smollm2tiny" / "model.safetensors")
+    assert not [k for k in got if k.endswith("global_scale")]  # mx.quantize(mode="nvfp4") without one
     rows = fx["down_rows"]
     for n in NAMES:
         p = n[: -len("weight")]
@@ -137,7 +139,7 @@ def test_mlx_rule_to_mlx_is_the_mlx_lm_sample(src, fx, tmp_path):
                 want = want[rows]
             assert got[p + field][0] == dt and got[p + field][2] == want.tobytes(), (n, field)
     qc = json.loads((dst / "config.json").read_text())
-    want = json.loads((SAMPLES / "mlx_mxfp4_smollm2tiny" / "config.json").read_text())
+    want = json.loads((SAMPLES / f"mlx_{kind}_smollm2tiny" / "config.json").read_text())
     assert qc["quantization"] == want["quantization"]
 
 
@@ -215,7 +217,9 @@ def test_modelopt_refuses_weight_only_fp4(src, tmp_path, kind, field, reason):
 @pytest.mark.parametrize("kind,rule,to", [("mxfp4", "ct", "compressed-tensors"), ("nvfp4", "ct", "compressed-tensors"),
                                           ("mxfp4", "mlx", "mlx"), ("mxfp4", "ct", "mlx"), ("nvfp4", "ct", "mlx"),
                                           ("mxfp4", "ct", "gguf"), ("mxfp4", "mlx", "gguf"), ("nvfp4", "ct", "gguf"),
-                                          ("mxfp4", "ct", "native"), ("nvfp4", "ct", "native")])
+                                          ("mxfp4", "ct", "native"), ("nvfp4", "ct", "native"),
+                                          ("nvfp4", "mlx", "mlx"), ("nvfp4", "mlx", "gguf"),
+                                          ("nvfp4", "mlx", "compressed-tensors")])
 def test_every_written_file_validates_strict_and_reads_back(src_qkv, tmp_path, kind, rule, to):
     dst = tmp_path / ("q.gguf" if to == "gguf" else "q")
     _quantize(src_qkv, dst, kind, to, rule=rule)
