@@ -50,6 +50,23 @@ def _check_format_option(fmt: str | None) -> None:
             get(fmt)
 
 
+def _json_value(v):
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+
+
+def _fail(ctx: click.Context, code: int, message: str, *, error: str, exc: ConverterError | None = None) -> None:
+    """Report one error and exit with ``code``: one line on stderr, or under ``--json`` one JSON object
+    on stdout (``schemas/error.schema.json``), so a script reading stdout always gets JSON."""
+    if ctx.params.get("as_json"):
+        fields = ("file", "tensor", "field", "expected", "found", "hint")
+        doc = {"schema": "qckpt.error/1", "error": error, "exit_code": code, "message": message,
+               **{k: _json_value(getattr(exc, k, None)) for k in fields}}
+        click.echo(render.dumps(doc))
+    else:
+        click.echo(f"qckpt: error: {message}", err=True)
+    sys.exit(code)
+
+
 def _handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -59,13 +76,17 @@ def _handle_errors(fn):
         except ConverterError as exc:
             _traceback_if_debug(ctx)
             exc.hint = getattr(exc, "cli_hints", {}).get(exc.hint, exc.hint)  # library words -> option names
-            click.echo(f"qckpt: error: {exc.render()}", err=True)
-            sys.exit(exc.exit_code)
+            if ctx.params.get("as_json"):
+                _fail(ctx, exc.exit_code, exc.message, error=type(exc).__name__, exc=exc)
+            _fail(ctx, exc.exit_code, exc.render(), error=type(exc).__name__)
+        except click.UsageError as exc:
+            if not ctx.params.get("as_json"):
+                raise
+            _fail(ctx, exit_codes.USAGE, exc.format_message(), error="UsageError")
         except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
             _traceback_if_debug(ctx)
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"qckpt: error: {where}{exc.strerror or exc}", err=True)
-            sys.exit(exit_codes.UNREADABLE)
+            _fail(ctx, exit_codes.UNREADABLE, f"{where}{exc.strerror or exc}", error=type(exc).__name__)
         except KeyboardInterrupt:
             click.echo("qckpt: interrupted; no partial output left", err=True)
             sys.exit(exit_codes.INTERRUPTED)

@@ -12,6 +12,11 @@ Group "fp8": the real FP8 checkpoints that load as a model (FP8_SOURCES, one ent
 1-layer SmolLM2 with a 256-token vocabulary and no tokenizer, so prompts are token ids), converted
 by qckpt and loaded whole by the target's real loader; compared with transformers running the
 source's own decode (the producing tool's reference_dequant.safetensors) in float32.
+
+Group "fp4": the real FP4 samples (FP4_SOURCES; the compressed-tensors model-free subsets completed
+into a loadable model by fp4_group.complete) and their bf16 source (FP4_BF16, for `quantize --fp4`),
+converted by qckpt and loaded whole by the target's real loader; compared with transformers running
+the producing tool's decode, in the dtype the row loads in (fp4_group, worker_fp4).
 """
 
 from __future__ import annotations
@@ -230,3 +235,117 @@ def fp8_cases() -> list[dict]:
         _f("ct-w4g32-sym/transformers", "ct4", ["convert", "--to", "compressed-tensors", "--bits", "4", "--sym"]
            + G32, "transformers", "lossy"),
     ]
+
+
+# ------------------------------------------------------------------------------------------ fp4
+# The real FP4 checkpoints (relative to sample_checkpoints/): each with the producing tool's own decode
+# (reference_dequant.safetensors). The two compressed-tensors files are llm-compressor model-free
+# subsets (layer-0 q/k/v/down only): the group completes them into a loadable 1-layer model with the
+# bf16 source's other tensors (FP4_BF16: the source every FP4 file was quantized from), their
+# quantized tensors byte for byte, the dense Linear modules listed in the config's `ignore`.
+FP4_SOURCES = {
+    "ct_mxfp4_smollm2": {
+        "written_by": "llm-compressor 0.14.0.1 model_free_ptq(scheme='MXFP4A16'), compressed-tensors 0.19.0: "
+                      "E2M1 group 32, E8M0 scales; layer-0 q/k/v/down subset",
+        "kind": "ct", "scheme": "mxfp4",
+    },
+    "ct_nvfp4_smollm2": {
+        "written_by": "llm-compressor 0.14.0.1 model_free_ptq(scheme='NVFP4A16'), compressed-tensors 0.19.0: "
+                      "E2M1 group 16, E4M3 scales, F32 weight_global_scale (a divisor); layer-0 q/k/v/down subset",
+        "kind": "ct", "scheme": "nvfp4",
+    },
+    "modelopt_nvfp4_smollm2tiny": {
+        "written_by": "nvidia-modelopt 0.47.0 mtq.quantize(NVFP4_DEFAULT_CFG) + export_hf_checkpoint: E2M1 group "
+                      "16, E4M3 scales, F32 weight_scale_2 (a multiplier), input_scale (W4A4); the whole 1-layer model",
+        "kind": "modelopt", "scheme": "nvfp4",
+    },
+}
+FP4_REFERENCE = "reference_dequant.safetensors"
+# The bf16 source (shared/real/fp_sources/, FP_MANIFEST.json fp_sources); a byte-identical copy ships in
+# interop/data/ (PROVENANCE.json there) for a run without shared/.
+FP4_BF16 = "smollm2_tiny1L"
+# Lossy rows: top-1 agreement with the reference over every position of the id prompts (38). FP4 loses
+# more than FP8 (the fp8 group's 90 %): the real tool's own NVFP4 of this model (ModelOpt 0.47,
+# modelopt_nvfp4_smollm2tiny's reference_dequant) agrees with its bf16 source at 34 of 38 positions
+# (89.5 %, measured 2026-12-02 from the two cached references); 80 % leaves 3 more positions for a
+# requantization of an FP4 source, and is far above a wrong tensor (GARBAGE < 50 %).
+FP4_LOSSY_TOP1_PCT = 80.0
+# --quick (CI): the quick cases run on this source only (one reference, two loads: ~25 s; with the
+# dequantize and quantize rows, three references and four loads took 78 s, too slow for CI).
+FP4_QUICK_SOURCES = ["ct_nvfp4_smollm2"]
+# What qckpt says when it declines a write the target cannot hold (exact repack) or has no writer
+# for yet (MLX / GGUF FP4, on other branches): REFUSED, not a failure; once the writer lands the same
+# row loads the output and is judged.
+FP4_REFUSAL = ["not representable", "not yet writable", "input_scale", "has no float32 divisor"]
+# transformers 5.24 + compressed-tensors 0.20.1 decompress FP4 weights to bfloat16 whatever dtype the
+# model is loaded in: a float32 load fails at the first decompressed Linear.
+TF_CT_FP4_FLOAT32 = ["expected m1 and m2 to have the same dtype"]
+# transformers 5.24 has no ModelOpt reader: the packed [out, in/2] weights fail the model's shapes.
+TF_MODELOPT = ["size mismatch"]
+
+
+def _p(cid, out, cmd, loader, expect, quick=False, **kw):
+    d = {"id": cid, "group": "fp4", "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
+    if expect == "lossy":
+        d["lossy_top1_pct"] = FP4_LOSSY_TOP1_PCT
+    d.update(kw)
+    return d
+
+
+def fp4_cases() -> list[dict]:
+    """Cases run on every FP4_SOURCES entry (``kinds``: only on sources of those kinds); ``cmd`` None: the
+    source itself; ``dtype``: the dtype transformers loads in (the reference of that dtype is used);
+    ``accept_refusal``: a plan-time refusal naming one of these is REFUSED (see FP4_REFUSAL)."""
+    G32S = ["--group-size", "32", "--sym"]
+    bf16 = {"dtype": "bfloat16"}
+    return [
+        _p("source/transformers (float32)", None, None, "transformers", "tool_limit", kinds=["ct"],
+           limit_match=TF_CT_FP4_FLOAT32),
+        _p("source/transformers (bf16)", None, None, "transformers", "exact", kinds=["ct"], quick=True, **bf16),
+        _p("source/transformers", None, None, "transformers", "tool_limit", kinds=["modelopt"],
+           limit_match=TF_MODELOPT),
+        _p("dequantize-bf16/transformers", "deq_bf16", ["dequantize", "--dtype", "bf16"], "transformers", "exact"),
+        _p("dequantize-f32/transformers", "deq_f32", ["dequantize", "--dtype", "f32"], "transformers", "exact",
+           dequant_dtype="bfloat16"),
+        _p("compressed-tensors/transformers (bf16)", "ct", ["convert", "--to", "compressed-tensors"], "transformers",
+           "exact", quick=True, accept_refusal=FP4_REFUSAL, **bf16),
+        _p("modelopt/transformers", "modelopt", ["convert", "--to", "modelopt"], "transformers", "tool_limit",
+           accept_refusal=FP4_REFUSAL, limit_match=TF_MODELOPT),
+        # the FP4 writers of other branches: REFUSED today (no writer), judged once they land (MLX runs a bf16
+        # source's dense tensors in bf16: the bf16 tolerance, 4 units in the last place of the largest logit)
+        _p("mlx (FP4)/mlx_lm", "mlx", ["convert", "--to", "mlx"], "mlx_lm", "exact", accept_refusal=FP4_REFUSAL,
+           dequant_dtype="bfloat16"),
+        # transformers' GGUF loader decodes to float32 (gguf-py 0.19 has MXFP4 / NVFP4 dequantize): the bf16-
+        # rounded reference's tolerance, as dequantize-f32; llama.cpp quantizes activations: lossy
+        _p("gguf (FP4)/transformers-gguf", "fp4.gguf", ["convert", "--to", "gguf"], "transformers", "exact",
+           accept_refusal=FP4_REFUSAL, dequant_dtype="bfloat16"),
+        _p("gguf (FP4)/llama.cpp", "fp4.gguf", ["convert", "--to", "gguf"], "llama_cpp", "lossy",
+           accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+        _p("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
+           "transformers", "lossy"),
+        _p("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",
+           "lossy", needs="llama_cpp"),
+        _p("gguf-Q4_0/transformers-gguf", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S,
+           "transformers", "lossy"),
+        _p("gguf-Q4_0/llama.cpp", "q4_0.gguf", ["convert", "--to", "gguf", "--bits", "4"] + G32S, "llama_cpp",
+           "lossy", needs="llama_cpp"),
+    ]
+
+
+def fp4_quantize_cases() -> list[dict]:
+    """`qckpt quantize --fp4` of the bf16 source FP4_BF16 into each target; reference: transformers on
+    that source (float32 / bfloat16)."""
+    out = []
+    for fp in ("mxfp4", "nvfp4"):
+        q = ["quantize", "--fp4", fp, "--to"]
+        out += [
+            _p(f"quantize {fp} -> compressed-tensors/transformers (bf16)", f"q_{fp}_ct", q + ["compressed-tensors"],
+               "transformers", "lossy", dtype="bfloat16"),
+            _p(f"quantize {fp} -> modelopt/transformers", f"q_{fp}_modelopt", q + ["modelopt"], "transformers",
+               "tool_limit", accept_refusal=FP4_REFUSAL, limit_match=TF_MODELOPT),
+            _p(f"quantize {fp} -> mlx/mlx_lm", f"q_{fp}_mlx", q + ["mlx"], "mlx_lm", "lossy",
+               accept_refusal=FP4_REFUSAL),
+            _p(f"quantize {fp} -> gguf/transformers-gguf", f"q_{fp}.gguf", q + ["gguf"], "transformers", "lossy",
+               accept_refusal=FP4_REFUSAL),
+        ]
+    return out

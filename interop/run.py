@@ -29,6 +29,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import cases as C  # noqa: E402
+import fp4_group  # noqa: E402
 import fp8_group  # noqa: E402
 import verdict as V  # noqa: E402
 
@@ -456,6 +457,7 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
                      f"| {reason} |")
         L.append("")
     L += fp8_group.section(rows, fmt, md_escape, LOADER_NAMES)
+    L += fp4_group.section(rows, fmt, md_escape, LOADER_NAMES)
     lrows = [r for r in rows if r["group"] == "minilm"]
     if lrows:
         L += ["## MiniLM layer samples -> target -> the target library's own decoder", "",
@@ -516,7 +518,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fp8-sources", default=default_fp8_sources(),
                     help="folder holding the FP8 sources of cases.FP8_SOURCES (default: $QCKPT_FP8_SOURCES, "
                          "else shared/real/ beside the repo, else /work/shared/real/)")
-    ap.add_argument("--group", choices=["all", "smollm2", "fp8", "minilm"], default="all")
+    ap.add_argument("--fp4-bf16", default=fp4_group.default_bf16(REPO),
+                    help="the bf16 source of the FP4 samples (default: $QCKPT_FP4_BF16, else "
+                         "shared/real/fp_sources/smollm2_tiny1L beside the repo, else /work/shared/..., else the "
+                         "copy in interop/data/)")
+    ap.add_argument("--group", choices=["all", "smollm2", "fp8", "fp4", "minilm"], default="all")
     ap.add_argument("--only", help="run the cases whose id contains one of these comma-separated texts")
     ap.add_argument("--work", help="working folder (default: a new temporary folder, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
@@ -548,6 +554,8 @@ def main(argv=None) -> int:
                 rows += run.run_smollm2(ref)
         if args.group in ("all", "fp8"):
             rows += fp8_group.run_fp8(run, log, selected, summary)
+        if args.group in ("all", "fp4"):
+            rows += fp4_group.run_fp4(run, log, selected, summary)
         if args.group in ("all", "minilm"):
             rows += run.run_minilm()
     finally:

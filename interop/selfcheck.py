@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Self-check of the harness logic (no pytest, no torch): python interop/selfcheck.py
 
-Checks the pass rules of verdict.py and the logit metrics of worker.compare_logits (needs numpy;
-skipped with a message if numpy is absent) on hand-made inputs whose answers are worked out below.
+Checks the pass rules of verdict.py, the FP4 group's byte-level completion of a subset
+(fp4_group.complete), and the logit metrics of worker.compare_logits and the FP4 reference's tensor
+choice (worker_fp4.reference_tensors; these two need numpy, skipped with a message if it is absent)
+on hand-made inputs whose answers are worked out below.
 """
 
 from __future__ import annotations
@@ -91,6 +93,68 @@ check("tool limit in the loader's log",
                                   "log_tail": "ValueError('Weight shape (576, 1536) not divisible by scale grid')"})[0],
       "TOOL-LIMIT")
 
+# a write the target cannot hold, or has no writer for yet (the FP4 rows): REFUSED only at plan time (exit 3)
+# and only with one of the case's words
+pending = {"expect": "exact", "accept_refusal": ["not yet writable", "not representable"]}
+check("pending writer refused", V.model_verdict(pending, {"rc": 3, "error": "format mlx cannot write nvfp4 (E2M1) "
+                                                                       "tensors yet: not yet writable"}, None),
+      ("REFUSED", "format mlx cannot write nvfp4 (E2M1) tensors yet: not yet writable"))
+check("pending writer, other error", V.model_verdict(pending, {"rc": 3, "error": "worker died"}, None)[0], "FAIL")
+check("pending writer, usage error", V.model_verdict(pending, {"rc": 2, "error": "not representable"}, None)[0],
+      "FAIL")
+check("pending writer landed: judged", V.model_verdict(pending, ok, model_result(max_abs_logit_diff=1.0))[0], "FAIL")
+check("no accept_refusal: a refusal fails", V.model_verdict(exact, {"rc": 3, "error": "not yet writable"}, None)[0],
+      "FAIL")
+
+
+def fp4_checks():
+    """The byte-level completion of a compressed-tensors subset (fp4_group.complete) on two hand-made
+    safetensors files: every tensor's bytes where the inputs have them, the dense Linear in `ignore`."""
+    import json
+    import struct
+    import tempfile
+
+    import fp4_group
+
+    def write(path, tensors):  # {name: (dtype, shape, bytes)}
+        header, data = {}, b""
+        for n, (dt, shape, raw) in tensors.items():
+            header[n] = {"dtype": dt, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+            data += raw
+        h = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        (d / "q").mkdir()
+        (d / "b").mkdir()
+        write(d / "q" / "model.safetensors", {"m.a_proj.weight_packed": ("U8", [2, 1], b"\x12\x34"),
+                                              "m.a_proj.weight_global_scale": ("F32", [1], struct.pack("<f", 448.0))})
+        write(d / "b" / "model.safetensors", {"m.a_proj.weight": ("BF16", [2, 2], b"\x01\x02\x03\x04\x05\x06\x07\x08"),
+                                              "m.o_proj.weight": ("BF16", [1, 2], b"\xaa\xbb\xcc\xdd"),
+                                              "norm.weight": ("BF16", [2], b"\x80\x3f\x00\x40")})
+        (d / "q" / "config.json").write_text(json.dumps({"quantization_config": {"ignore": []}}))
+        info = fp4_group.complete(d / "q", d / "b", d / "c")
+        h, base = fp4_group.read_header(d / "c" / "model.safetensors")
+        raw = (d / "c" / "model.safetensors").read_bytes()
+
+        def get(n):
+            a, b = h[n]["data_offsets"]
+            return h[n]["dtype"], h[n]["shape"], raw[base + a: base + b]
+
+        check("complete: names", sorted(k for k in h if k != "__metadata__"),
+              ["m.a_proj.weight_global_scale", "m.a_proj.weight_packed", "m.o_proj.weight", "norm.weight"])
+        check("complete: packed bytes", get("m.a_proj.weight_packed"), ("U8", [2, 1], b"\x12\x34"))
+        check("complete: global scale", get("m.a_proj.weight_global_scale"), ("F32", [1], struct.pack("<f", 448.0)))
+        check("complete: dense from bf16", get("m.o_proj.weight"), ("BF16", [1, 2], b"\xaa\xbb\xcc\xdd"))
+        check("complete: header aligned", base % 8, 0)
+        check("complete: ignore", info["ignore"], ["lm_head", "m.o_proj"])
+        cfg = json.loads((d / "c" / "config.json").read_text())
+        check("complete: config ignore", cfg["quantization_config"]["ignore"], ["lm_head", "m.o_proj"])
+
+
+fp4_checks()
+
 
 def layer_result(dw=0.0, dy=0.0, w=1.0, y=10.0, **kw):
     r = {"ok": True, "tensors": [{"tensor": "a.weight", "max_abs_weight_diff": dw, "max_abs_weight": w,
@@ -130,6 +194,19 @@ try:
     check("top1", (m["top1_agree"], m["positions"]), (4, 5))
     check("france last top1", (m["france_last_top1"], m["france_last_is_paris"]), (3, True))
     check("ref max", m["ref_max_abs_logit"], 7.0)
+    # the FP4 reference: the tool's decode replaces a weight, and every quantization parameter of that
+    # module goes (CT: packed codes, scales, the global scale; ModelOpt: U8 weight, weight_scale_2, input_scale)
+    import worker_fp4
+
+    dense = {"m.q.weight": "bf16 q", "m.o.weight": "bf16 o", "norm.weight": "bf16 norm"}
+    ct = {"m.q.weight_packed": "U8", "m.q.weight_scale": "E4M3", "m.q.weight_global_scale": "F32"}
+    mo = {"m.q.weight": "U8", "m.q.weight_scale": "E4M3", "m.q.weight_scale_2": "F32", "m.q.input_scale": "F32",
+          "norm.weight": "modelopt norm"}
+    want = {"m.q.weight": "decoded", "m.o.weight": "bf16 o", "norm.weight": "bf16 norm"}
+    check("fp4 reference, CT", worker_fp4.reference_tensors(dense, ct, {"m.q.weight": "decoded"}), want)
+    check("fp4 reference, ModelOpt", worker_fp4.reference_tensors(dense, mo, {"m.q.weight": "decoded"}),
+          dict(want, **{"norm.weight": "modelopt norm"}))
+    check("fp4 reference, bf16 source", worker_fp4.reference_tensors(dense, {}, {}), dense)
 except ImportError as exc:
     print(f"(compare_logits not checked: {exc})")
 

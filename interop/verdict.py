@@ -43,7 +43,9 @@ LAYER_GARBAGE_REL = 0.5
 def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tuple[str, str]:
     """Verdict for a full-model (SmolLM2) case.
 
-    case: {"expect": "exact"|"lossy"|"refuse", "refuse_match": [words...]};
+    case: {"expect": "exact"|"lossy"|"refuse", "refuse_match": [words...], "accept_refusal": [words...]
+    (a qckpt exit 3 naming one of them is REFUSED: the target cannot hold the source, or has no writer
+    for it yet; a later writer makes the same case load and be judged)};
     convert: {"rc": int, "error": str} of the qckpt command (None: the case has no command);
     result: the worker's JSON (None: not run because the conversion failed or consumer missing).
     Returns (verdict, reason).
@@ -62,6 +64,10 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
             return "FAIL", f"exit status {convert['rc']}, expected 3"
         return "PASS", "refused at plan time"
     if convert is not None and convert["rc"] != 0:
+        err = (convert.get("error") or "").lower()
+        # a write the target cannot hold, or has no writer for yet, declined at plan time (exit 3)
+        if convert["rc"] == 3 and any(w.lower() in err for w in case.get("accept_refusal", [])):
+            return "REFUSED", convert.get("error", "")
         return "FAIL", f"qckpt exit {convert['rc']}: {convert.get('error', '')}"
     if result is None:
         return "FAIL", "loader did not run"

@@ -300,8 +300,11 @@ def act_llama_cpp(spec: dict) -> dict:
         return logits, greedy
 
     logits, greedy = stage("forward", run)
-    tok_ids = _encode_all(lambda s: llm.tokenize(s.encode(), add_bos=False, special=True), spec)
-    text = llm.detokenize(greedy).decode("utf-8", "replace")
+    if spec.get("tokenizer", True):
+        tok_ids = _encode_all(lambda s: llm.tokenize(s.encode(), add_bos=False, special=True), spec)
+        text = llm.detokenize(greedy).decode("utf-8", "replace")
+    else:  # the source ships no tokenizer (the FP8 / FP4 rows' prompts are ids)
+        tok_ids, text = None, None
     out = _finish(spec, logits, greedy, text, tok_ids)
     if spec.get("save_npz"):  # the baseline: llama.cpp on the source, reference for its targets
         np.savez(spec["save_npz"], **{f"p{i}": a for i, a in enumerate(logits)})
@@ -658,9 +661,11 @@ ACTIONS = {
 # the FP8 rows' actions live in worker_fp8.py; it imports this module by name (run as a script, this
 # module is __main__: alias it so both see the same Stage class)
 sys.modules.setdefault("worker", sys.modules[__name__])
+import worker_fp4  # noqa: E402
 import worker_fp8  # noqa: E402
 
 ACTIONS.update(worker_fp8.ACTIONS)
+ACTIONS.update(worker_fp4.ACTIONS)
 
 
 def main(argv):

@@ -143,16 +143,20 @@ def _refuse_partial_groups(ckpt: Checkpoint, handler) -> None:
 
 
 def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any] | None = None,
-              renamed: dict[str, str] | None = None) -> dict[str, Any]:
+              renamed: dict[str, str] | None = None, dropped: dict[str, str] | None = None) -> dict[str, Any]:
     """The report row of source tensor ``name``: :func:`compare_tensors` against ``out[name]``.
 
     A tensor absent from ``out`` is ``missing``, except an ``lm_head`` stored once as the
     embedding (``tied``: the writer's ``tied_head`` summary, identical): it is compared with the
     embedding read back and is ``tied`` when bit-exact; and a tensor the writer stored under the
     target's spelling (``renamed``: the writer's summary, source -> written name; activation scales)
-    is compared with that one and the row names it (``renamed_to``).
+    is compared with that one and the row names it (``renamed_to``); a dense tensor the writer left
+    out on purpose (``dropped``: source name -> reason; activation scales a target has no place for)
+    is ``dropped``, with the reason, and is not counted as changed.
     """
     tied = tied or {}
+    if name in (dropped or {}) and name not in out and ckpt.spec(name).kind == "dense":
+        return {"name": name, "kind": "dense", "mode": "dropped", "bit_exact": False, "reason": dropped[name]}
     new = (renamed or {}).get(name)
     if name not in out and new is not None and new in out:
         row = compare_tensors(ckpt[name], out[new])
@@ -173,7 +177,8 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
 
 
 def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None = None, *,
-                  meanwhile=None, renamed: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                  meanwhile=None, renamed: dict[str, str] | None = None,
+                  dropped: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Prove ``out`` (the written checkpoint, opened with the target's reader) against ``ckpt``.
 
     One :func:`proof_row` per source tensor, in ``ckpt.names()`` order. Tensors are compared
@@ -193,7 +198,7 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
 
     def done(i: int, row: dict[str, Any]) -> None:
         rows[i] = row
-    run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed),
+    run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed, dropped),
               workers=auto_workers(total, len(names)), on_result=done, meanwhile=meanwhile)
     return rows
 
@@ -227,7 +232,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
             raise
         out = registry.load(dst, format=to)
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
-                             renamed=(written or {}).get("renamed"))
+                             renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"))
     proven = {r["name"]: bool(r["bit_exact"]) for r in rows}
     for d in modules:
         if d["decision"] == "dequantized":
@@ -261,6 +266,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
                 "exact_up_to_rounding": len(rounding),
                 "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
+                "dropped": sum(r["mode"] == "dropped" for r in sel),
                 "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
     out = counts(rows)
     out["all_exact"] = out["exact"] == len(rows)

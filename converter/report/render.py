@@ -184,10 +184,20 @@ def render_convert(doc: dict) -> None:
             continue
         rounding = (f", {k['exact_up_to_rounding']} exact up to rounding (max |diff| {fmt(k['max_rounding_diff'])})"
                     if k["exact_up_to_rounding"] else "")
-        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed")
+        dropped = f", {k['dropped']} not written (see below)" if k.get("dropped") else ""
+        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed{dropped}")
+    n_dropped = s.get("dropped", 0)
     c.print("all tensors bit-exact" if s["all_exact"] else
-            "codes identical; values exact up to the stated rounding" if s["within_rounding"] else
-            "CHANGED: the output does not reproduce the source")
+            "CHANGED: the output does not reproduce the source" if not s["within_rounding"] else
+            "every tensor written bit-exact" if not s["exact_up_to_rounding"] else
+            "codes identical; values exact up to the stated rounding")
+    if n_dropped:
+        why: dict[str, list[str]] = {}
+        for r in doc["tensors"]:
+            if r["mode"] == "dropped":
+                why.setdefault(r["reason"], []).append(r["name"])
+        for reason, names in why.items():
+            c.print(f"not written: {len(names)} tensors ({reason}), e.g. {names[0]}")
     render_modules(doc, c)
     render_side_files(doc, c)
     render_write_warnings(doc, c)

@@ -16,7 +16,9 @@ def render_validation(doc: dict[str, Any]) -> None:
     """Human rendering of a validation report (rich table of findings)."""
     c = console()
     s = doc["summary"]
-    verdict = "clean" if doc["exit_code"] == 0 else "FINDINGS"
+    verdict = {"clean": "clean", "findings": "FINDINGS",
+               "incomplete": f"no findings, but {s['tensors_unchecked']} quantized tensors not checked "
+                             "(not clean)"}[s["verdict"]]
     fmt = doc["format"] or "not detected (the files could not be read)"
     c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
             f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "

@@ -41,6 +41,8 @@ class ValidationReport:
     findings: list[Finding] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: quantized (or opaque) tensors that could not be checked: an undecodable type, a reader error
+    unchecked: list[str] = field(default_factory=list)
 
     def add(self, *findings: Finding) -> None:
         self.findings.extend(findings)
@@ -50,11 +52,20 @@ class ValidationReport:
 
     @property
     def exit_code(self) -> int:
-        """0 clean; 1 with an error finding (or a warning under ``strict``). Info never fails."""
+        """0 clean; 1 with an error finding (or, under ``strict``, a warning or a quantized tensor
+        left unchecked). Info never fails."""
         c = self.counts()
-        if c["error"] or (self.strict and c["warning"]):
+        if c["error"] or (self.strict and (c["warning"] or self.unchecked)):
             return FINDINGS
         return OK
+
+    @property
+    def verdict(self) -> str:
+        """``clean`` only when nothing was found and every quantized tensor was checked;
+        ``incomplete`` when nothing was found in the tensors that could be checked."""
+        if self.exit_code:
+            return "findings"
+        return "incomplete" if self.unchecked else "clean"
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
@@ -64,6 +75,8 @@ class ValidationReport:
         fs = sorted(self.findings, key=lambda f: (order[f.severity], list(CODES).index(f.code), f.tensor or ""))
         return jsonable({"schema": SCHEMA, "path": self.path, "format": self.format, "reference": self.reference,
                          "strict": self.strict, "checks": list(self.checks), "findings": [f.to_json() for f in fs],
-                         "summary": {**self.counts(), "tensors_checked": len(self.tensors)},
+                         "summary": {**self.counts(), "tensors_checked": len(self.tensors),
+                                     "tensors_unchecked": len(self.unchecked), "unchecked": list(self.unchecked),
+                                     "verdict": self.verdict},
                          "tensors": self.tensors, "exit_code": self.exit_code})
 

@@ -103,6 +103,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))
+            report.unchecked.append(spec.name)
         if spec.kind != "quantized":
             continue
         report.add(*structural.check_spec(spec, always_stored=hooks.always_stored),
@@ -111,8 +112,10 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
             t = ckpt[spec.name]
         except ConverterError as exc:
             report.add(reader_errors.error_finding(exc, tensor=spec.name))
+            report.unchecked.append(spec.name)
             continue
         if not isinstance(t, QuantizedTensor):
+            report.unchecked.append(spec.name)
             continue
         dense_axes = (ckpt.metadata or {}).get("dense_axes", {}).get(spec.name)
         report.tensors[spec.name] = _check_tensor(report, source, spec, t, hooks, ref_ckpt, dense_axes)

@@ -233,7 +233,7 @@ def test_ct_mxfp4_to_gguf_is_exact_and_round_trips_bit_for_bit(tmp_path):
 def test_modelopt_nvfp4_to_gguf_exact_with_scale_tensors(tmp_path):
     dst = tmp_path / "nv.gguf"
     doc = _convert(MO_SAMPLE, dst)
-    assert doc["summary"]["all_exact"]
+    assert doc["summary"]["quantized"]["exact"] == 7 and doc["summary"]["dense"]["changed"] == 0
     src, back = load(MO_SAMPLE), load(dst)
     r = {t.name: t for t in gguf.GGUFReader(dst).tensors}
     names = back.metadata["gguf_names"]
@@ -245,8 +245,7 @@ def test_modelopt_nvfp4_to_gguf_exact_with_scale_tensors(tmp_path):
         assert scale.tensor_type.name == "F32" and list(scale.shape) == [1]
         assert np.asarray(scale.data).view(np.uint32)[0] == np.asarray(a.global_scale).view(np.uint32)
         assert np.array_equal(a.dequantize().view(np.uint32), b.dequantize().view(np.uint32)), name
-    inp = r["blk.0.attn_q.input_scale"]  # ModelOpt's 0-d input_scale: F32 [1], as llama.cpp writes it
-    assert inp.tensor_type.name == "F32" and list(inp.shape) == [1]
+    assert "blk.0.attn_q.input_scale" not in r  # activation scales are not written (see the test below)
 
 
 def test_ct_nvfp4_divisor_global_scale_is_refused(tmp_path):
@@ -385,3 +384,30 @@ def test_stacked_experts_mxfp4_round_trip(tmp_path):
     write_gguf(Checkpoint.from_tensors([t]), tmp_path / "back.gguf", arch="unknownarch")
     back = gguf.GGUFReader(tmp_path / "back.gguf").tensors[0]
     assert back.tensor_type.name == "MXFP4" and np.asarray(back.data).tobytes() == raw.tobytes()
+
+
+def test_activation_scales_are_not_written_to_gguf_and_the_report_says_so(tmp_path):
+    """Regression (interop fp4 group): ModelOpt's 7 static input_scale tensors were written to GGUF as
+    F32 [1] tensors, which transformers' GGUF loader cannot load ("cannot reshape array of size 1");
+    llama.cpp has no input-scale tensor (it quantizes activations itself). They are left out, each
+    row says so, and the weights stay exact."""
+    import gguf
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    for extra in ([], ["--bits", "8", "--group-size", "32", "--sym"]):
+        dst = tmp_path / f"o{len(extra)}.gguf"
+        r = CliRunner().invoke(main, ["convert", str(SAMPLES / "modelopt_nvfp4_smollm2tiny"), str(dst), "--to", "gguf",
+                                      *extra, "--json"])
+        assert r.exit_code == 0, r.output
+        names = [t.name for t in gguf.GGUFReader(str(dst)).tensors]
+        assert not any("input_scale" in n for n in names) and len(names) == len(set(names))
+    doc = json.loads(CliRunner().invoke(main, ["convert", str(SAMPLES / "modelopt_nvfp4_smollm2tiny"),
+                                               str(tmp_path / "p.gguf"), "--to", "gguf", "--json"]).output)
+    rows = {t["name"]: t for t in doc["tensors"]}
+    dropped = [n for n, t in rows.items() if t["mode"] == "dropped"]
+    assert len(dropped) == 7 and all(n.endswith(".input_scale") for n in dropped)
+    assert doc["summary"]["dense"]["dropped"] == 7 and doc["summary"]["quantized"]["exact"] == 7
+    assert doc["summary"]["within_rounding"] and not doc["summary"]["all_exact"]  # not "all exact": 7 left out

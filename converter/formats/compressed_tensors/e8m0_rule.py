@@ -46,6 +46,11 @@ SAMPLE_ROWS = 128
 SAMPLE_TENSORS = 16
 #: The winner's decoded RMS must lie within this log2 distance of the siblings' (a factor 2).
 MAX_LOG2_DISTANCE = 1.0
+#: The data overrule a *declared* version only when the declared rule puts the decoded RMS at least this
+#: far (log2: a factor 4) from the siblings'. Real layers spread widely (SmolLM2 layer 0: v_proj RMS
+#: 0.045, k_proj 0.41, embedding 0.118), so a weaker contradiction is left to the version: the data
+#: check once decoded a correct 0.19.0 file holding only v_proj 4x too large.
+STRONG_CONTRADICTION_LOG2 = 2.0
 _DENSE_FLOATS = ("F16", "BF16", "F32")
 
 
@@ -108,31 +113,40 @@ class RuleDecision:
         return f"MXFP4 E8M0 rule {rule}; decided by {self.by} ({self.evidence})"
 
 
-def data_rule(src: Source, mx_prefixes: list[str], owned: set[str], group: int = 32) -> tuple[str | None, str]:
-    """The encoding the data support (None when no dense sibling exists or the magnitudes are ambiguous)."""
+def data_rule(src: Source, mx_prefixes: list[str], owned: set[str],
+              group: int = 32) -> tuple[str | None, str, dict[str, float]]:
+    """The encoding the data support (None when no dense sibling exists or the magnitudes are ambiguous),
+    the evidence text, and the log2 distance of each rule's decoded RMS from the siblings' (``{}`` when
+    nothing was measured)."""
     sib = [r for r in (_rms(np.asarray(src.read(n))[:SAMPLE_ROWS].astype(np.float64))
                        for n in sibling_names(src, owned)) if r]
     if not sib:
-        return None, "no dense 2-D sibling weight to compare magnitudes with"
+        return None, "no dense 2-D sibling weight to compare magnitudes with", {}
     mx = [r for r in (mx_rms_standard(src, p, group) for p in mx_prefixes[:SAMPLE_TENSORS]) if r]
     if not mx:
-        return None, "no finite MXFP4 value to measure"
+        return None, "no finite MXFP4 value to measure", {}
     ref, got = float(np.median(sib)), float(np.median(mx))
     factor = 2.0 ** LEGACY_OFFSET  # legacy bytes decode 4x larger than standard ones
     d_std, d_leg = abs(np.log2(got / ref)), abs(np.log2(factor * got / ref))
     text = (f"median RMS of {len(mx)} MXFP4 tensor(s) {got:.4g} (standard) / {4 * got:.4g} (legacy) vs "
             f"{ref:.4g} of {len(sib)} dense sibling(s)")
     best, dist = (STANDARD, d_std) if d_std <= d_leg else (LEGACY, d_leg)
-    return (best if dist < MAX_LOG2_DISTANCE else None), text
+    return ((best if dist < MAX_LOG2_DISTANCE else None), text + f" (log2 distance {d_std:.2f} / {d_leg:.2f})",
+            {STANDARD: float(d_std), LEGACY: float(d_leg)})
 
 
 def decide(src: Source, version_text: str | None, version: tuple[int, ...] | None, mx_prefixes: list[str],
            owned: set[str]) -> RuleDecision:
     """The E8M0 encoding of the MXFP4 modules ``mx_prefixes``: the data check wins when it has an answer
-    that the version lacks or contradicts; else the version; else the standard encoding (stated)."""
+    the version lacks, or contradicts the version strongly (:data:`STRONG_CONTRADICTION_LOG2`); else the
+    version; else the standard encoding (stated)."""
     by_version = rule_for_version(version)
-    by_data, evidence = data_rule(src, mx_prefixes, owned) if mx_prefixes else (None, "no MXFP4 module")
+    by_data, evidence, distance = data_rule(src, mx_prefixes, owned) if mx_prefixes else (None, "no MXFP4 module", {})
     vtext = f"quantization_config.version {version_text!r}"
+    if by_data is not None and by_version is not None and by_data != by_version:
+        if distance.get(by_version, 0.0) < STRONG_CONTRADICTION_LOG2:  # weak: the declaration stands
+            return RuleDecision(by_version, "version", by_version, None,
+                                f"{vtext}; the data lean to {by_data} but too weakly to overrule it: {evidence}")
     if by_data is not None and by_data != by_version:
         why = "missing or ambiguous" if by_version is None else f"says {by_version}, contradicted by the data"
         return RuleDecision(by_data, "data check", by_version, by_data, f"{vtext} {why}; {evidence}")

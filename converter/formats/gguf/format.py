@@ -86,12 +86,13 @@ from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, 
                                             QUANTIZATION_VERSION, FILE_TYPES, MANAGED_KEYS, WRITE_TYPES, gguf_module,
                                             quantize_to_gguf, scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
-from converter.formats.gguf.targets import check_target, exact_type
+from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exact_type
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
 from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, config_kv, tokenizer_warning
 from converter.formats.ties import resolve_tied_head
+from converter.formats.activations import is_activation_scale
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
@@ -283,8 +284,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
     drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans = []
+    # static activation scales (input_scale): llama.cpp has no tensor for them (ACT_SCALE_DROPPED)
+    dropped = {spec.name: ACT_SCALE_DROPPED for spec in ckpt.specs() if is_activation_scale(spec)}
     for spec in ckpt.specs():
-        if spec.name not in drop:
+        if spec.name not in drop and spec.name not in dropped:
             plans.append(_plan(ckpt, spec, arch, gguf_type, names, src_kv))
             if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
                 plans[-1].scaled = True
@@ -376,7 +379,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             return offsets[i], data
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
-              "file_type": file_type, "notes": notes}
+              "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
     skipped = tokenizer_warning(ckpt, src_kv)
     if skipped:
         result["side_files_skipped"] = skipped

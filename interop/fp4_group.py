@@ -1,0 +1,248 @@
+"""Group "fp4" of the interop suite (stdlib only): the real FP4 checkpoints of cases.FP4_SOURCES, and
+the bf16 source they were quantized from (cases.FP4_BF16), converted / quantized by qckpt into every
+target and loaded whole by the target's real loader; compared with transformers running the
+producing tool's own decode of the source (worker_fp4.act_fp4_reference), in the dtype of the row.
+
+The compressed-tensors FP4 files are llm-compressor model-free subsets (layer-0 q/k/v/down): before
+anything runs, `complete` writes a loadable copy (their tensors byte for byte, plus the bf16 source's
+other tensors, whose Linear modules go to the config's `ignore`), and that copy is the source of
+every row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import cases as C
+import verdict as V
+
+REF_VERSION = "1"  # bump when FP8_PROMPTS or the reference method change
+HERE = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------ safetensors, byte level
+def read_header(path: Path) -> tuple[dict, int]:
+    """The JSON header of a safetensors file and the offset of its data section."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)), 8 + n
+
+
+def merge_safetensors(parts: list[tuple[Path, list[str]]], dest: Path) -> None:
+    """Write ``dest`` holding the named tensors of each file, bytes copied unchanged (dtype, shape,
+    data); the header is padded to 8 bytes as the safetensors format asks."""
+    header, chunks, offset = {}, [], 0
+    for path, names in parts:
+        h, base = read_header(path)
+        with open(path, "rb") as f:
+            for name in names:
+                info = h[name]
+                a, b = info["data_offsets"]
+                f.seek(base + a)
+                data = f.read(b - a)
+                header[name] = {"dtype": info["dtype"], "shape": info["shape"],
+                                "data_offsets": [offset, offset + len(data)]}
+                chunks.append(data)
+                offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = dest.with_name(dest.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for c in chunks:
+            f.write(c)
+    tmp.replace(dest)
+
+
+def complete(src: Path, bf16: Path, dest: Path) -> dict:
+    """A loadable copy of a compressed-tensors subset: every tensor of ``src`` unchanged, plus each tensor
+    of the bf16 source whose module ``src`` does not quantize; those modules' Linear layers (and
+    ``lm_head``, tied to the embedding) are added to ``quantization_config.ignore``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    qh, _ = read_header(src / "model.safetensors")
+    bh, _ = read_header(bf16 / "model.safetensors")
+    qnames = [n for n in qh if n != "__metadata__"]
+    modules = {n.rpartition(".")[0] for n in qnames}
+    added = [n for n in bh if n != "__metadata__" and n.rpartition(".")[0] not in modules]
+    merge_safetensors([(src / "model.safetensors", qnames), (bf16 / "model.safetensors", added)],
+                      dest / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    dense_linears = sorted(n.rpartition(".")[0] for n in added if n.endswith("_proj.weight"))
+    qc = cfg["quantization_config"]
+    qc["ignore"] = sorted(set(qc.get("ignore") or []) | {"lm_head"} | set(dense_linears))
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    return {"from_fp4_file": len(qnames), "from_bf16_source": len(added), "ignore": qc["ignore"]}
+
+
+def _digest(*files: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_bf16(repo: Path) -> str:
+    """shared/real/fp_sources/<FP4_BF16> beside the repo, else /work/shared/real/..., else the copy in
+    interop/data/ (byte-identical, PROVENANCE.json)."""
+    import os
+
+    if os.environ.get("QCKPT_FP4_BF16"):
+        return os.environ["QCKPT_FP4_BF16"]
+    for cand in (repo.parent / "shared" / "real" / "fp_sources" / C.FP4_BF16,
+                 Path("/work/shared/real/fp_sources") / C.FP4_BF16, HERE / "data" / C.FP4_BF16):
+        if (cand / "model.safetensors").exists():
+            return str(cand)
+    return str(HERE / "data" / C.FP4_BF16)
+
+
+# ------------------------------------------------------------------ references
+def reference(run, name: str, bf16: Path, dtype: str, source: Path | None, decoded: Path | None) -> dict:
+    """The reference of one source in ``dtype`` (cached by the digest of its inputs)."""
+    files = [bf16 / "config.json", bf16 / "model.safetensors"]
+    if source is not None:
+        files += [source / "model.safetensors", decoded]
+    cache = Path(run.args.cache) / f"fp4-{name}-{dtype}-{_digest(*files)}-v{REF_VERSION}"
+    meta_p, npz = cache / "reference.json", cache / "reference.npz"
+    if meta_p.exists() and npz.exists() and not run.args.no_cache:
+        return dict(json.loads(meta_p.read_text()), npz=str(npz))
+    cache.mkdir(parents=True, exist_ok=True)
+    spec = {"bf16_source": str(bf16), "source": str(source) if source else None,
+            "reference": str(decoded) if decoded else None, "dtype": dtype,
+            "dest": str(run.work / f"ref-fp4-{name}-{dtype}"), "reference_npz": str(npz), "prompts": C.FP8_PROMPTS,
+            "france_index": 0, "greedy_tokens": C.FP8_GREEDY_TOKENS, "pad_id": 2}
+    r = run.worker("fp4_reference", spec, C.slug(f"fp4-reference-{name}-{dtype}"), run.args.timeout)
+    if not r.get("ok"):  # every row that needs it fails, naming this (the run goes on)
+        return r
+    meta_p.write_text(json.dumps(r, indent=1))
+    return dict(r, npz=str(npz))
+
+
+# ------------------------------------------------------------------ the group
+def _sources(run) -> list[tuple[str, dict | None]]:
+    """(name, FP4_SOURCES entry) of every source, then (FP4_BF16, None) for the quantize rows."""
+    return list(C.FP4_SOURCES.items()) + [(C.FP4_BF16, None)]
+
+
+def run_fp4(run, log, selected, summary) -> list[dict]:
+    rows = []
+    bf16 = Path(run.args.fp4_bf16).resolve()  # the workers run in the work folder
+    have_llama = None
+    for name, info in _sources(run):
+        all_cases = C.fp4_cases() if info else C.fp4_quantize_cases()
+        quick_ok = name in C.FP4_QUICK_SOURCES
+        cases = [c for c in all_cases if not run.args.quick or (c["quick"] and quick_ok)]
+        cases = [c for c in cases if selected(run.args.only, c["id"])
+                 and (info is None or info["kind"] in c.get("kinds", [info["kind"]]))]
+        if not cases:
+            continue
+        sample = Path(run.args.samples).resolve() / name if info else bf16
+        missing = [p for p in (sample, bf16) if not (p / "model.safetensors").exists()]
+        if missing:
+            rows.append({"group": "fp4", "id": f"{name}: all", "source": name, "loader": None, "verdict": "SKIP",
+                         "reason": f"source not found: {missing[0]}"})
+            continue
+        src = sample
+        if info and info["kind"] == "ct":  # a model-free subset: completed into a loadable model
+            src = run.work / "fp4-sources" / name
+            done = complete(sample, bf16, src)
+            log(f"[fp4] {name}: completed into {src} ({done})")
+        decoded = sample / C.FP4_REFERENCE if info else None
+        refs = {}
+        for case in cases:
+            log(f"[fp4] {name}: {case['id']}")
+            row = {"group": "fp4", "id": case["id"], "source": name, "loader": case["loader"],
+                   "expect": case["expect"]}
+            if case.get("needs") == "llama_cpp":
+                if have_llama is None:
+                    have_llama = run.has_module("llama_cpp")
+                if not have_llama:
+                    row.update(verdict="SKIP", reason="llama-cpp-python not installed (setup.sh --with-llama)",
+                               command=None)
+                    rows.append(row)
+                    continue
+            if case["cmd"] is None:
+                conv, path = None, src
+                row["command"] = "(the source itself)"
+            else:
+                conv, path = run.convert_once(src, f"fp4-{name}-{case['out']}", case["cmd"], run.args.timeout)
+                row["command"], row["convert"] = conv["command"], conv
+            result = None
+            if case["loader"] and (conv is None or conv["rc"] == 0):
+                dtype = row["ref_dtype"] = case.get("dtype", "float32")
+                if dtype not in refs:
+                    refs[dtype] = reference(run, name, bf16, dtype, sample if info else None, decoded)
+                ref = refs[dtype]
+                if not ref.get("ok"):
+                    row.update(verdict="FAIL", reason=f"the {dtype} reference failed: {ref.get('stage')}: "
+                                                      f"{ref.get('error')}", result=None)
+                    log(f"    -> FAIL {row['reason']}")
+                    rows.append(row)
+                    continue
+                spec = {"reference_npz": ref["npz"], "prompts": ref["prompts"], "france_index": 0,
+                        "paris_id": ref["paris_ids"][0], "greedy_tokens": C.FP8_GREEDY_TOKENS,
+                        "reference_greedy_ids": ref["greedy_ids"], "tokenizer": False, "pad_id": 2,
+                        "path": str(path), "dtype": dtype}
+                result = run.worker(case["loader"], spec, C.slug(f"fp4-{name}-{case['id']}"), run.args.timeout)
+                if result.get("ok"):
+                    if case.get("dequant_dtype"):
+                        result["dequant_dtype"] = case["dequant_dtype"]
+            v, reason = V.model_verdict(case, conv, result)
+            row.update(verdict=v, reason=reason, result=result)
+            log(f"    -> {v} {reason}" + (f" | {summary(result)}" if result and result.get("ok") else ""))
+            rows.append(row)
+    return rows
+
+
+def section(rows: list[dict], fmt, md_escape, loader_names) -> list[str]:
+    """The RESULTS.md section of the fp4 rows (none: no section)."""
+    rows = [r for r in rows if r["group"] == "fp4"]
+    if not rows:
+        return []
+    L = ["## FP4 sources -> target -> real loader", "",
+         "Sources (sample_checkpoints/): " + "; ".join(f"`{n}` ({i['written_by']})" for n, i in C.FP4_SOURCES.items())
+         + f"; and the bf16 model they were quantized from, `{C.FP4_BF16}` (shared/real/fp_sources/, or the copy "
+         "in interop/data/), for the `qckpt quantize --fp4` rows. The two compressed-tensors files hold only "
+         "layer 0's q/k/v/down: the harness completes each into a loadable model (its tensors byte for byte, "
+         "the bf16 source's other tensors, those Linear modules and lm_head in the config's `ignore`) and "
+         "that is the source of every row. Reference: transformers on the bf16 source's config with every "
+         "quantized weight replaced by the producing tool's own decode (reference_dequant.safetensors; every "
+         "quantization parameter of a decoded weight, packed codes, scales, global scales (`weight_global_scale`, "
+         "`weight_scale_2`) and `input_scale`, dropped), in the dtype of the row (column ref dtype: "
+         "compressed-tensors decompresses FP4 to bfloat16 whatever dtype transformers loads in, so those rows "
+         "run in bfloat16 against the bfloat16 reference). Prompts: token ids as the fp8 group. Exact rows: "
+         f"greedy identical and max |logit diff| <= {V.EXACT_REL_TOL:g} x max |reference logit| "
+         f"({V.EXACT_REL_TOL_BY_DEQUANT['bfloat16']:.3g} x for a float32 decode against the bf16-rounded "
+         f"reference, and for MLX). Lossy rows: top-1 agreement >= {C.FP4_LOSSY_TOP1_PCT:g}%. REFUSED: qckpt "
+         "declines at plan time, naming why (the target cannot hold the source, or has no FP4 writer yet: "
+         "once one lands the row loads its output and is judged). TOOL-LIMIT: the pinned loader refuses a "
+         "file with the documented message.", "",
+         "| source | target (case) | command | loader | ref dtype | load | max \\|dlogit\\| | mean \\|dlogit\\| "
+         "| top-1 % | greedy equal | verdict |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        res = r.get("result") or {}
+        if res.get("ok"):
+            load = "ok"
+            for key, what in (("missing_keys", "left at random init"), ("unexpected_keys", "ignored")):
+                k = res.get(key) or {}
+                if k.get("count"):
+                    load += f"; {k['count']} tensors {what} ({', '.join(k['first'][:2])}...)"
+        elif res:
+            load = f"{res.get('stage')}: {res.get('error')}"
+        elif (r.get("convert") or {}).get("rc"):
+            load = "(not written)"
+        else:
+            load = "-"
+        reason = f"**{r['verdict']}**" + (f": {md_escape(r['reason'])}" if r.get("reason") else "")
+        L.append(f"| {r['source']} | {r['id']} | `{md_escape(r.get('command') or '-')}` "
+                 f"| {loader_names.get(r['loader'], r['loader'])} | {r.get('ref_dtype', '-')} "
+                 f"| {md_escape(load)} | {fmt(res.get('max_abs_logit_diff'))} | {fmt(res.get('mean_abs_logit_diff'))} "
+                 f"| {fmt(res.get('top1_agree_pct'), '.1f')} | {fmt(res.get('greedy_equal'), '')} | {reason} |")
+    L.append("")
+    return L
