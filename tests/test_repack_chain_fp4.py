@@ -13,7 +13,10 @@ The expected decodes come from the producing tools (each sample's ``reference_de
 llama.cpp's ``quantize_row_*_ref`` blocks in tests/data/gguf_fp4 for the GGUF sources), checked once at the
 start of each chain so the chain's reference is the tool's decode, not qckpt's.
 
-Refusals (NotRepresentableError naming the file, the tensor and the field, nothing left at the destination):
+GGUF leaves out ModelOpt's static ``input_scale`` tensors (llama.cpp has none; the convert report lists them
+as ``dropped`` with the reason), so those leave the comparison from that hop on and ModelOpt cannot be
+rebuilt from the GGUF file. Refusals (NotRepresentableError naming the file, the tensor and the field,
+nothing left at the destination):
 compressed-tensors' NVFP4 divisor 936.0 (down_proj) has no float32 multiplier (GGUF) or amax (MLX);
 ModelOpt's multiplier 0.0012090774 and MLX's amax 4.96875 have no float32 divisor (compressed-tensors);
 ModelOpt NVFP4 is W4A4 and needs an ``input_scale`` a weight-only source lacks; MXFP4 has E8M0 scales,
@@ -44,8 +47,9 @@ CHAINS = [
     ("ct_mxfp4_smollm2", [GGUF, MLX, CT]),
     ("ct_mxfp4_smollm2", [MLX, GGUF, NATIVE, CT]),
     ("ct_nvfp4_smollm2", [NATIVE, CT]),
-    ("modelopt_nvfp4_smollm2tiny", [GGUF, MO]),
-    ("modelopt_nvfp4_smollm2tiny", [MLX, GGUF, NATIVE, MO]),
+    ("modelopt_nvfp4_smollm2tiny", [GGUF, MLX]),  # the input_scale tensors dropped by GGUF (stated)
+    ("modelopt_nvfp4_smollm2tiny", [MLX, NATIVE, MO]),
+    ("modelopt_nvfp4_smollm2tiny", [MLX, GGUF, NATIVE]),
     ("mlx_mxfp4_smollm2tiny", [GGUF, MLX]),
     ("mlx_mxfp4_smollm2tiny", [GGUF, CT, NATIVE, GGUF]),
     ("mlx_nvfp4_smollm2tiny", [GGUF, CT, MLX]),
@@ -64,6 +68,8 @@ REFUSED = {
     ("ct_nvfp4_smollm2", (CT, MLX)): ("global_scale", "936.0 has no float32 amax"),
     ("ct_nvfp4_smollm2", (MO,)): ("input_scale", "ModelOpt NVFP4 is W4A4"),
     ("modelopt_nvfp4_smollm2tiny", (GGUF, CT)): ("global_scale", "has no float32 divisor"),
+    # GGUF has no input-scale tensor (llama.cpp), so ModelOpt's W4A4 cannot be rebuilt from it
+    ("modelopt_nvfp4_smollm2tiny", (GGUF, MO)): ("input_scale", "the source has none"),
     ("modelopt_nvfp4_smollm2tiny", (MLX, CT)): ("global_scale", "has no float32 divisor"),
     ("mlx_nvfp4_global_smollm2", (GGUF, CT)): ("global_scale", "has no float32 divisor"),
     ("mlx_nvfp4_global_smollm2", (NATIVE, MO)): ("input_scale", "the source has none"),
@@ -137,7 +143,13 @@ def test_chain_is_exact_at_every_hop(name, hops, tmp_path):
     for i, fmt in enumerate(hops):
         dst = tmp_path / (f"{i}-{fmt}.gguf" if fmt == GGUF else f"{i}-{fmt}")
         rep = convert_exact(prev, dst, fmt)
-        assert rep["summary"]["all_exact"] and rep["summary"]["changed"] == 0, (fmt, rep["summary"])
+        dropped = rep["written"].get("dropped", {})
+        # the one thing a hop may leave out, stated with its reason: a static activation scale GGUF has no
+        # tensor for (llama.cpp); every other tensor is exact
+        assert all(fmt == GGUF and n.endswith("input_scale") for n in dropped), dropped
+        assert rep["summary"]["changed"] == 0 and rep["summary"]["exact"] + len(dropped) == rep["summary"]["tensors"]
+        assert rep["summary"]["all_exact"] or dropped, (fmt, rep["summary"])
+        want = {n: v for n, v in want.items() if n not in dropped}
         got = _decoded(registry.load(dst, format=fmt))
         assert sorted(got) == sorted(want), fmt  # no tensor lost or renamed on the way
         for n, v in want.items():
