@@ -204,8 +204,6 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
     fixed = 32 if fp4 == "mxfp4" else 16
     if per_tensor or per_channel or block is not None or (group_size is not None and group_size != fixed):
         raise click.UsageError(f"--fp4 {fp4} has groups of {fixed} along the input axis: drop the granularity option")
-    if rule == "mlx" and fp4 != "mxfp4":
-        raise click.UsageError("--fp4-rule mlx reproduces MLX's mxfp4 only: use --fp4 mxfp4 or --fp4-rule ct")
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -218,7 +216,8 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
               help="Quantize to FP4 (E2M1): mxfp4 = groups of 32, E8M0 scales; nvfp4 = groups of 16, E4M3 "
                    "scales and an F32 global scale (shared by q/k/v and gate/up, as llm-compressor does).")
 @click.option("--fp4-rule", type=click.Choice(["ct", "mlx"]), default="ct", show_default=True,
-              help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx, mxfp4 only).")
+              help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx; nvfp4 without a "
+                   "global scale).")
 @click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
@@ -273,8 +272,9 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            scale_dtype=sd, include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE,
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, **kw)
-    _emit(summarize(stats, opts, str(src), dst, **kw), as_json, render.render_quantize, "quantize-report")
+    notes: dict = {}
+    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes, **kw)
+    _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())

@@ -35,8 +35,13 @@ F16 torch operation is a float32 one rounded to nearest even) unless said otherw
 the real SmolLM2 layer-0 weights with mlx 0.32.4): ``e = 127 + ceil(log2(amax / 6))`` (float32;
 never clips: ``amax <= 6 * 2^(e-127)``), ``q = w / 2^(e-127)`` in float32, rounded to nearest with
 ties toward the *smaller magnitude* (0.25 -> 0, 0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3, 5 -> 4), and a
-zero is always ``0x0``. The exponents differ from ``ct`` in ~22% of groups (``ct`` 1 lower). MLX's
-NVFP4 mode (no global scale) is not reproduced here.
+zero is always ``0x0``. The exponents differ from ``ct`` in ~22% of groups (``ct`` 1 lower).
+``mx.quantize(w, group_size=16, bits=4, mode="nvfp4")`` (no global scale; checked bit for bit on the same
+weights against the mlx-lm sample sample_checkpoints/mlx_nvfp4_smollm2tiny): ``s = E4M3(amax / 6)``
+(float32, round to nearest even, E4M3 subnormals included), ``q = w / s`` in float32, the same E2M1
+rounding. Not verified against MLX, so refused or stated: ``amax / 6 > 448`` (E4M3 overflow) is
+refused; a group whose ``s`` is 0 (all zero, or ``amax / 6`` below E4M3's smallest subnormal / 2) gets
+codes 0 (decodes to 0).
 
 Codes are the 4-bit E2M1 fields (``converter.codebooks.E2M1_VALUES``: bit 3 sign, bits 0-2 the
 magnitude index), one uint8 per element; packing two per byte is a format's business.
@@ -61,7 +66,7 @@ E2M1_MAX, E4M3_MAX = 6.0, 448.0
 MX_GROUP, NV_GROUP = 32, 16
 #: The rule sets: the encoder each reproduces.
 FP4_RULES = {"ct": "compressed-tensors 0.19-0.20 (llm-compressor model_free_ptq MXFP4A16 / NVFP4A16)",
-             "mlx": "MLX 0.32 mx.quantize(mode='mxfp4')"}
+             "mlx": "MLX 0.32 mx.quantize(mode='mxfp4' | 'nvfp4', no global scale)"}
 #: Magnitudes of the E2M1 codes 0..7.
 E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 #: Midpoints between consecutive magnitudes; the even code of a tie is the one below at 0.25, 1.25,
@@ -185,6 +190,16 @@ def tensor_amax(values: Any, *, tensor: str | None = None) -> float:
     return m
 
 
+def _mlx_nvfp4_scales(amax: np.ndarray, tensor: str | None, r0: int) -> np.ndarray:
+    """MLX nvfp4's E4M3 group scales ``E4M3(amax / 6)`` (float32, nearest even); refused above 448."""
+    s = (amax / np.float32(E2M1_MAX)).astype(np.float32)
+    if (s > E4M3_MAX).any():
+        raise QuantizationError("a group's amax / 6 exceeds E4M3's 448: MLX nvfp4 without a global scale has no "
+                                "such scale (MLX's behaviour there is not reproduced)", tensor=tensor, field="values",
+                                expected="amax <= 2688", found=f"{float(s.max()) * E2M1_MAX} in rows from {r0}")
+    return s.astype(_E4M3)
+
+
 def quantize_fp4_rows(values: Any, kind: str, *, rule: str = "ct", arith: np.dtype = np.float32,
                       global_amax: float | None = None, tensor: str | None = None,
                       compare: ErrorSums | None = None) -> Fp4Quantized:
@@ -194,7 +209,7 @@ def quantize_fp4_rows(values: Any, kind: str, *, rule: str = "ct", arith: np.dty
     ----------
     values : ndarray ``(out, in)`` or a row source (:class:`converter.rows.Rows`), read in row blocks.
         ``in`` must be a multiple of the group size (32 / 16).
-    rule : ``"ct"`` or ``"mlx"`` (MXFP4 only), see the module docstring.
+    rule : ``"ct"`` or ``"mlx"`` (MLX: NVFP4 without a global scale), see the module docstring.
     arith : the weight's dtype (float32 / float16 / bfloat16).
     global_amax : NVFP4: the absmax the global scale is computed from (a fused set's); default the
         tensor's own (one extra pass).
@@ -207,9 +222,9 @@ def quantize_fp4_rows(values: Any, kind: str, *, rule: str = "ct", arith: np.dty
         Non-finite values, ``in`` not a multiple of the group size, an unknown kind / rule, an
         E8M0 overflow.
     """
-    if kind not in ("mxfp4", "nvfp4") or rule not in FP4_RULES or (kind == "nvfp4" and rule != "ct"):
+    if kind not in ("mxfp4", "nvfp4") or rule not in FP4_RULES:
         raise QuantizationError("unsupported FP4 target", tensor=tensor, field="kind",
-                                expected="mxfp4 (rule ct | mlx) or nvfp4 (rule ct)", found=f"{kind} rule {rule}")
+                                expected="mxfp4 | nvfp4, rule ct | mlx", found=f"{kind} rule {rule}")
     gs = MX_GROUP if kind == "mxfp4" else NV_GROUP
     rows, n = values.shape
     if n % gs:
@@ -219,7 +234,7 @@ def quantize_fp4_rows(values: Any, kind: str, *, rule: str = "ct", arith: np.dty
     codes = np.empty((rows, n), np.uint8)
     scales = np.empty((rows, ng), np.uint8 if kind == "mxfp4" else _E4M3)
     g = None
-    if kind == "nvfp4":
+    if kind == "nvfp4" and rule == "ct":
         g = nvfp4_global_scale(tensor_amax(values, tensor=tensor) if global_amax is None else global_amax,
                                arith=arith)
     step = max(1, FP4_BLOCK_ELEMENTS // max(1, n))
@@ -243,6 +258,12 @@ def quantize_fp4_rows(values: Any, kind: str, *, rule: str = "ct", arith: np.dty
                     q = _round_to(x / s[..., None], arith)
                 else:
                     q = x / s[..., None]
+            elif rule == "mlx":
+                sc = _mlx_nvfp4_scales(amax, tensor, r0)
+                scales[r0:r1] = sc
+                s = sc.astype(np.float32)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    q = np.where(s[..., None] == 0, np.float32(0), x / s[..., None]).astype(np.float32)
             else:
                 sc = nvfp4_group_scales(amax, g, arith=arith)
                 scales[r0:r1] = sc

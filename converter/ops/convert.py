@@ -83,8 +83,9 @@ FP8_HINT_TARGETS = (("--block 128x128", {"granularity": "block", "block": (128, 
 
 def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any, to: str) -> str:
     """The hint of a refused repack: :data:`REQUANTIZE_HINT`, or, when the target stores FP8 elements
-    but not an 8-bit per-channel integer requantization of ``spec`` (an FP8-only format), the one
-    ``qckpt convert ... --fp8 e4m3`` command line that works (the FP8 granularities it accepts)."""
+    but not an 8-bit per-channel integer requantization of ``spec`` (a float-element format: FP8, and
+    FP4 by repack), the one ``qckpt convert ... --fp8 e4m3`` command line that works (the FP8
+    granularities it accepts)."""
     def accepts(target: Target) -> bool:
         try:
             return handler.target_reason(spec_of(target_probe(spec, target))) is None
@@ -96,7 +97,9 @@ def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any,
     if not ok:
         return REQUANTIZE_HINT
     alt = f" (or {' | '.join(ok[1:])})" if len(ok) > 1 else ""
-    return f"{to} stores FP8 only; requantize to FP8 instead: qckpt convert {src} DST --to {to} --fp8 e4m3 {ok[0]}{alt}"
+    # (not "FP8 only": ModelOpt also holds NVFP4, which a repack keeps; requantizing offers FP8)
+    return (f"{to} holds no integer grid; requantize to FP8 instead: qckpt convert {src} DST --to {to} "
+            f"--fp8 e4m3 {ok[0]}{alt}")
 
 
 #: group sizes offered when a target refuses partial final groups (the sizes kernels take).

@@ -14,7 +14,9 @@ Streams tensor by tensor: each selected weight is quantized when the writer asks
 write's worker task), its error statistics reported as that task's result
 (:func:`converter.write.engine.task_result`, kind :data:`RESULT_KIND`), and it is released before
 the next one. :func:`quantize_model` collects the statistics the write returns. With ``--to``, the
-target handler's ``check_target`` sees every quantized spec before any data moves.
+target handler's ``check_target`` sees every quantized spec before any data moves; what only the data
+decides (an NVFP4 divisor global scale with no exact multiplier / amax in the target) is refused by the
+writer before its files are committed, nothing left at ``dst``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,7 +75,7 @@ class QuantizeOptions:
     fp4 : ``"mxfp4" | "nvfp4"``, optional
         An FP4 (E2M1) target (bits 4, groups of 32 / 16 along ``in``, E8M0 / E4M3 scales).
     fp4_rule : ``"ct" | "mlx"``
-        Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` is MXFP4 only).
+        Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` NVFP4 has no global scale).
     """
 
     bits: int
@@ -92,7 +94,7 @@ class QuantizeOptions:
         """The target scheme of a weight stored as ``weight_dtype`` (it matters for a float element
         without a scale dtype)."""
         if self.fp4 is not None:
-            return fp4_scheme(self.fp4)
+            return fp4_scheme(self.fp4, self.fp4_rule)
         if self.element is not None:
             return float_scheme(float_element(self.element), self.scale_dtype or arith_dtype_of(weight_dtype))
         if self.symmetric:
@@ -156,7 +158,8 @@ def quantize_checkpoint(src: Checkpoint, opts: QuantizeOptions) -> Checkpoint:
             specs[spec.name] = spec_of(probe)
         else:
             specs[spec.name] = spec
-    fused = {m: group for group in fused_sets(schemes) for m in group} if opts.fp4 == "nvfp4" else {}
+    fused = ({m: group for group in fused_sets(schemes) for m in group}
+             if opts.fp4 == "nvfp4" and opts.fp4_rule == "ct" else {})  # (MLX nvfp4: no global scale)
     amax_cache: dict[str, float] = {}
 
     def set_amax(name: str) -> float | None:
@@ -200,8 +203,11 @@ QUANTIZE_HINT = "change the target (--bits, --per-tensor | --per-channel | --gro
                 "--fp8, --scale-dtype) or pick another --to format"
 
 
-def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = False) -> None:
+def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = False,
+                          hint: Callable[[NotRepresentableError], str] | None = None) -> None:
     """Ask format ``to``'s handler about every quantized spec of ``view`` before any data moves.
+
+    ``hint``: the refusal's hint from the error (default :data:`QUANTIZE_HINT`).
 
     ``absmax_scales``: the FP8 scales will be absmax (``--fp8``), never powers of two; passed to the
     target's ``check_target`` as the write option of that name (a target whose FP8 mode stores E8M0
@@ -220,22 +226,26 @@ def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = Fa
     try:
         plan_exact(view, to, {"absmax_scales": True} if absmax_scales else None)
     except NotRepresentableError as exc:
-        exc.hint = QUANTIZE_HINT
+        exc.hint = hint(exc) if hint is not None else QUANTIZE_HINT
         exc.args = (exc.render(),)
         raise
 
 
 def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
-                   overwrite: bool = False, to: str = NATIVE) -> dict[str, dict]:
+                   overwrite: bool = False, to: str = NATIVE, notes: dict | None = None) -> dict[str, dict]:
     """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
-    per-tensor statistics rows.
+    per-tensor statistics rows. ``notes``, when given, receives the writer's notes by tensor (the
+    ``warning: `` ones name a loader that will refuse what was written: :func:`write_warnings`).
 
     Raises
     ------
     UnsupportedError
         ``src`` already holds quantized (or undecodable) tensors: quantize takes a float checkpoint.
     NotRepresentableError
-        Before writing: a quantized tensor format ``to`` cannot store (hint names the options).
+        A quantized tensor format ``to`` cannot store, naming the source file: before writing (the
+        scheme), or while writing when only the data decides (an NVFP4 global scale with no exact
+        re-expression in the target's direction); nothing is left at ``dst``. The hint names the
+        options (:data:`QUANTIZE_HINT`, :func:`fp4_hint`).
 
     Returns
     -------
@@ -245,17 +255,36 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     handler = registry.check_writable(to)
     refuse_quantized_source(src)
     view = quantize_checkpoint(src, opts)
+    hint = (lambda exc: fp4_hint(opts, exc.field, exc.hint)) if opts.fp4 is not None else None
+    check_quantize_target(view, to, absmax_scales=opts.element is not None, hint=hint)
     try:
-        check_quantize_target(view, to, absmax_scales=opts.element is not None)
+        with collect_results() as got:
+            summary = handler.write(view, Path(dst), overwrite=overwrite)
+        if notes is not None and isinstance(summary, dict):
+            notes.update(summary.get("notes") or {})
     except NotRepresentableError as exc:
-        if opts.fp4 is None:
-            raise
-        raise UnsupportedError(f"format {to} cannot write {opts.fp4} (E2M1) tensors yet: not yet writable",
-                               tensor=exc.tensor, field="format", expected=f"a format with an {opts.fp4} writer",
-                               found=to, hint=f"write the native format (no --to), or: {exc.render()}") from exc
-    with collect_results() as got:
-        handler.write(view, Path(dst), overwrite=overwrite)
+        # a refusal only the data decides (an FP4 global scale the target cannot hold): the target's reason
+        # stays the message, with the source named and the quantize way out
+        if hint is not None:
+            exc.hint = hint(exc)
+        exc.with_context(file=src.path)
+        raise
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
+
+
+def fp4_hint(opts: QuantizeOptions, field: str | None, hint: str | None = None) -> str:
+    """What ``qckpt quantize --fp4`` can change when the ``--to`` target refuses its tensors (``hint``: the
+    target's own, kept where it applies to a float source)."""
+    if field == "global_scale":
+        return (f"--fp4 {opts.fp4} (rule {opts.fp4_rule}) writes each global scale as the divisor 2688 / amax "
+                "(compressed-tensors' rule), which a target whose global scale multiplies or is an amax holds "
+                "exactly only when it is a power of two: write --to native or a format whose global scale "
+                "divides, or use --fp4-rule mlx (MLX's nvfp4: no global scale), or the target's own quantizer "
+                "(qckpt convert SRC DST --to FORMAT --quant-type ...)")
+    if field == "input_scale":
+        return ("qckpt quantize computes weights only (no activation calibration)"
+                + (f": {hint}" if hint else ": write a weight-only format, or native"))
+    return "change --fp4 (mxfp4 | nvfp4) or pick another --to format (native holds every FP4 tensor)"
 
 
 def refuse_quantized_source(src: Checkpoint) -> None:
@@ -302,15 +331,26 @@ def _stats_row(q: QuantizedTensor, err, degenerate: int | None = None) -> dict[s
                 "degenerate_groups": int(degenerate)} if degenerate is not None else {})}
 
 
+def write_warnings(notes: dict[str, list[str]]) -> list[str]:
+    """The writer's ``warning: `` notes, once each, with how many tensors they concern."""
+    warned: dict[str, list[str]] = {}
+    for name, ns in notes.items():
+        for note in ns:
+            if note.startswith("warning: "):
+                warned.setdefault(note[len("warning: "):], []).append(name)
+    return [f"{note} ({len(names)} tensors, e.g. {names[0]})" for note, names in warned.items()]
+
+
 def summarize(stats: dict[str, dict], opts: QuantizeOptions, src_path: str | None, dst: Path,
-              to: str = NATIVE) -> dict[str, Any]:
-    """The quantize report (``schemas/quantize-report.schema.json``), worst SQNR first."""
+              to: str = NATIVE, notes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The quantize report (``schemas/quantize-report.schema.json``), worst SQNR first; ``warnings``
+    (when there are any): :func:`write_warnings` of the writer's ``notes``."""
     rows = sorted(stats.values(), key=lambda r: (r["sqnr_db"] is None, r["sqnr_db"] if r["sqnr_db"] is not None else 0))
     numel = sum(int(np.prod(r["shape"])) for r in rows)
     sse = sum(r["mse"] * int(np.prod(r["shape"])) for r in rows)
     theo = sum(r["theoretical_bytes"] for r in rows)
     return {"source": src_path, "destination": str(dst), "format": to, "target": opts.target_json(),
-            "tensors": rows,
+            "tensors": rows, **({"warnings": warned} if (warned := write_warnings(notes or {})) else {}),
             "overall": {"quantized_tensors": len(rows), "quantized_weights": numel,
                         "mse": sse / numel if numel else 0.0,
                         "max_abs_error": max((r["max_abs_error"] for r in rows), default=0.0),

@@ -5,7 +5,7 @@ The result is a codebook :class:`~converter.tensor.QuantizedTensor`
 (``QuantScheme(4, False, scale_dtype="F8_E8M0" | "F8_E4M3", codebook=E2M1_VALUES,
 global_scale=None | "divisor")``, codes the E2M1 fields as uint8, ``GroupMap.per_group(32 | 16)``
 along ``in``). The arithmetic and the two rule sets (``ct`` = compressed-tensors, ``mlx`` = MLX
-``mxfp4``) are the kernel's.
+``mxfp4`` / ``nvfp4``, the latter with ``global_scale=None``) are the kernel's.
 
 The fused global scale (:func:`fused_sets`): llm-compressor's ``model_free_ptq`` for a
 ``TENSOR_GROUP`` (NVFP4) scheme observes ``q_proj`` / ``k_proj`` / ``v_proj`` of one attention
@@ -50,12 +50,13 @@ _FUSED = [
 ]
 
 
-def fp4_scheme(kind: str) -> QuantScheme:
-    """``QuantScheme(4, False, scale_dtype, codebook=E2M1_VALUES, global_scale)`` of ``mxfp4`` / ``nvfp4``."""
+def fp4_scheme(kind: str, rule: str = "ct") -> QuantScheme:
+    """``QuantScheme(4, False, scale_dtype, codebook=E2M1_VALUES, global_scale)`` of ``mxfp4`` / ``nvfp4``;
+    rule ``mlx`` (MLX nvfp4) has no global scale."""
     if kind not in FP4_KINDS:
         raise QuantizationError("unknown FP4 target", field="fp4", expected=list(FP4_KINDS), found=kind)
     _, sd, gdir = FP4_KINDS[kind]
-    return QuantScheme(4, False, scale_dtype=sd, codebook=E2M1_VALUES, global_scale=gdir)
+    return QuantScheme(4, False, scale_dtype=sd, codebook=E2M1_VALUES, global_scale=None if rule == "mlx" else gdir)
 
 
 def fp4_group_map(kind: str) -> GroupMap:
@@ -88,7 +89,8 @@ def quantize_fp4(values, kind: str, *, rule: str = "ct", arith_dtype: str = "F32
     ----------
     values : ndarray ``(out, in)`` of float or a :class:`converter.rows.Rows` (read in row blocks).
     kind : ``"mxfp4" | "nvfp4"``.
-    rule : ``"ct"`` (compressed-tensors) or ``"mlx"`` (MLX ``mxfp4``; MXFP4 only).
+    rule : ``"ct"`` (compressed-tensors) or ``"mlx"`` (MLX ``mxfp4`` / ``nvfp4``, the latter without a
+        global scale).
     arith_dtype : the weight's dtype (BF16 / F16 / F32): the steps compressed-tensors does in it.
     global_amax : NVFP4: absmax of the fused set the global scale comes from (default the tensor's).
     name : tensor name.
@@ -103,7 +105,7 @@ def quantize_fp4(values, kind: str, *, rule: str = "ct", arith_dtype: str = "F32
     QuantizationError
         Non-finite values, a row length not a multiple of the group, an unknown kind / rule.
     """
-    scheme = fp4_scheme(kind)
+    scheme = fp4_scheme(kind, rule)
     gm = fp4_group_map(kind)
     rows, n = values.shape
     sums = ErrorSums(rows, n, gm.group_size) if figures and rows and n else None

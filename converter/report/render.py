@@ -103,6 +103,8 @@ def render_quantize(doc: dict) -> None:
     c.print(f"overall: {o['quantized_tensors']} tensors, {o['quantized_weights']} weights, MSE {fmt(o['mse'])}, "
             f"max |err| {fmt(o['max_abs_error'])}, ideal compression vs FP32 {fmt(o['ideal_compression_vs_fp32'])}x, "
             f"with metadata (theoretical) {fmt(o['compression_vs_fp32_with_metadata'])}x")
+    for w in doc.get("warnings") or ():
+        c.print(f"warning: {w}")
 
 
 def render_audit(doc: dict) -> None:

@@ -141,7 +141,28 @@ def test_row_length_and_non_finite_refused():
     with pytest.raises(QuantizationError):
         quantize_fp4_rows(x, "mxfp4")
     with pytest.raises(QuantizationError):
-        quantize_fp4_rows(np.zeros((2, 32), np.float32), "nvfp4", rule="mlx")
+        quantize_fp4_rows(np.zeros((2, 32), np.float32), "nvfp4", rule="none")
+    # MLX nvfp4 without a global scale: amax / 6 above E4M3's 448 is refused (MLX's overflow not reproduced)
+    big = np.zeros((1, 16), np.float32)
+    big[0, 0] = 6 * 448 * 1.5
+    with pytest.raises(QuantizationError, match="exceeds E4M3's 448"):
+        quantize_fp4_rows(big, "nvfp4", rule="mlx")
+
+
+def test_mlx_nvfp4_by_hand():
+    """s = E4M3(amax / 6) rounded to nearest even, q = w / s, E2M1 ties toward the smaller magnitude."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [3.0, -0.75, 1.75, 0.0]   # amax 3: s = 0.5 (exact in E4M3), q = 6, -1.5, 3.5, 0
+    x[0, 16:18] = [0.13, -0.01]          # amax 0.13: 0.13 / 6 = 0.0216667 -> E4M3 11 * 2^-9 = 0.021484375
+    got = quantize_fp4_rows(x, "nvfp4", rule="mlx")
+    assert got.global_scale is None
+    s = got.scales.view(np.uint8)
+    assert s[0, 0] == 0x30  # 0.5 = 2^-1: exponent field 6, mantissa 0
+    assert s[0, 1] == 0x0B  # 1.375 * 2^-6: exponent field 1, mantissa 3
+    # 6 -> 0x7, -0.75 / 0.5 = -1.5 -> 0xB, 1.75 / 0.5 = 3.5 -> 3 (tie toward the smaller: 0x5), 0 -> 0x0
+    assert got.codes[0, :4].tolist() == [0x7, 0xB, 0x5, 0x0]
+    # 0.13 / 0.021484375 = 6.05 -> 6 (0x7); -0.01 / 0.021484375 = -0.465 -> -0.5 (0x9)
+    assert got.codes[0, 16:18].tolist() == [0x7, 0x9]
 
 
 def test_row_blocks_do_not_change_the_result(fx, monkeypatch):

@@ -1,6 +1,6 @@
 """``qckpt quantize --fp4``: the real SmolLM2 layer-0 bf16 weights quantized through the command line
 give exactly the bytes compressed-tensors (MXFP4A16 / NVFP4A16, with the fused q/k/v global scale)
-and MLX (mxfp4) wrote; the native output reads back; --to a format without an FP4 writer is refused
+and MLX (mxfp4) wrote; the native output reads back; --to a format that cannot hold E2M1 codes is refused
 with a typed error before anything is written."""
 
 from __future__ import annotations
@@ -90,17 +90,25 @@ def test_cli_fp4_option_conflicts(src, tmp_path, extra, msg):
     assert r.exit_code == 2 and msg in r.output
 
 
-def test_cli_fp4_rule_mlx_needs_mxfp4(src, tmp_path):
-    r = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "q"), "--fp4", "nvfp4", "--fp4-rule", "mlx"])
-    assert r.exit_code == 2 and "mxfp4 only" in r.output
+def test_cli_fp4_rule_mlx_nvfp4_has_no_global_scale(src, tmp_path):
+    """MLX's nvfp4 (mx.quantize without global_scale): E4M3 scales straight from amax / 6, no global scale; the
+    bytes against mlx-lm's own file are tests/ops/test_quantize_fp4_targets.py."""
+    dst = tmp_path / "q.safetensors"
+    r = run("quantize", src, dst, "--fp4", "nvfp4", "--fp4-rule", "mlx", "--json")
+    assert r.exit_code == 0, r.output
+    ck = load(dst)
+    assert all(ck[n].global_scale is None and ck[n].scheme.global_scale is None for n in NAMES)
 
 
-def test_cli_fp4_to_format_without_fp4_writer(src, tmp_path):
-    from converter.errors import UnsupportedError
+def test_cli_fp4_to_format_without_fp4_codes_is_refused_with_the_reason(src, tmp_path):
+    """GPTQ holds integer grids only: the target's own reason, the source named, nothing written (the FP4
+    targets with writers are tests/ops/test_quantize_fp4_targets.py)."""
+    from converter.errors import NotRepresentableError
     from converter.ops.quantize_model import QuantizeOptions, quantize_model
     opts = QuantizeOptions(bits=4, granularity="group", group_size=32, scale_dtype="F8_E8M0", fp4="mxfp4")
     dst = tmp_path / "out"
-    with pytest.raises(UnsupportedError) as ei:
+    with pytest.raises(NotRepresentableError) as ei:
         quantize_model(load(src), dst, opts, to="gptq")
-    assert "not yet writable" in str(ei.value) and ei.value.found == "gptq" and ei.value.tensor in NAMES
+    assert "GPTQ stores integer grids, not codebook indices" in str(ei.value) and ei.value.tensor in NAMES
+    assert ei.value.file == str(src) and "--fp4" in ei.value.hint
     assert not dst.exists()

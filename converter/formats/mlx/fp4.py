@@ -21,6 +21,8 @@ effective scales over every E4M3 value; otherwise the write is refused before an
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from converter import codebooks
@@ -38,8 +40,8 @@ from converter.formats.mlx.reader import codes_map
 #: MLX's global-scale direction (``mx.quantize(..., global_scale=amax)``).
 DIRECTION = "amax"
 #: What reads a dense layer's global scale (measured with mlx 0.32.4 / mlx-lm 0.32.2 on CPU).
-LOADER_NOTE = ("mx.dequantize(..., global_scale=g) decodes it; mlx-lm 0.32.2 attaches a global_scale to switch "
-               "(expert) layers only (utils._takes_global_scale), so mlx_lm.load refuses it on a dense Linear")
+LOADER_NOTE = ("warning: mx.dequantize(..., global_scale=g) decodes it; mlx-lm 0.32.2 attaches a global_scale to "
+               "switch (expert) layers only (utils._takes_global_scale), so mlx_lm.load refuses it on a dense Linear")
 #: E2M1 scale dtype -> MLX mode.
 FP4_MODES = {"F8_E8M0": "mxfp4", "F8_E4M3": "nvfp4"}
 
@@ -98,13 +100,50 @@ def refuse_global_scale(name: str, g, direction: str) -> NotRepresentableError:
         hint="requantize to MLX nvfp4, or keep the source's format (ModelOpt multiplies, compressed-tensors divides)")
 
 
-def check_global_scales(ckpt: Checkpoint) -> None:
-    """Before any data moves: every E2M1 global scale of ``ckpt`` has an exact MLX amax (values read)."""
+def check_global_scales(ckpt: Checkpoint) -> Checkpoint:
+    """Before any data moves: every E2M1 global scale of ``ckpt`` has an exact MLX amax (values read).
+
+    Returns ``ckpt``, or a view of it without the global scales that are the identity (effective scale
+    = group scale for every E4M3 value: a divisor or multiplier of 1.0, an amax of 2688, what
+    compressed-tensors / ModelOpt write for a source that had none): writing none is exact, and keeps
+    the file loadable by mlx_lm (:data:`LOADER_NOTE`).
+
+    Raises
+    ------
+    NotRepresentableError
+        A global scale with no exact amax (:func:`refuse_global_scale`).
+    """
+    identity = set()
     for spec in ckpt.specs():
-        if spec.kind == "quantized" and is_fp4(spec) and spec.scheme.global_scale not in (None, DIRECTION):
+        if spec.kind == "quantized" and is_fp4(spec) and spec.scheme.global_scale is not None:
             t = ckpt[spec.name]
-            if amax_global_scale(t) is None:
+            if spec.scheme.global_scale != DIRECTION and amax_global_scale(t) is None:
                 raise refuse_global_scale(spec.name, t.global_scale, spec.scheme.global_scale)
+            if is_identity_global_scale(t):
+                identity.add(spec.name)
+    return without_global_scales(ckpt, identity) if identity else ckpt
+
+
+def is_identity_global_scale(t: QuantizedTensor) -> bool:
+    """Whether ``t``'s global scale changes no effective scale (its exact multiplier is 1.0)."""
+    if t.global_scale is None:
+        return False
+    w = equivalent_global_scale(t.global_scale, t.scheme.global_scale, "multiplier", t.scheme.scale_dtype)
+    return w is not None and float(w) == 1.0
+
+
+def without_global_scales(ckpt: Checkpoint, names: set[str]) -> Checkpoint:
+    """A view of ``ckpt`` where the tensors ``names`` carry no global scale (callers prove it the identity)."""
+    def drop_spec(sp: TensorSpec) -> TensorSpec:
+        return dataclasses.replace(sp, scheme=sp.scheme.replace(global_scale=None),
+                                   stored=tuple(a for a in sp.stored if a.role != "global_scale"))
+    specs = {sp.name: drop_spec(sp) if sp.name in names else sp for sp in ckpt.specs()}
+
+    def load(name: str):
+        t = ckpt[name]
+        return t.replace(scheme=t.scheme.replace(global_scale=None), global_scale=None) if name in names else t
+    return Checkpoint(specs, load, format=ckpt.format, path=ckpt.path, config=ckpt.config, metadata=ckpt.metadata,
+                      files=ckpt.files, extra_files=ckpt.extra_files, side_files=ckpt.side_files)
 
 
 def config_entry(spec: TensorSpec) -> dict | None:
