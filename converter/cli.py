@@ -215,9 +215,9 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--fp4", "fp4", type=click.Choice(["mxfp4", "nvfp4"]), default=None,
               help="Quantize to FP4 (E2M1): mxfp4 = groups of 32, E8M0 scales; nvfp4 = groups of 16, E4M3 "
                    "scales and an F32 global scale (shared by q/k/v and gate/up, as llm-compressor does).")
-@click.option("--fp4-rule", type=click.Choice(["ct", "mlx"]), default="ct", show_default=True,
+@click.option("--fp4-rule", type=click.Choice(["ct", "mlx"]), default=None,
               help="With --fp4: whose arithmetic, compressed-tensors (ct) or MLX mx.quantize (mlx; nvfp4 without a "
-                   "global scale).")
+                   "global scale) [default: mlx with --to mlx (what mlx-lm loads), else ct].")
 @click.option("--per-tensor", is_flag=True, help="One scale per tensor.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel.")
 @click.option("--group-size", type=click.IntRange(1), default=None, help="Groups of G along the input axis.")
@@ -243,9 +243,10 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                                               quantize_model, summarize)
     blocks = None
     if fp4 is not None:
+        fp4_rule = fp4_rule or ("mlx" if to == "mlx" else "ct")  # the target's own quantizer by default
         _check_fp4_options(fp4, fp4_rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block)
         bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
-    elif fp4_rule != "ct":
+    elif fp4_rule is not None:
         raise click.UsageError("--fp4-rule needs --fp4")
     elif fp8 is not None:
         if bits is not None and bits != 8:

@@ -231,3 +231,18 @@ def test_every_written_file_validates_strict_and_reads_back(src_qkv, tmp_path, k
     a, b = load(nat), load(dst)
     for n in QKV:
         assert np.array_equal(a[n].dequantize().view(np.uint32), b[n].dequantize().view(np.uint32)), n
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_mlx_target_defaults_to_the_mlx_rule(src, tmp_path, kind):
+    """`quantize --fp4 K --to mlx` without --fp4-rule uses MLX's own quantizer (mx.quantize: what mlx-lm
+    loads; nvfp4 without a global scale), not compressed-tensors' (whose 936 divisor has no MLX form):
+    the same bytes as an explicit --fp4-rule mlx, and the report names the rule."""
+    explicit = _quantize(src, tmp_path / "explicit", kind, "mlx", rule="mlx")
+    r = run("quantize", src, tmp_path / "default", "--fp4", kind, "--to", "mlx", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["target"]["rule"] == explicit["target"]["rule"] == "mlx"
+    assert _raw_safetensors(tmp_path / "default" / "model.safetensors") == \
+        _raw_safetensors(tmp_path / "explicit" / "model.safetensors")
+    r = run("quantize", src, tmp_path / "ct", "--fp4", kind, "--to", "compressed-tensors", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["target"]["rule"] == "ct"  # other targets: ct
