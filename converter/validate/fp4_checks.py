@@ -59,6 +59,13 @@ from converter.validate.float_checks import float_element
 from converter.validate.scale_direction import DECADES_GAIN, DECADES_LIMIT, MIN_SIBLINGS, layer_of
 from converter.values import effective_scales
 
+#: In E4M3's range, the direction is doubted only for weights this many decades (a factor 100) from
+#: their anchor, and named only when another direction brings them at least AMAX_DECADES_GAIN closer:
+#: the amax convention differs from the others by 2688 (3.4 decades), the real samples read right sit
+#: 0.05 .. 0.98 decades off, read as amax 2.0 .. 3.4.
+AMAX_DECADES_LIMIT = 2.0
+AMAX_DECADES_GAIN = 1.0
+
 #: E4M3's largest finite value: the range the effective group scales of real weights stay within.
 E4M3_MAX = float(ELEMENTS["e4m3"].max_finite)
 #: NaN bytes per 8-bit scale dtype (E8M0: OCP MX spec 5.4.1; E4M3 fn: S.1111.111).
@@ -109,7 +116,8 @@ def global_scale_evidence(t: QuantizedTensor) -> dict[str, Any] | None:
 def check_global_scale_direction(evidence: Mapping[str, Mapping[str, Any]],
                                  magnitudes: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     """``global-scale-direction`` for each tensor whose declared direction gives effective scales beyond
-    E4M3's range and weights far from their anchors, while another direction fits both (module docstring).
+    E4M3's range and weights far from their anchors, or (in range) weights more than
+    :data:`AMAX_DECADES_LIMIT` decades off, while another direction fits both (module docstring).
 
     ``evidence``: name -> :func:`global_scale_evidence`; ``magnitudes``: name ->
     :func:`converter.validate.scale_direction.magnitude` (every float-element tensor: the siblings).
@@ -120,8 +128,13 @@ def check_global_scale_direction(evidence: Mapping[str, Mapping[str, Any]],
     out = []
     for name, ev in evidence.items():
         m = magnitudes.get(name)
-        if m is None or ev["max_effective"] <= E4M3_MAX:
+        # out of range: effective scales beyond E4M3's (a divisor read as a multiplier: g^2); in range but
+        # the weights far off (a multiplier or divisor read as MLX's amax, or back: 2688x = 3.4 decades,
+        # which leaves the real samples 2.0 .. 3.4 decades off, while read right they sit 0.05 .. 0.98 off)
+        in_range = ev["max_effective"] <= E4M3_MAX
+        if m is None or (in_range and abs(m["decades"]) <= AMAX_DECADES_LIMIT):
             continue
+        limit, gain = (AMAX_DECADES_LIMIT, AMAX_DECADES_GAIN) if in_range else (DECADES_LIMIT, DECADES_GAIN)
         others = [magnitudes[o]["decades"] for o in by_layer.get(layer_of(name), []) if o != name]
         anchors = {"1/sqrt(in)": 0.0}
         if len(others) >= MIN_SIBLINGS:
@@ -133,16 +146,18 @@ def check_global_scale_direction(evidence: Mapping[str, Mapping[str, Any]],
             alt_decades = m["decades"] + math.log10(a["factor"])
             for anchor, a0 in anchors.items():
                 off, off_alt = abs(m["decades"] - a0), abs(alt_decades - a0)
-                if off > DECADES_LIMIT and off_alt <= off - DECADES_GAIN and (best is None or off_alt < best[3]):
+                if off > limit and off_alt <= off - gain and (best is None or off_alt < best[3]):
                     best = (alt, anchor, a0, off_alt, off, alt_decades, a)
         if best is None:
             continue
         alt, anchor, a0, off_alt, off, alt_decades, a = best
         where = "the typical 1/sqrt(in) size" if anchor != "siblings" else "their layer's other weights"
+        scales = (f"effective group scales up to {ev['max_effective']:.4g}, beyond E4M3's {E4M3_MAX:g}, and "
+                  if ev["max_effective"] > E4M3_MAX else "")
         out.append(finding(
             "global-scale-direction", name,
-            f"read as a {ev['direction']} the global scale {ev['global_scale']:.6g} gives effective group scales up "
-            f"to {ev['max_effective']:.4g}, beyond E4M3's {E4M3_MAX:g}, and weights {off:.1f} decades from {where}; "
+            f"read as a {ev['direction']} the global scale {ev['global_scale']:.6g} gives {scales}"
+            f"weights {off:.1f} decades from {where}; "
             f"as a {alt} the scales stay within {a['max_effective']:.4g} and the weights {off_alt:.1f} decades "
             f"away: the direction looks wrong (every weight off by {1 / a['factor']:.4g} = g^2 for multiplier vs "
             f"divisor)", direction=ev["direction"], likely_direction=alt, global_scale=ev["global_scale"],

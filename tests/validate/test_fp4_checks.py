@@ -292,3 +292,28 @@ def test_swapped_nibbles_detected_with_reference(tmp_path, name):
     f = assert_finding(rep, "layout-mismatch", Q + ".weight")
     assert "nibble order" in f.message
     assert [x.tensor for x in rep.findings if x.severity == "error"] == [Q + ".weight"]
+
+
+@pytest.mark.parametrize("name,direction", [(MO_NV, "multiplier"), (CT_NV, "divisor")])
+def test_direction_read_as_amax_weights_too_small_detected(name, direction):
+    """Regression (review): a multiplier or divisor read as MLX's amax gives effective scales s*g/2688,
+    inside E4M3's range, and weights 2.0-3.4 decades off (too small for ModelOpt's multiplier, too large
+    for compressed-tensors' divisor): the range-only test never looked. Now tensors more than 2 decades
+    off are named when the declared direction brings them back; the correctly labelled file stays
+    clean."""
+    import dataclasses
+
+    from converter.validate import scale_direction
+
+    ck = registry.load(SAMPLES / name)
+    ts = {n: ck[n] for n in ck.quantized_names()}
+    right = {n: fp4_checks.global_scale_evidence(t) for n, t in ts.items()}
+    mags = {n: scale_direction.magnitude(t) for n, t in ts.items()}
+    assert fp4_checks.check_global_scale_direction(right, mags) == []
+    wrong_t = {n: dataclasses.replace(t, scheme=t.scheme.replace(global_scale="amax")) for n, t in ts.items()}
+    wrong = {n: fp4_checks.global_scale_evidence(t) for n, t in wrong_t.items()}
+    wrong_mags = {n: scale_direction.magnitude(t) for n, t in wrong_t.items()}
+    found = fp4_checks.check_global_scale_direction(wrong, wrong_mags)
+    far = {n for n, m in wrong_mags.items() if abs(m["decades"]) > fp4_checks.AMAX_DECADES_LIMIT}
+    assert len(far) >= len(ts) - 1 and {f.tensor for f in found} == far
+    assert all(f.evidence["likely_direction"] == direction for f in found)
