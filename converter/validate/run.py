@@ -93,7 +93,8 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     if hooks.e8m0_rule is not None:
         try:
             rule_ev = registry.guarded(hooks.e8m0_rule, source.path, f"{report.format} E8M0-rule hook")(source)
-        except ConverterError:
+        except ConverterError as exc:  # reported, not swallowed: the decode below meets the same fault
+            report.add(reader_errors.error_finding(exc))
             rule_ev = None
         report.add(*fp4_checks.check_e8m0_rule(rule_ev))
     profiles: dict[str, dict[str, Any]] = {}

@@ -15,7 +15,9 @@ Values (``ggml-quants.c`` ``dequantize_row_mxfp4`` / ``dequantize_row_nvfp4``, `
 table ``kvalues_mxfp4`` is E2M1 **doubled** (0, 1, 2, 3, 4, 6, 8, 12, ...) and both scale decoders halve
 (``ggml_e8m0_to_fp32_half(e) = 2^(e - 128)``, ``ggml_ue4m3_to_fp32(d) = E4M3(d) / 2``), so a value is
 ``E2M1[q] * 2^(e - 127)`` (the OCP E8M0 byte, as is) or ``E2M1[q] * E4M3(d)``; both products are exact in
-float32, which is why the logical tensor (E2M1 codes, E8M0 / E4M3 scales) decodes bit for bit as ggml does.
+float32, which is why the logical tensor (E2M1 codes, E8M0 / E4M3 scales) decodes to ggml's values
+exactly; the one bit-level difference is the sign of zero: ggml's int8 table gives code 0x8 as +0.0,
+E2M1 (and qckpt) as -0.0.
 
 Scale bytes ggml's decode does not read as OCP E8M0 / E4M3 (refused here, :func:`check_scale_bytes`):
 E8M0 ``0xFF`` (NaN; ``ggml_validate_row_data`` rejects it: "found invalid e value"), UE4M3 ``0x7F`` (ggml
