@@ -23,7 +23,7 @@ import numpy as np
 from converter.errors import ConverterError, NotRepresentableError
 from converter.formats import registry
 from converter.write.engine import collect_results, task_result, run_tasks
-from converter.quant.error_report import summarize, tensor_report
+from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
 from converter.quant.format_quant import FormatQuantizer, quantize_with
 from converter.quant.requant import Target, classify, requantize, target_probe
@@ -265,6 +265,9 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         out = registry.load(dst, format=to)
         verify_readback(out, rows, digests)
         verify_dequantized(source, out, modules)
+        for name, row in rows.items():  # the cost of what was written (a writer may narrow the scales:
+            if name in out and out.spec(name).kind == "quantized":  # F32 powers of two -> MLX's E8M0)
+                row["metadata"]["after"] = metadata_cost(out.spec(name))
     passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized" and s.name not in plans]
     doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),
                     target_format=to, target=target.to_json(),

@@ -170,3 +170,23 @@ def test_widened_output_validates_clean_under_strict(tmp_path):
         assert rep.exit_code == 0, [(f.code, f.message) for f in rep.findings if f.severity != "info"]
         notes = [f for f in rep.findings if f.code == "unsaturated"]
         assert len(notes) == 4 and all(f.severity == "info" and "E2M1 value" in f.message for f in notes)
+
+
+def test_report_costs_what_was_written(tmp_path):
+    """Regression (review): MXFP4 -> MLX mxfp8 (E8M0 scales written) reported 9 bits per weight (the
+    in-memory float32 scales); the written layout costs 8 + 8/32 = 8.25, as `qckpt audit` measures."""
+    import json
+
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    rep = tmp_path / "r.json"
+    r = CliRunner().invoke(main, ["convert", str(SAMPLES / "mlx_mxfp4_smollm2tiny"), str(tmp_path / "o"), "--to",
+                                  "mlx", "--fp8", "e4m3", "--block", "1x32", "--report", str(rep)])
+    assert r.exit_code == 0, r.output
+    for row in json.loads(rep.read_text())["tensors"]:
+        after = row["metadata"]["after"]
+        n = after["payload_bytes"]  # one byte per E4M3 code
+        assert after["metadata_bytes"] == n // 32 and after["bits_per_weight"] == pytest.approx(8.25), row["name"]
