@@ -18,6 +18,7 @@ import functools
 import struct
 
 from converter.errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
+from converter.formats import foreign
 from converter.formats.source import Source
 from converter.tensor import TensorSpec, opaque_reason
 
@@ -280,6 +281,9 @@ def detect(source: Source) -> Detection:
 
 def _detect(source: Source) -> Detection:
     _ensure_loaded()
+    if source.kind != "gguf":  # a foreign format's signature wins over any claim (refused by name)
+        foreign.refuse_config({"quantization_config": source.quantization_config}, source.path)
+        foreign.refuse_tensors(source.tensor_names(), source.path)
     claims = [d for h in _REGISTRY.values() if (d := h.detect(source)) is not None]
     if not claims:
         raise UnknownFormatError("no registered format recognises this input", file=source.path,

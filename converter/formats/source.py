@@ -20,6 +20,7 @@ import numpy as np
 from converter.errors import (ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
                               UnsafeFormatError)
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
+from converter.formats import foreign
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from converter.write.files import INDEX_NAME
 
@@ -84,6 +85,7 @@ class Source:
         self.path = Path(path)
         if not self.path.exists():
             raise InputNotFoundError("no such file or directory", file=self.path)
+        foreign.refuse_path(self.path)  # ONNX, Core ML, EXL2 ...: refused by name, before any parsing
         if self.path.is_dir():
             self.kind = "directory"
             if any(self.path.glob("*.safetensors")) or (self.path / INDEX_NAME).exists():
