@@ -61,9 +61,32 @@ def read_json(path: Path, *, required: bool = True) -> Any:
     except OSError as exc:
         raise CorruptFileError(f"cannot read: {exc.strerror}", file=path) from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise CorruptFileError("duplicate key in a JSON object: which value a loader takes depends on the loader",
+                               file=path, field=dup.key, expected="each key once", found="twice",
+                               hint="remove the stale copy of the key") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, huge ints
         raise CorruptFileError(f"not valid JSON: {str(exc)[:200]}", file=path) from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` object hook: a dict, or :class:`_DuplicateKey` when a key repeats.
+
+    Python's ``json`` (and transformers / safetensors after it) silently keeps the last of two equal
+    keys; a stale duplicate in ``model.safetensors.index.json`` then sends a tensor to the wrong shard.
+    """
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
 
 
 class Source:
@@ -81,8 +104,12 @@ class Source:
     InputNotFoundError, UnsafeFormatError, CorruptFileError, FormatError
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, tolerate_duplicates: bool = False) -> None:
         self.path = Path(path)
+        #: A tensor stored in two shards is an error unless the caller reports it itself (validate):
+        #: then the shard the index names (else the first) is read, and :attr:`duplicates` lists them.
+        self.tolerate_duplicates = tolerate_duplicates
+        self.duplicates: dict[str, list[Path]] = {}
         if not self.path.exists():
             raise InputNotFoundError("no such file or directory", file=self.path)
         foreign.refuse_path(self.path)  # ONNX, Core ML, EXL2 ...: refused by name, before any parsing
@@ -220,14 +247,19 @@ class Source:
     @cached_property
     def _where(self) -> dict[str, Path]:
         where: dict[str, Path] = {}
+        wm = self.index["weight_map"] if self.index is not None else {}
         for f, h in self.headers.items():
             for name in h.tensors:
                 if name in where:
-                    raise FormatError("tensor present in two shards", file=f, tensor=name,
-                                      found=f"{where[name].name} and {f.name}")
+                    if not self.tolerate_duplicates:
+                        raise FormatError("tensor present in two shards", file=f, tensor=name,
+                                          found=f"{where[name].name} and {f.name}",
+                                          hint="`qckpt validate` lists every duplicate")
+                    self.duplicates.setdefault(name, [where[name]]).append(f)
+                    if wm.get(name) != f.name:
+                        continue  # keep the shard the index names (else the first seen)
                 where[name] = f
         if self.index is not None:
-            wm = self.index["weight_map"]
             ipath = self.path / INDEX_NAME
             for tname, fname in wm.items():
                 if tname not in where:

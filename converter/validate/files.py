@@ -14,6 +14,8 @@ from converter.formats.source import INDEX_NAME, read_json
 from converter.validate.findings import Finding, finding
 
 LFS_MAGIC = b"version https://git-lfs"
+#: File findings after which the checkpoint can still be read and checked (the rest stop validate).
+READABLE_DESPITE = frozenset({"duplicate-tensor", "extra-shard"})
 #: File names that look like weight shards (others, e.g. ``reference_dequant.safetensors``, are ignored).
 SHARD_LIKE = re.compile(r"^(model|pytorch_model|diffusion_pytorch_model|adapter_model).*\.safetensors$"
                         r"|-of-\d+\.safetensors$")
@@ -41,7 +43,7 @@ def check_files(path: str | Path) -> list[Finding]:
     """File-level checks of a model directory: index vs shards on disk vs shard headers.
 
     Returns findings (``missing-shard``, ``extra-shard``, ``stale-index``, ``shard-corrupt``,
-    ``lfs-pointer``). A lone file returns no findings (its problems are unreadable, see module doc).
+    ``lfs-pointer``, ``duplicate-tensor``). A lone file returns no findings (its problems are unreadable, see module doc).
 
     Raises
     ------
@@ -89,14 +91,16 @@ def check_files(path: str | Path) -> list[Finding]:
         if f.name not in listed and SHARD_LIKE.search(f.name):
             out.append(finding("extra-shard", f.name, f"{f.name} looks like a shard but the index does not name it",
                                file=str(f), bytes=f.stat().st_size))
-    where: dict[str, str] = {}
+    stored_in: dict[str, list[str]] = {}
     data_bytes = 0
     for fname, h in headers.items():
         for name, info in h.tensors.items():
-            where[name] = fname
+            stored_in.setdefault(name, []).append(fname)
             data_bytes += int(info.nbytes)
+    where = {name: fnames[0] for name, fnames in stored_in.items()}
+    out.extend(_duplicates(stored_in, wm, ipath))
     absent = sorted(t for t, fname in wm.items() if fname in headers and t not in where)
-    moved = sorted(t for t, fname in wm.items() if t in where and where[t] != fname)
+    moved = sorted(t for t, fname in wm.items() if t in where and fname not in stored_in[t])
     unlisted = sorted(set(where) - set(wm))
     if absent:
         out.append(finding("stale-index", absent[0], f"{len(absent)} tensors named by the index are absent from "
@@ -113,4 +117,26 @@ def check_files(path: str | Path) -> list[Finding]:
     if complete and isinstance(total, int) and total != data_bytes:
         out.append(finding("stale-index", INDEX_NAME, "metadata.total_size differs from the shards' data bytes",
                            severity="warning", file=str(ipath), expected=data_bytes, found=total))
+    return out
+
+
+def _duplicates(stored_in: dict[str, list[str]], wm: dict, ipath: Path) -> list[Finding]:
+    """One ``duplicate-tensor`` finding per set of shards that store the same tensors.
+
+    Loaders disagree on which copy wins (the index's shard, the first or the last file opened), so the
+    model a user runs depends on the loader; qckpt reads the copy in the shard the index names.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, fnames in stored_in.items():
+        if len(fnames) > 1:
+            groups.setdefault(tuple(fnames), []).append(name)
+    out = []
+    for fnames, names in sorted(groups.items()):
+        names.sort()
+        indexed = wm.get(names[0])
+        out.append(finding("duplicate-tensor", names[0],
+                           f"{len(names)} tensor(s) stored in {len(fnames)} shards ({', '.join(fnames)}); the index "
+                           f"names {indexed}, which qckpt reads", file=str(ipath), tensors=names[:8], count=len(names),
+                           shards=list(fnames), index_says=indexed,
+                           hint="remove the stale copies (re-save the shards) so every loader reads the same weights"))
     return out

@@ -25,6 +25,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                                       "or total_size wrong"),
     "shard-corrupt": ("error", "files", "a shard of a model directory is not valid safetensors (truncated, bad "
                                         "header or offsets)"),
+    "duplicate-tensor": ("error", "files", "a tensor is stored in two shards: which copy a loader takes depends on "
+                                           "the loader (qckpt reads the one the index names)"),
     "lfs-pointer": ("error", "files", "a data file is a git-LFS pointer stub, not the weights (B36)"),
     # structure (headers, config, reader checks)
     "missing-tensor": ("error", "structure", "a partner array the format needs is absent (scales, zeros, g_idx)"),
