@@ -43,7 +43,8 @@ def check_files(path: str | Path) -> list[Finding]:
     """File-level checks of a model directory: index vs shards on disk vs shard headers.
 
     Returns findings (``missing-shard``, ``extra-shard``, ``stale-index``, ``shard-corrupt``,
-    ``lfs-pointer``, ``duplicate-tensor``). A lone file returns no findings (its problems are unreadable, see module doc).
+    ``lfs-pointer``, ``duplicate-tensor``). A lone file returns no findings (its problems are unreadable,
+    see module doc).
 
     Raises
     ------
