@@ -159,14 +159,16 @@ def test_b34_missing_shard_through_cli(src, tmp_path):
     assert f"missing shard {second.name}" in lines[0] and "weight_map" in lines[0]
 
 
-def test_extra_file_symlink_outside_not_copied(src, tmp_path):
+def test_extra_file_symlink_outside_refused_by_name_not_copied(src, tmp_path):
+    # issue 17's symlink policy: refused by name (it used to be left out silently, losing the tokenizer)
     secret = tmp_path / "secret.txt"
     secret.write_text("do not copy")
     (src / "tokenizer.json").symlink_to(secret)
     (src / "special_tokens_map.json").write_text("{}")
     dst = tmp_path / "out"
-    assert run("dequantize", src, dst).exit_code == 0
-    assert (dst / "special_tokens_map.json").exists() and not (dst / "tokenizer.json").exists()
+    r = run("dequantize", src, dst)
+    assert r.exit_code == 3 and "tokenizer.json" in r.output and "leads outside the checkpoint directory" in r.output
+    assert not dst.exists()
 
 
 @pytest.mark.parametrize("src_name,to", [("gptq_w4_g128_sym", "awq"), ("gptq_w4_g128_sym", "mlx"),

@@ -20,7 +20,7 @@ import numpy as np
 from converter.errors import (ErrorKind, CorruptFileError, FormatError, InputNotFoundError, MissingTensorError,
                               UnsafeFormatError)
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
-from converter.formats import foreign
+from converter.formats import foreign, hub
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from converter.write.files import INDEX_NAME
 
@@ -111,7 +111,10 @@ class Source:
         self.tolerate_duplicates = tolerate_duplicates
         self.duplicates: dict[str, list[Path]] = {}
         if not self.path.exists():
-            raise InputNotFoundError("no such file or directory", file=self.path)
+            cached = hub.resolve_repo_id(str(path))  # org/name[@rev]: a snapshot of the local HF cache
+            if cached is None:
+                raise InputNotFoundError("no such file or directory", file=self.path)
+            self.path = cached
         foreign.refuse_path(self.path)  # ONNX, Core ML, EXL2 ...: refused by name, before any parsing
         if self.path.is_dir():
             self.kind = "directory"
@@ -192,7 +195,7 @@ class Source:
         idx = read_json(ipath)
         if not isinstance(idx, dict) or not isinstance(idx.get("weight_map"), dict):
             raise CorruptFileError("index has no 'weight_map' object", file=ipath, field="weight_map")
-        root = self.path.resolve()
+        roots = hub.link_roots(self.path)
         missing: dict[str, int] = {}
         for tname, fname in idx["weight_map"].items():
             if not isinstance(fname, str) or not fname or "/" in fname or "\\" in fname or fname in (".", "..") \
@@ -200,7 +203,7 @@ class Source:
                 raise CorruptFileError("shard name must be a plain file name inside the checkpoint directory",
                                        file=ipath, tensor=tname, field="weight_map", found=fname)
             target = (self.path / fname)
-            if target.exists() and root not in target.resolve().parents:
+            if target.exists() and not any(r in target.resolve().parents for r in roots):
                 raise CorruptFileError("shard path leads outside the checkpoint directory", file=ipath,
                                        tensor=tname, field="weight_map", found=str(target.resolve()))
             if target.exists() and not target.is_file():
@@ -235,7 +238,11 @@ class Source:
                               found=[f.name for f in files],
                               hint=f"the directory holds GGUF files ({', '.join(gguf[:3])}...): pass one .gguf file"
                               if gguf else "pass one .safetensors file, or add the index")
-        return [self.path / "model.safetensors"] if (self.path / "model.safetensors").exists() else files
+        files = [self.path / "model.safetensors"] if (self.path / "model.safetensors").exists() else files
+        roots = hub.link_roots(self.path)
+        for f in files:
+            hub.check_link(f, roots, what="data file")
+        return files
 
     @cached_property
     def headers(self) -> dict[Path, SafetensorsHeader]:
@@ -323,8 +330,11 @@ class Source:
         if self.kind != "directory":
             return []
         skip = {f.name for f in self.files} | set(_KNOWN_JSON) | set(_SOURCE_RECORDS)
-        root = self.path.resolve()
-        # regular files only (no FIFOs); a symlink leading outside the directory is never copied
-        return sorted(p for p in self.path.iterdir() if p.is_file() and p.name not in skip
-                      and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",)
-                      and root in p.resolve().parents)
+        roots = hub.link_roots(self.path)
+        # regular files only (no FIFOs); a symlink leading outside the directory (or, in the Hugging Face
+        # cache, outside the repository's blobs/) is refused by name, never followed
+        out = sorted(p for p in self.path.iterdir() if p.is_file() and p.name not in skip
+                     and not p.name.startswith(".") and p.suffix not in PICKLE_SUFFIXES + (".safetensors",))
+        for p in out:
+            hub.check_link(p, roots, what="side file")
+        return out

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from converter.errors import ConverterError, InputNotFoundError
-from converter.formats import registry
+from converter.formats import hub, registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
 from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
@@ -63,7 +63,9 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     report = ValidationReport(path=str(path), reference=str(reference) if reference else None, strict=strict)
     p = Path(path)
     if not p.exists():
-        raise InputNotFoundError("no such file or directory", file=p)
+        p = hub.resolve_repo_id(str(path))  # org/name[@rev]: a snapshot of the local Hugging Face cache
+        if p is None:
+            raise InputNotFoundError("no such file or directory", file=path)
     report.checks.append("files")
     report.add(*files.check_files(p))
     if any(f.severity == "error" and f.code not in files.READABLE_DESPITE for f in report.findings):
