@@ -402,10 +402,12 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
               help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
+@click.option("--checksums", is_flag=True, help="Also hash every data file (SHA-256) against its Hugging Face cache "
+              "blob name, a SHA256SUMS entry or its git-LFS pointer.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
 @_handle_errors
-def validate(path, reference, strict, self_test, as_json):
+def validate(path, reference, strict, checksums, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     if self_test:
         doc = do_self_test()
@@ -413,7 +415,7 @@ def validate(path, reference, strict, self_test, as_json):
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
-    rep = do_validate(path, reference=reference, strict=strict)
+    rep = do_validate(path, reference=reference, strict=strict, checksums=checksums)
     _emit(rep.to_json(), as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 

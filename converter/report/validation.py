@@ -23,6 +23,14 @@ def render_validation(doc: dict[str, Any]) -> None:
     c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
             f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "
             f"{s['info']} info)")
+    if doc.get("checksums") is not None:
+        sums = doc["checksums"]
+        ok = sum(x["match"] is True for x in sums)
+        bad = sum(x["match"] is False for x in sums)
+        sources = sorted({x["source"] for x in sums if x["source"]})
+        c.print(f"checksums: {ok} of {len(sums)} files verified, {bad} mismatched, "
+                f"{len(sums) - ok - bad} without an expected hash"
+                + (f" (expected from: {', '.join(sources)})" if sources else ""))
     if not doc["findings"]:
         return
     t = table("severity", "code", "tensor", "message", "evidence")

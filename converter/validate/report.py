@@ -43,6 +43,8 @@ class ValidationReport:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: quantized (or opaque) tensors that could not be checked: an undecodable type, a reader error
     unchecked: list[str] = field(default_factory=list)
+    #: ``validate --checksums``: one entry per file hashed (see :mod:`converter.validate.checksums`)
+    checksums: list[dict[str, Any]] | None = None
 
     def add(self, *findings: Finding) -> None:
         self.findings.extend(findings)
@@ -78,5 +80,6 @@ class ValidationReport:
                          "summary": {**self.counts(), "tensors_checked": len(self.tensors),
                                      "tensors_unchecked": len(self.unchecked), "unchecked": list(self.unchecked),
                                      "verdict": self.verdict},
-                         "tensors": self.tensors, "exit_code": self.exit_code})
+                         "tensors": self.tensors, "exit_code": self.exit_code,
+                         **({"checksums": self.checksums} if self.checksums is not None else {})})
 

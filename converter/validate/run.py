@@ -23,7 +23,9 @@ import numpy as np
 from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import hub, registry
 from converter.formats.source import Source
+from converter.runtime import current
 from converter.tensor import QuantizedTensor
+from converter.validate import checksums as checksum_checks
 from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
                                 scale_direction, structural)
 from converter.validate.findings import finding
@@ -46,8 +48,12 @@ def _load_reference(reference: str | Path):
     return registry.load(reference)
 
 
-def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False) -> ValidationReport:
+def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False,
+             checksums: bool = False) -> ValidationReport:
     """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint).
+
+    ``checksums``: also hash every data file against its Hugging Face cache blob name, a
+    ``SHA256SUMS`` entry or its git-LFS pointer (:mod:`converter.validate.checksums`).
 
     Returns
     -------
@@ -68,6 +74,11 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
             raise InputNotFoundError("no such file or directory", file=path)
     report.checks.append("files")
     report.add(*files.check_files(p))
+    if checksums:
+        report.checks.append("checksums")
+        found, sums = checksum_checks.check_checksums(p, workers=current().workers or 2)
+        report.add(*found)
+        report.checksums = [c.to_json() for c in sums]
     if any(f.severity == "error" and f.code not in files.READABLE_DESPITE for f in report.findings):
         return report
     source = Source(p, tolerate_duplicates=True)  # reported above as duplicate-tensor; checking goes on

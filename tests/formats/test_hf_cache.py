@@ -37,7 +37,9 @@ def make_cache(root, files: dict, repo="acme/tiny-gptq", commit=COMMIT):
     snap = repo_dir / "snapshots" / commit
     snap.mkdir(parents=True)
     for name, data in files.items():
-        sha = hashlib.sha256(data).hexdigest()
+        # huggingface_hub names an LFS file's blob by its SHA-256, a small (git) file's by its git blob SHA-1
+        sha = (hashlib.sha256(data).hexdigest() if name.endswith((".safetensors", ".gguf"))
+               else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
         (repo_dir / "blobs" / sha).write_bytes(data)
         (snap / name).symlink_to(os.path.join("..", "..", "blobs", sha))
     return snap
