@@ -21,7 +21,7 @@ from converter.ops.audit import audit as do_audit
 from converter.ops.inspect import inspect as do_inspect
 from converter.quant.requant import Target
 from converter.report.validation import render_self_test, render_validation
-from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
+from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
 from converter.validate import self_test as do_self_test, validate as do_validate
 from converter.validate.findings import codes_help
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
@@ -111,6 +111,23 @@ def run_options_flags(fn):
         except ConverterError as exc:
             raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
         with run_options(workers=workers, max_memory=mem, quiet=quiet):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def shard_size_flag(fn):
+    """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
+    through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
+    @click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
+                  help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
+                       "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors.")
+    @functools.wraps(fn)
+    def wrapper(*args, max_shard_size="5GB", **kwargs):
+        try:
+            size = parse_shard_size(max_shard_size)
+        except ConverterError as exc:
+            raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
+        with run_options(max_shard_size=size):
             return fn(*args, **kwargs)
     return wrapper
 
@@ -234,6 +251,7 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
+@shard_size_flag
 @_handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
              include, exclude, overwrite, as_json):
@@ -296,13 +314,13 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
-@click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
+@shard_size_flag
 @_handle_errors
-def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
+def dequantize(src, dst, dtype, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
     from converter.formats.plain import write_plain  # lazy: a format module (see the top)
@@ -310,7 +328,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     ckpt = load(src)
-    res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
+    res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
     _emit(doc, as_json, render.render_dequantize, "dequantize-report")
 
@@ -346,6 +364,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
+@shard_size_flag
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
             reference, quant_type, overwrite, report, as_json):

@@ -34,9 +34,9 @@ from typing import Any, Iterator
 
 from converter.errors import FormatError
 
-__all__ = ["RunOptions", "run_options", "current", "parse_size", "auto_workers", "limit_blas_threads",
-           "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process", "DEFAULT_MAX_MEMORY",
-           "AUTO_PARALLEL_BYTES"]
+__all__ = ["RunOptions", "run_options", "current", "parse_size", "parse_shard_size", "auto_workers",
+           "limit_blas_threads", "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process",
+           "DEFAULT_MAX_MEMORY", "DEFAULT_MAX_SHARD_SIZE", "AUTO_PARALLEL_BYTES"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
 #: for a 7B-shaped checkpoint with the interpreter's own ~50 MiB on top).
@@ -45,6 +45,11 @@ DEFAULT_MAX_MEMORY = 320 * 2**20
 #: Work size (bytes) from which the default worker count (all cores) is used; smaller jobs run
 #: inline, where forking the workers would cost more than it saves.
 AUTO_PARALLEL_BYTES = 32 * 2**20
+
+
+#: Hugging Face's shard size: transformers ``save_pretrained(max_shard_size="5GB")`` and ``huggingface_hub``'s
+#: ``split_torch_state_dict_into_shards`` (decimal GB, 5 * 10**9 bytes); the Hub refuses files over 50 GB.
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,16 @@ class RunOptions:
         Working-memory budget in bytes for all workers together (``None``: :data:`DEFAULT_MAX_MEMORY`).
     quiet : bool
         No progress bar. The library default is quiet; ``qckpt`` shows one unless ``--quiet``.
+    max_shard_size : int
+        Bytes per output shard of a model directory (tensor data; a tensor is never split), the
+        writers' default when a call gives none; 0 writes one ``model.safetensors`` whatever its size.
+        Default :data:`DEFAULT_MAX_SHARD_SIZE` (5 GB, the Hugging Face convention).
     """
 
     workers: int | None = None
     max_memory: int | None = None
     quiet: bool = True
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
 
     @property
     def n_workers(self) -> int:
@@ -101,9 +111,12 @@ def current() -> RunOptions:
 
 @contextlib.contextmanager
 def run_options(**changes: Any) -> Iterator[RunOptions]:
-    """Set options for the enclosed block (``workers=``, ``max_memory=`` int or "512M", ``quiet=``)."""
+    """Set options for the enclosed block (``workers=``, ``max_memory=`` int or "512M", ``quiet=``,
+    ``max_shard_size=`` int or "5GB", 0 for one file)."""
     if isinstance(changes.get("max_memory"), str):
         changes["max_memory"] = parse_size(changes["max_memory"])
+    if isinstance(changes.get("max_shard_size"), str):
+        changes["max_shard_size"] = parse_shard_size(changes["max_shard_size"])
     options = replace(current(), **{k: v for k, v in changes.items() if v is not None})
     token = _OPTIONS.set(options)
     try:
@@ -135,6 +148,24 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise FormatError("memory size must be positive", field="--max-memory", expected="> 0", found=text)
     return value
+
+
+def parse_shard_size(text: str | int) -> int:
+    """``"5GB"`` (10**9, as transformers and the Hub count), ``"500MB"``, ``"2GiB"``, ``"1000000"`` -> bytes per
+    output shard; ``"0"`` -> 0: one file whatever its size.
+
+    Raises
+    ------
+    FormatError
+        Not a size, or negative.
+    """
+    if str(text).strip() == "0":
+        return 0
+    try:
+        return parse_size(text)
+    except FormatError as exc:
+        raise FormatError("not a shard size", field="--max-shard-size",
+                          expected="e.g. 5GB, 500MB, 2GiB or 0 (one file)", found=text) from exc
 
 
 def limit_blas_threads(n: int = 1) -> bool:

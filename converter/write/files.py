@@ -152,6 +152,8 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     ``side_files_skipped`` (file name -> reason) for the side files the source could not make
     (``metadata["side_files_skipped"]``).
     """
+    if max_shard_bytes is None:  # the run's option (qckpt --max-shard-size; default 5 GB, 0: one file)
+        max_shard_bytes = current().max_shard_size or None
     shards = shard_plans(plans, max_shard_bytes)
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp, \
