@@ -115,6 +115,16 @@ def run_options_flags(fn):
     return wrapper
 
 
+def _gptq_options(gptq_format: str | None, to: str) -> dict:
+    """Writer options from ``--gptq-format`` (a usage error for any other target)."""
+    if gptq_format is None:
+        return {}
+    if to != "gptq":
+        raise click.UsageError(f"--gptq-format is an option of the gptq writer, not of {to!r}: "
+                               "drop it or use --to gptq")
+    return {"checkpoint_format": {"v1": "gptq", "v2": "gptq_v2"}[gptq_format]}
+
+
 def shard_size_flag(fn):
     """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
     through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
@@ -245,6 +255,9 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
               help="Scale dtype [default: f16; with --fp8: each weight's own dtype].")
 @click.option("--to", "to", default=None, metavar="FORMAT",
               help=f"Output format (default: native): {', '.join(WRITABLE_FORMATS)}.")
+@click.option("--gptq-format", "gptq_format", type=click.Choice(["v1", "v2"]), default=None,
+              help="GPTQ output: checkpoint_format 'gptq' (v1, stores z-1) or 'gptq_v2' [default: the source's own "
+                   "when it is GPTQ, else v2].")
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
@@ -254,7 +267,7 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @shard_size_flag
 @_handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
-             include, exclude, overwrite, as_json):
+             gptq_format, include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
@@ -292,7 +305,8 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     notes: dict = {}
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes, **kw)
+    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes,
+                           write_options=_gptq_options(gptq_format, to or "native"), **kw)
     _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
 
 
@@ -359,6 +373,9 @@ def dequantize(src, dst, dtype, overwrite, as_json):
                    "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0, "
                    "MXFP4, NVFP4 ... "
                    "for every weight llama.cpp quantizes, as llama-quantize --pure).")
+@click.option("--gptq-format", "gptq_format", type=click.Choice(["v1", "v2"]), default=None,
+              help="GPTQ output: checkpoint_format 'gptq' (v1, stores z-1) or 'gptq_v2' [default: the source's own "
+                   "when it is GPTQ, else v2].")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
@@ -367,7 +384,7 @@ def dequantize(src, dst, dtype, overwrite, as_json):
 @shard_size_flag
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, overwrite, report, as_json):
+            reference, quant_type, gptq_format, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -401,12 +418,14 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
+        options = _gptq_options(gptq_format, to or load(src).format)
+        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
+                                                  write_options=options),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
         to = to or load(src).format
-        doc = convert_exact(src, dst, to, overwrite=overwrite)
+        doc = convert_exact(src, dst, to, overwrite=overwrite, options=_gptq_options(gptq_format, to))
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report

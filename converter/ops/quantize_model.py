@@ -232,7 +232,8 @@ def check_quantize_target(view: Checkpoint, to: str, *, absmax_scales: bool = Fa
 
 
 def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
-                   overwrite: bool = False, to: str = NATIVE, notes: dict | None = None) -> dict[str, dict]:
+                   overwrite: bool = False, to: str = NATIVE, notes: dict | None = None,
+                   write_options: dict[str, Any] | None = None) -> dict[str, dict]:
     """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
     per-tensor statistics rows. ``notes``, when given, receives the writer's notes by tensor (the
     ``warning: `` ones name a loader that will refuse what was written: :func:`write_warnings`).
@@ -259,7 +260,7 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     check_quantize_target(view, to, absmax_scales=opts.element is not None, hint=hint)
     try:
         with collect_results() as got:
-            summary = handler.write(view, Path(dst), overwrite=overwrite)
+            summary = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {}))
         if notes is not None and isinstance(summary, dict):
             notes.update(summary.get("notes") or {})
     except NotRepresentableError as exc:

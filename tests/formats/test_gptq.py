@@ -132,7 +132,7 @@ def test_real_sample_write_v1_reproduces_the_files_byte_for_byte(d, tmp_path):
 @pytest.mark.parametrize("d", REAL)
 def test_real_sample_v2_round_trip_bit_exact(d, tmp_path):
     ck = load(SAMPLES / d)
-    get("gptq").write(ck, tmp_path / "v2")
+    get("gptq").write(ck, tmp_path / "v2", checkpoint_format="gptq_v2")
     new = load_file(str(tmp_path / "v2" / "model.safetensors"))
     assert {int(w) for w in np.unique(new["pooler.dense.qzeros"].view(np.uint32))} == {0x88888888}
     back = load(tmp_path / "v2")
@@ -578,3 +578,36 @@ class TestGPTQConformance(QuantizedFormatConformance, ToolDecodeConformance, Mod
     FORMAT = "gptq"
     SAMPLES = tuple((_SAMPLES / d, _SAMPLES / d / "reference_dequant.safetensors")
                     for d in ("gptq_w4_g128_sym", "gptq_w4_gchan_sym"))
+
+
+def test_output_keeps_the_source_checkpoint_format_unless_told(tmp_path):
+    """Issue 17: a GPTQ repack kept v1 only when asked; now the source's format is the default."""
+    from click.testing import CliRunner
+    from converter.cli import main
+
+    def fmt(d):
+        return json.loads((d / "config.json").read_text())["quantization_config"]["checkpoint_format"]
+
+    v1_sample = SAMPLES / "gptq_w4_g128_sym"
+    assert load(v1_sample).metadata["checkpoint_format"] == "gptq"  # GPTQModel v1 sample
+    get("gptq").write(load(v1_sample), tmp_path / "keep")
+    assert fmt(tmp_path / "keep") == "gptq"
+    assert load(tmp_path / "keep")["pooler.dense.weight"].dequantize().tolist() == \
+        load(v1_sample)["pooler.dense.weight"].dequantize().tolist()
+    get("gptq").write(load(tmp_path / "keep"), tmp_path / "v2", checkpoint_format="gptq_v2")
+    get("gptq").write(load(tmp_path / "v2"), tmp_path / "v2again")  # a v2 source stays v2
+    assert fmt(tmp_path / "v2again") == "gptq_v2"
+    run = CliRunner().invoke
+    assert run(main, ["convert", str(tmp_path / "v2"), str(tmp_path / "cli_v1"), "--to", "gptq", "--gptq-format",
+                      "v1"]).exit_code == 0
+    assert fmt(tmp_path / "cli_v1") == "gptq"
+    r = run(main, ["convert", str(v1_sample), str(tmp_path / "cli_req"), "--to", "gptq", "--bits", "8",
+                   "--per-channel", "--gptq-format", "v2"])
+    assert r.exit_code == 0, r.output
+    assert fmt(tmp_path / "cli_req") == "gptq_v2"
+    r = run(main, ["convert", str(v1_sample), str(tmp_path / "awq"), "--to", "awq", "--gptq-format", "v1"])
+    assert r.exit_code == 2 and "--gptq-format" in r.output and not (tmp_path / "awq").exists()
+    # a float source gets v2 (GPTQModel's default)
+    r = run(main, ["quantize", str(SAMPLES / "minilm_fp16.safetensors"), str(tmp_path / "q"), "--bits", "4",
+                   "--group-size", "128", "--to", "gptq"])
+    assert r.exit_code == 0 and fmt(tmp_path / "q") == "gptq_v2"

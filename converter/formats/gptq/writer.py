@@ -119,7 +119,8 @@ def _encode(t: QuantizedTensor, *, v1: bool, allow_rounding: bool, notes: list[s
         raise NotRepresentableError("GPTQ v1 stores z-1 and cannot hold a zero point of 0", tensor=t.name,
                                     field="zero_points", expected="zero points >= 1 for checkpoint_format 'gptq'",
                                     found=f"zero point 0 at out {o}, group {g} ({int((zeros == 0).sum())} in total)",
-                                    hint="write checkpoint_format='gptq_v2' (stores zero points as is)")
+                                    hint="write GPTQ v2, which stores zero points as is (qckpt --gptq-format v2; "
+                                         "library: checkpoint_format='gptq_v2')")
     s16, note = _scales_fp16(np.asarray(scales), t.name, allow_rounding)
     if note and note not in notes:
         notes.append(note)
@@ -157,15 +158,27 @@ def gptq_plan(spec: TensorSpec, *, v1: bool, allow_rounding: bool = False) -> Te
     return TensorPlan(spec.name, outs, lambda t: _encode(t, v1=v1, allow_rounding=allow_rounding, notes=notes), notes)
 
 
-def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoint_format: str = V2,
+def default_checkpoint_format(ckpt: Checkpoint) -> str:
+    """The GPTQ ``checkpoint_format`` a write keeps: a GPTQ source's own (v1 stays v1), else ``gptq_v2``.
+
+    GPTQModel writes v2 by default and converts v1 on load, but AutoGPTQ-era kernels and vLLM expect the
+    v1 layout of a v1 model: a repack should not change it unasked.
+    """
+    if ckpt.format == "gptq" and ckpt.metadata.get("checkpoint_format") in (V1, V2):
+        return ckpt.metadata["checkpoint_format"]
+    return V2
+
+
+def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoint_format: str | None = None,
                allow_scale_rounding: bool = False, max_shard_bytes: int | None = None,
                detect_symmetric: bool = True, **_: Any) -> dict:
     """Write ``ckpt`` as a GPTQ model directory (``model.safetensors``, ``config.json``, ``quantize_config.json``).
 
     Parameters
     ----------
-    checkpoint_format : {"gptq_v2", "gptq"}
-        ``"gptq"`` (v1) stores ``z - 1`` and refuses a zero point of 0 (CASES.md B03).
+    checkpoint_format : {"gptq_v2", "gptq"}, optional
+        ``"gptq"`` (v1) stores ``z - 1`` and refuses a zero point of 0 (CASES.md B03). Default: the
+        source's own when it is GPTQ, else ``gptq_v2`` (:func:`default_checkpoint_format`).
     allow_scale_rounding : bool
         Round F32 (or other non-fp16) scales to fp16 when the cast is not exact.
     detect_symmetric : bool
@@ -180,6 +193,8 @@ def write_gptq(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, checkpoi
         group sizes across layers, or a v1 zero point of 0.
     """
     ckpt.refuse_opaque("gptq")
+    checkpoint_format = ({"v1": V1, "v2": V2}.get(checkpoint_format, checkpoint_format)
+                         or default_checkpoint_format(ckpt))
     if checkpoint_format not in (V1, V2):
         raise FormatError("unknown GPTQ checkpoint format", field="checkpoint_format", expected=[V1, V2],
                           found=checkpoint_format)
