@@ -435,6 +435,25 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     _emit(doc, as_json, renderer, schema)
 
 
+@main.command(epilog="Exit status: 0 identical within --tolerance, 1 not, 2 usage error, 3 unreadable input.")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Largest relative Frobenius error per tensor counted as the same (0: bit-identical values).")
+@click.option("--format-a", "format_a", default=None, metavar="FORMAT", help="Format of A (default: detected).")
+@click.option("--format-b", "format_b", default=None, metavar="FORMAT", help="Format of B (default: detected).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/diff-report.schema.json).")
+@_handle_errors
+def diff(a, b, tolerance, format_a, format_b, as_json):
+    """Compare checkpoint B against A (the reference), tensor by tensor in the logical model, in any formats:
+    relative Frobenius error, SQNR, max error, worst channel, output-space error on a seeded batch."""
+    from converter.ops.diff import diff as do_diff  # lazy: imports the formats layer
+    from converter.report.diff import render_diff
+    doc = do_diff(a, b, tolerance=tolerance, format_a=format_a, format_b=format_b)
+    _emit(doc, as_json, render_diff, "diff-report")
+    sys.exit(doc["exit_code"])
+
+
 @main.command(epilog=exit_codes.epilog() + "\n\n" + codes_help())
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
