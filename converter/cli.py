@@ -6,15 +6,14 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
 import converter.exit_codes as exit_codes
+from converter.cli_errors import check_format_option, handle_errors, usage_errors
 from converter.report import render
 from converter.errors import ConverterError
 from converter.ops.audit import audit as do_audit
@@ -33,64 +32,6 @@ from converter.write.atomic import atomic_output, check_not_inside, refuse_exist
 # module, ops.convert / quantize_model / requantize_model, the validator) and converter.schemas
 # (jsonschema) inside their bodies: `qckpt --help` and option errors then start without them
 # (about 0.2 s of a 1.1-1.4 s start-up, measured: `python -c 'import converter.cli'` with and without them).
-
-
-def _traceback_if_debug(ctx: click.Context) -> None:
-    """``qckpt --debug``: the traceback on stderr, then the same one-line error and exit status."""
-    if ctx.find_root().params.get("debug"):
-        traceback.print_exc()
-
-
-def _check_format_option(fmt: str | None) -> None:
-    """``--format NAME`` names a registered format; an unknown name is a usage error (exit 2), like
-    ``convert --to``."""
-    if fmt is not None:
-        from converter.formats.registry import get  # lazy: the formats layer (see the top)
-        with _usage_errors():
-            get(fmt)
-
-
-def _json_value(v):
-    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
-
-
-def _fail(ctx: click.Context, code: int, message: str, *, error: str, exc: ConverterError | None = None) -> None:
-    """Report one error and exit with ``code``: one line on stderr, or under ``--json`` one JSON object
-    on stdout (``schemas/error.schema.json``), so a script reading stdout always gets JSON."""
-    if ctx.params.get("as_json"):
-        fields = ("file", "tensor", "field", "expected", "found", "hint")
-        doc = {"schema": "qckpt.error/1", "error": error, "exit_code": code, "message": message,
-               **{k: _json_value(getattr(exc, k, None)) for k in fields}}
-        click.echo(render.dumps(doc))
-    else:
-        click.echo(f"qckpt: error: {message}", err=True)
-    sys.exit(code)
-
-
-def _handle_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        ctx = click.get_current_context()
-        try:
-            return fn(*args, **kwargs)
-        except ConverterError as exc:
-            _traceback_if_debug(ctx)
-            exc.hint = getattr(exc, "cli_hints", {}).get(exc.hint, exc.hint)  # library words -> option names
-            if ctx.params.get("as_json"):
-                _fail(ctx, exc.exit_code, exc.message, error=type(exc).__name__, exc=exc)
-            _fail(ctx, exc.exit_code, exc.render(), error=type(exc).__name__)
-        except click.UsageError as exc:
-            if not ctx.params.get("as_json"):
-                raise
-            _fail(ctx, exit_codes.USAGE, exc.format_message(), error="UsageError")
-        except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
-            _traceback_if_debug(ctx)
-            where = f"{exc.filename}: " if exc.filename else ""
-            _fail(ctx, exit_codes.UNREADABLE, f"{where}{exc.strerror or exc}", error=type(exc).__name__)
-        except KeyboardInterrupt:
-            click.echo("qckpt: interrupted; no partial output left", err=True)
-            sys.exit(exit_codes.INTERRUPTED)
-    return wrapper
 
 
 def run_options_flags(fn):
@@ -115,17 +56,6 @@ def run_options_flags(fn):
     return wrapper
 
 
-@contextlib.contextmanager
-def _usage_errors():
-    """The one place option errors become usage errors (exit 2): a ConverterError raised while
-    checking the command line (an unknown or read-only ``--to`` format, a requantize Target
-    conflict) is about the options, not the input."""
-    try:
-        yield
-    except ConverterError as exc:
-        raise click.UsageError(exc.render()) from None
-
-
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
     if as_json:
         if schema:
@@ -148,11 +78,11 @@ def main(debug: bool) -> None:
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
               help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/inspect.schema.json).")
-@_handle_errors
+@handle_errors
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
-    _check_format_option(fmt)
+    check_format_option(fmt)
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -234,7 +164,7 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
-@_handle_errors
+@handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
              include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
@@ -262,7 +192,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
             raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2, --fp4 mxfp4|nvfp4).")
         granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     if to is not None:
-        with _usage_errors():
+        with usage_errors():
             check_writable(to)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
@@ -284,11 +214,11 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
               help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/audit.schema.json).")
-@_handle_errors
+@handle_errors
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
-    _check_format_option(fmt)
+    check_format_option(fmt)
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 
@@ -301,7 +231,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
-@_handle_errors
+@handle_errors
 def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
@@ -346,7 +276,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
-@_handle_errors
+@handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
             reference, quant_type, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
@@ -365,7 +295,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     else:
         granularity = _granularity(per_tensor, per_channel, group_size, required=False)
     if to is not None:
-        with _usage_errors():
+        with usage_errors():
             check_writable(to)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
@@ -378,7 +308,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
                                                                      quant_type, fp8))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
-        with _usage_errors():
+        with usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
@@ -404,7 +334,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
-@_handle_errors
+@handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     if self_test:
