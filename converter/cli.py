@@ -7,6 +7,7 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from pathlib import Path
 
@@ -14,24 +15,45 @@ import click
 
 import converter.exit_codes as exit_codes
 from converter.cli_errors import check_format_option, handle_errors, usage_errors
-from converter.report import render
 from converter.errors import ConverterError
-from converter.ops.audit import audit as do_audit
-from converter.ops.inspect import inspect as do_inspect
-from converter.quant.requant import Target
-from converter.report.validation import render_self_test, render_validation
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_size, run_options
-from converter.validate import self_test as do_self_test, validate as do_validate
-from converter.validate.findings import codes_help
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
                                   GRANULARITY_OPTIONS, QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, WRITABLE_FORMATS,
                                   float_dtype_name, granularity_of, granularity_options, parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
-# The commands import the formats layer (converter.formats.registry and what imports it: every format
-# module, ops.convert / quantize_model / requantize_model, the validator) and converter.schemas
-# (jsonschema) inside their bodies: `qckpt --help` and option errors then start without them
-# (about 0.2 s of a 1.1-1.4 s start-up, measured: `python -c 'import converter.cli'` with and without them).
+# Start-up (issue 18): at module level this file imports only click and modules without numpy (exit codes,
+# errors, run options, the vocabulary and its format names, atomic paths); `qckpt --help` / `--version` then
+# start in ~0.1 s instead of ~1 s (ml_dtypes alone takes 0.5-0.7 s to import here; benchmarks/bench_startup.py,
+# tests/test_startup.py). Each command imports what it uses inside its body: the formats layer, ops/,
+# validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
+
+
+class _LazyModule:
+    """A module imported when one of its attributes is first read (``render.render_inspect`` ...)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+render = _LazyModule("converter.report.render")
+
+
+class _Command(click.Command):
+    """A command whose epilog may be a callable, called only when ``--help`` shows it (start-up)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        super().format_epilog(ctx, formatter)
+
+
+def _validate_epilog() -> str:
+    from converter.validate.findings import codes_help  # lazy: numpy (start-up)
+    return exit_codes.epilog() + "\n\n" + codes_help()
 
 
 def run_options_flags(fn):
@@ -83,6 +105,7 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
     check_format_option(fmt)
+    from converter.ops.inspect import inspect as do_inspect
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -219,6 +242,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
     check_format_option(fmt)
+    from converter.ops.audit import audit as do_audit
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 
@@ -308,6 +332,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
                                                                      quant_type, fp8))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
+        from converter.quant.requant import Target
         with usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
@@ -327,7 +352,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     _emit(doc, as_json, renderer, schema)
 
 
-@main.command(epilog=exit_codes.epilog() + "\n\n" + codes_help())
+@main.command(cls=_Command, epilog=_validate_epilog)
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
               help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
@@ -337,6 +362,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
+    from converter.report.validation import render_self_test, render_validation
+    from converter.validate import self_test as do_self_test, validate as do_validate
     if self_test:
         doc = do_self_test()
         _emit(doc, as_json, render_self_test, "probe-report")
