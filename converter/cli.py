@@ -359,6 +359,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
+@run_options_flags
 @handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
