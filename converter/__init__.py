@@ -12,19 +12,45 @@ Public API::
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from converter.errors import ConverterError
-from converter.groups import Granularity, GroupMap
-from converter.layout import EXPERT, IN, OUT, AxisMap
-from converter.quant.quantize import dequantize, quantize, quantize_codes
-from converter.scheme import QuantScheme, ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
+
+if TYPE_CHECKING:
+    from converter.groups import Granularity, GroupMap
+    from converter.layout import EXPERT, IN, OUT, AxisMap
+    from converter.quant.quantize import dequantize, quantize, quantize_codes
+    from converter.scheme import QuantScheme, ZeroPoint
+    from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
 
 __all__ = ["load", "save", "quantize_codes", "quantize", "dequantize", "Checkpoint", "QuantizedTensor",
            "DenseTensor", "QuantScheme", "ZeroPoint", "GroupMap", "Granularity", "AxisMap", "ConverterError",
            "OUT", "IN", "EXPERT"]
+
+# The public names, imported on first use (PEP 562 module __getattr__): `import converter` runs for every
+# converter.* import (the CLI, worker processes), and the model layer pulls in numpy and ml_dtypes
+# (0.5-0.7 s here), which `qckpt --help` never needs (issue 18).
+_LAZY = {name: module for module, names in (
+    ("converter.groups", ("Granularity", "GroupMap")),
+    ("converter.layout", ("EXPERT", "IN", "OUT", "AxisMap")),
+    ("converter.quant.quantize", ("dequantize", "quantize", "quantize_codes")),
+    ("converter.scheme", ("QuantScheme", "ZeroPoint")),
+    ("converter.tensor", ("Checkpoint", "DenseTensor", "QuantizedTensor"))) for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:  # AttributeError lets `from converter import tensor` fall back to the submodule
+        raise AttributeError(f"module 'converter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load(path: str | Path, *, format: str | None = None) -> Checkpoint:

@@ -6,91 +6,54 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import importlib
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
 import converter.exit_codes as exit_codes
-from converter.report import render
+from converter.cli_errors import check_format_option, handle_errors, usage_errors
 from converter.errors import ConverterError
-from converter.ops.audit import audit as do_audit
-from converter.ops.inspect import inspect as do_inspect
-from converter.quant.requant import Target
-from converter.report.validation import render_self_test, render_validation
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
-from converter.validate import self_test as do_self_test, validate as do_validate
-from converter.validate.findings import codes_help
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
                                   GRANULARITY_OPTIONS, QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, WRITABLE_FORMATS,
                                   float_dtype_name, granularity_of, granularity_options, parse_block)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
-# The commands import the formats layer (converter.formats.registry and what imports it: every format
-# module, ops.convert / quantize_model / requantize_model, the validator) and converter.schemas
-# (jsonschema) inside their bodies: `qckpt --help` and option errors then start without them
-# (about 0.2 s of a 1.1-1.4 s start-up, measured: `python -c 'import converter.cli'` with and without them).
+# Start-up (issue 18): at module level this file imports only click and modules without numpy (exit codes,
+# errors, run options, the vocabulary and its format names, atomic paths); `qckpt --help` / `--version` then
+# start in ~0.1 s instead of ~1 s (ml_dtypes alone takes 0.5-0.7 s to import here; benchmarks/bench_startup.py,
+# tests/test_startup.py). Each command imports what it uses inside its body: the formats layer, ops/,
+# validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
 
 
-def _traceback_if_debug(ctx: click.Context) -> None:
-    """``qckpt --debug``: the traceback on stderr, then the same one-line error and exit status."""
-    if ctx.find_root().params.get("debug"):
-        traceback.print_exc()
+class _LazyModule:
+    """A module imported when one of its attributes is first read (``render.render_inspect`` ...)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
 
 
-def _check_format_option(fmt: str | None) -> None:
-    """``--format NAME`` names a registered format; an unknown name is a usage error (exit 2), like
-    ``convert --to``."""
-    if fmt is not None:
-        from converter.formats.registry import get  # lazy: the formats layer (see the top)
-        with _usage_errors():
-            get(fmt)
+render = _LazyModule("converter.report.render")
 
 
-def _json_value(v):
-    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+class _Command(click.Command):
+    """A command whose epilog may be a callable, called only when ``--help`` shows it (start-up)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        super().format_epilog(ctx, formatter)
 
 
-def _fail(ctx: click.Context, code: int, message: str, *, error: str, exc: ConverterError | None = None) -> None:
-    """Report one error and exit with ``code``: one line on stderr, or under ``--json`` one JSON object
-    on stdout (``schemas/error.schema.json``), so a script reading stdout always gets JSON."""
-    if ctx.params.get("as_json"):
-        fields = ("file", "tensor", "field", "expected", "found", "hint")
-        doc = {"schema": "qckpt.error/1", "error": error, "exit_code": code, "message": message,
-               **{k: _json_value(getattr(exc, k, None)) for k in fields}}
-        click.echo(render.dumps(doc))
-    else:
-        click.echo(f"qckpt: error: {message}", err=True)
-    sys.exit(code)
-
-
-def _handle_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        ctx = click.get_current_context()
-        try:
-            return fn(*args, **kwargs)
-        except ConverterError as exc:
-            _traceback_if_debug(ctx)
-            exc.hint = getattr(exc, "cli_hints", {}).get(exc.hint, exc.hint)  # library words -> option names
-            if ctx.params.get("as_json"):
-                _fail(ctx, exc.exit_code, exc.message, error=type(exc).__name__, exc=exc)
-            _fail(ctx, exc.exit_code, exc.render(), error=type(exc).__name__)
-        except click.UsageError as exc:
-            if not ctx.params.get("as_json"):
-                raise
-            _fail(ctx, exit_codes.USAGE, exc.format_message(), error="UsageError")
-        except OSError as exc:  # the OS refused a read or write (permissions, disk full ...): one line
-            _traceback_if_debug(ctx)
-            where = f"{exc.filename}: " if exc.filename else ""
-            _fail(ctx, exit_codes.UNREADABLE, f"{where}{exc.strerror or exc}", error=type(exc).__name__)
-        except KeyboardInterrupt:
-            click.echo("qckpt: interrupted; no partial output left", err=True)
-            sys.exit(exit_codes.INTERRUPTED)
-    return wrapper
+def _validate_epilog() -> str:
+    from converter.validate.findings import codes_help  # lazy: numpy (start-up)
+    return exit_codes.epilog() + "\n\n" + codes_help()
 
 
 def run_options_flags(fn):
@@ -142,17 +105,6 @@ def shard_size_flag(fn):
     return wrapper
 
 
-@contextlib.contextmanager
-def _usage_errors():
-    """The one place option errors become usage errors (exit 2): a ConverterError raised while
-    checking the command line (an unknown or read-only ``--to`` format, a requantize Target
-    conflict) is about the options, not the input."""
-    try:
-        yield
-    except ConverterError as exc:
-        raise click.UsageError(exc.render()) from None
-
-
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
     if as_json:
         if schema:
@@ -175,11 +127,12 @@ def main(debug: bool) -> None:
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
               help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/inspect.schema.json).")
-@_handle_errors
+@handle_errors
 def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     """Format, and each tensor's logical shape, storage, scheme and groups."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
-    _check_format_option(fmt)
+    check_format_option(fmt)
+    from converter.ops.inspect import inspect as do_inspect
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
 
 
@@ -265,7 +218,7 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
-@_handle_errors
+@handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
              gptq_format, include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
@@ -293,7 +246,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
             raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2, --fp4 mxfp4|nvfp4).")
         granularity = _granularity(per_tensor, per_channel, group_size, required=True)
     if to is not None:
-        with _usage_errors():
+        with usage_errors():
             check_writable(to)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
@@ -316,11 +269,12 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
               help=f"Read as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/audit.schema.json).")
-@_handle_errors
+@handle_errors
 def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
     """Bytes by role, bits per weight, theoretical vs measured size."""
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
-    _check_format_option(fmt)
+    check_format_option(fmt)
+    from converter.ops.audit import audit as do_audit
     _emit(do_audit(load(path, format=fmt), what_if=what_if), as_json, render.render_audit, "audit")
 
 
@@ -333,7 +287,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
-@_handle_errors
+@handle_errors
 def dequantize(src, dst, dtype, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
@@ -382,7 +336,7 @@ def dequantize(src, dst, dtype, overwrite, as_json):
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
 @shard_size_flag
-@_handle_errors
+@handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
             reference, quant_type, gptq_format, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
@@ -401,7 +355,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     else:
         granularity = _granularity(per_tensor, per_channel, group_size, required=False)
     if to is not None:
-        with _usage_errors():
+        with usage_errors():
             check_writable(to)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
@@ -414,7 +368,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
                                                                      quant_type, fp8))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
-        with _usage_errors():
+        from converter.quant.requant import Target
+        with usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
@@ -443,7 +398,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--format-a", "format_a", default=None, metavar="FORMAT", help="Format of A (default: detected).")
 @click.option("--format-b", "format_b", default=None, metavar="FORMAT", help="Format of B (default: detected).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/diff-report.schema.json).")
-@_handle_errors
+@handle_errors
 def diff(a, b, tolerance, format_a, format_b, as_json):
     """Compare checkpoint B against A (the reference), tensor by tensor in the logical model, in any formats:
     relative Frobenius error, SQNR, max error, worst channel, output-space error on a seeded batch."""
@@ -454,7 +409,7 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
     sys.exit(doc["exit_code"])
 
 
-@main.command(epilog=exit_codes.epilog() + "\n\n" + codes_help())
+@main.command(cls=_Command, epilog=_validate_epilog)
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--reference", type=click.Path(exists=True, path_type=Path), default=None,
               help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
@@ -463,9 +418,12 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
               "blob name, a SHA256SUMS entry or its git-LFS pointer.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
-@_handle_errors
+@run_options_flags
+@handle_errors
 def validate(path, reference, strict, checksums, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
+    from converter.report.validation import render_self_test, render_validation
+    from converter.validate import self_test as do_self_test, validate as do_validate
     if self_test:
         doc = do_self_test()
         _emit(doc, as_json, render_self_test, "probe-report")

@@ -321,14 +321,21 @@ class Checkpoint:
         Side files the source carries in another form (a GGUF's tokenizer and chat template as
         ``tokenizer.json`` / ``tokenizer_config.json``), made on demand and written by directory
         writers beside the tensors unless a copied ``extra_files`` entry has the same name.
+    aliases : mapping of alias -> name, optional
+        Other names a tensor is known by in its source (a GGUF file's llama.cpp names, ``blk.0.attn_q.weight``,
+        for the Hugging Face names the reader gives its tensors). ``ckpt[alias]``, ``ckpt.spec(alias)`` and
+        ``alias in ckpt`` resolve to the named tensor (whose ``.name`` is its own name, not the alias);
+        :meth:`names` lists the names only. An alias that is also a name is ignored (the name wins).
     """
 
     def __init__(self, specs: Mapping[str, TensorSpec], loader: Callable[[str], Tensor], *, format: str,
                  path: str | None = None, config: Mapping[str, Any] | None = None,
                  metadata: Mapping[str, Any] | None = None, files: Sequence[str] = (),
                  extra_files: Sequence[str] = (),
-                 side_files: Mapping[str, Callable[[], bytes]] | None = None) -> None:
+                 side_files: Mapping[str, Callable[[], bytes]] | None = None,
+                 aliases: Mapping[str, str] | None = None) -> None:
         self._specs = dict(specs)
+        self.aliases = {a: n for a, n in (aliases or {}).items() if a not in self._specs and n in self._specs}
         self._loader = loader
         self.format = format
         self.path = path
@@ -350,9 +357,13 @@ class Checkpoint:
     def names(self) -> list[str]:
         return list(self._specs)
 
+    def resolve(self, name: str) -> str:
+        """The tensor's name for ``name`` or one of its :attr:`aliases` (``name`` itself when neither)."""
+        return name if name in self._specs else self.aliases.get(name, name)
+
     def spec(self, name: str) -> TensorSpec:
         try:
-            return self._specs[name]
+            return self._specs[self.resolve(name)]
         except KeyError:
             raise MissingTensorError("no such tensor", file=self.path, tensor=name) from None
 
@@ -360,14 +371,14 @@ class Checkpoint:
         return list(self._specs.values())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._specs
+        return name in self._specs or name in self.aliases
 
     def __len__(self) -> int:
         return len(self._specs)
 
     def __getitem__(self, name: str) -> Tensor:
         self._check_loadable(self.spec(name))
-        return self._loader(name)
+        return self._loader(self.resolve(name))
 
     def _check_loadable(self, spec: TensorSpec) -> None:
         if spec.kind == "opaque":

@@ -9,8 +9,13 @@ one place.
 
 from __future__ import annotations
 
-from converter.groups import Granularity, GroupMap
-from converter.layout import IN, OUT
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from converter.groups import Granularity, GroupMap
+
+# No module-level import of numpy / the model modules: `qckpt --help` reads the words below at start-up
+# (issue 18); the granularity words are :class:`converter.groups.Granularity` values (tests/test_vocabulary.py).
 
 #: Lower-case float dtype names of the command line -> safetensors dtype names.
 FLOAT_DTYPE_ALIASES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
@@ -33,11 +38,10 @@ DENSE_DTYPE_CHOICES = ("f32", "f16", "bf16")
 QUANT_TYPE_OPTION = "--quant-type"
 
 #: Granularities a user can ask for (``flat_block`` is a storage fact of some formats, not a target).
-GRANULARITIES = (Granularity.TENSOR.value, Granularity.CHANNEL.value, Granularity.GROUP.value)
+GRANULARITIES = ("tensor", "channel", "group")
 
 #: The option naming each granularity, in the order usage messages list them.
-GRANULARITY_OPTIONS = (("--per-tensor", Granularity.TENSOR.value), ("--per-channel", Granularity.CHANNEL.value),
-                       ("--group-size", Granularity.GROUP.value))
+GRANULARITY_OPTIONS = (("--per-tensor", "tensor"), ("--per-channel", "channel"), ("--group-size", "group"))
 
 
 #: ``quantize --fp8`` choices: the 8-bit float elements a weight is quantized to
@@ -45,8 +49,7 @@ GRANULARITY_OPTIONS = (("--per-tensor", Granularity.TENSOR.value), ("--per-chann
 FP8_ELEMENTS = ("e4m3", "e5m2")
 
 #: Granularities of a float-element (FP8) quantize target, with their options.
-FP8_GRANULARITY_OPTIONS = (("--per-tensor", Granularity.TENSOR.value), ("--per-channel", Granularity.CHANNEL.value),
-                           ("--block", Granularity.BLOCK.value))
+FP8_GRANULARITY_OPTIONS = (("--per-tensor", "tensor"), ("--per-channel", "channel"), ("--block", "block"))
 
 
 def parse_block(text: str) -> tuple[int | None, int | None]:
@@ -106,6 +109,8 @@ def group_map_for(granularity: Granularity | str, group_size: int | None = None)
     group_size : int, optional
         Elements per group (``group`` only; callers check it is given).
     """
+    from converter.groups import Granularity, GroupMap  # lazy: numpy (start-up, see the top)
+    from converter.layout import IN, OUT
     granularity = Granularity(granularity)
     if granularity is Granularity.TENSOR:
         return GroupMap.per_tensor()

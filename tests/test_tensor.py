@@ -61,3 +61,13 @@ def test_b25_bf16_affine_dequant_in_float32(tmp_path):
         out = tmp_path / f"{dt}.safetensors"
         assert cli("dequantize", d, out, "--dtype", dt).exit_code == 0
         assert load_file(str(out))["model.layers.0.mlp.up_proj.weight"][:, 0].astype(np.float32).tolist() == right
+
+
+def test_checkpoint_aliases_resolve_to_names_and_a_name_wins():
+    import numpy as np
+    from converter.tensor import Checkpoint, DenseTensor
+    a, b = DenseTensor("a.weight", np.zeros((2, 2), np.float32)), DenseTensor("b.weight", np.ones((2,), np.float32))
+    ckpt = Checkpoint.from_tensors([a, b], aliases={"x": "a.weight", "b.weight": "a.weight", "y": "absent"})
+    assert ckpt.aliases == {"x": "a.weight"}  # an alias that is a name, or names no tensor, is dropped
+    assert ckpt["x"] is a and ckpt["b.weight"] is b and "x" in ckpt and "y" not in ckpt
+    assert ckpt.names() == ["a.weight", "b.weight"] and ckpt.spec("x").name == "a.weight"

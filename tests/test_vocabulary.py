@@ -45,3 +45,10 @@ def test_help_format_lists_match_the_registry():
     for cmd, names in (("convert", WRITABLE_FORMATS), ("quantize", WRITABLE_FORMATS), ("inspect", FORMAT_NAMES)):
         out = " ".join(CliRunner().invoke(main, [cmd, "--help"]).output.split())
         assert ", ".join(names) in out, cmd
+
+
+def test_granularity_words_are_granularity_values():
+    # the words are spelled as strings (no numpy at `qckpt --help` start-up): each must be a Granularity value
+    from converter.vocabulary import FP8_GRANULARITY_OPTIONS, GRANULARITIES, GRANULARITY_OPTIONS
+    words = set(GRANULARITIES) | {w for _, w in GRANULARITY_OPTIONS} | {w for _, w in FP8_GRANULARITY_OPTIONS}
+    assert {Granularity(w).value for w in words} == words == {"tensor", "channel", "group", "block"}

@@ -328,8 +328,10 @@ def read_gguf(src: Source) -> Checkpoint:
     config, side_files, skipped = _hf_side_files(kv, kv_types, [e.gguf_name for e in entries.values()])
     if skipped:
         metadata["side_files_skipped"] = skipped
+    # llama.cpp's names (blk.0.attn_q.weight) look up the same tensors as the Hugging Face names they map to
+    aliases = {e.gguf_name: n for n, e in entries.items() if e.gguf_name != n}
     return Checkpoint(specs, load, format="gguf", path=str(path), config=config, metadata=metadata,
-                      files=[str(path)], side_files=side_files)
+                      files=[str(path)], side_files=side_files, aliases=aliases)
 
 
 def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_names: Sequence[str]):

@@ -1,0 +1,108 @@
+"""``qckpt validate`` benchmark (qckpt issue 18 item 15): wall time with 1 and 2 worker processes on a synthetic
+7B-shaped GPTQ checkpoint, the reports compared, and the working memory of checking one tensor (the constant
+``converter.validate.run.BYTES_PER_ELEMENT`` that caps the workers under ``--max-memory``).
+
+Run from a checkout::
+
+    python benchmarks/bench_validate.py                  # "small": 4 Llama-2-7B layers, 28 GPTQ tensors, ~0.9 GB
+    python benchmarks/bench_validate.py --size 7b        # all 32 layers (~3.9 GB)
+
+The checkpoint is written by ``tests/synthetic.py`` (4-bit, group 128, v1 zero points) into ``--workdir``. Each
+run is a fresh ``python -m converter validate SRC --json --quiet --workers N --max-memory 4G`` subprocess; the
+two JSON reports are checked identical before any figure is printed. The peak RSS is GNU time's ``%M``
+(the largest resident set of the process and of each worker it waited for; not their sum). The working memory of one
+tensor is the peak RSS of ``--workers 1`` on a checkpoint holding one 11008 x 4096 ``mlp.up_proj`` (and norms)
+minus that of the ``tiny`` shape, over the tensor's 45.1 M elements (``--calibrate``, with and without a float16
+reference).
+
+Measured 2026-12-06 on the 2-core dev VM, shared with 7 other jobs (the speed-up depends on the load; a
+first run at load average 9.3 gave 51.8 s / 47.3 s, 1.09x)::
+
+    small: 28 quantized tensors, 0.95 GB; reports identical: True (load average 7.7)
+      --workers 1:   65.92 s   peak RSS (largest process)     318 MiB
+      --workers 2:   46.45 s   peak RSS (largest process)     303 MiB
+      1 / 2 workers: 1.42x
+
+    --calibrate (one 11008 x 4096 tensor, /usr/bin/time %M, --workers 1): 315 MiB vs 64 MiB (tiny), 5.8 bytes per
+    element; with a float16 reference 3887 MiB vs 121 MiB, 87.6 bytes per element
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.synthetic import SIZES, Shape, build_gptq  # noqa: E402
+
+
+def _validate(path: Path, workers: int, memory: str = "4G", reference: str | None = None) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, JSON report) of one fresh validate process."""
+    cmd = ["/usr/bin/time", "-f", "%M", "-o", str(path) + ".rss", sys.executable, "-m", "converter", "validate",
+           str(path), "--json", "--quiet", "--workers", str(workers), "--max-memory", memory,
+           *(["--reference", reference] if reference else [])]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        code = subprocess.run(cmd, stdout=out, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read().decode()
+    if code not in (0, 1):
+        raise SystemExit(f"validate failed: {text[:500]}")
+    return wall, int(Path(str(path) + ".rss").read_text().split()[-1]) * 1024, text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also measure the working memory of one tensor (BYTES_PER_ELEMENT; ~4 GB peak with a "
+                         "reference)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        src = Path(tmp) / "ckpt"
+        nbytes = build_gptq(src, SIZES[args.size])
+        one = _validate(src, 1)
+        two = _validate(src, 2)
+        same = json.loads(one[2]) == json.loads(two[2])
+        doc = json.loads(one[2])
+        print(f"{args.size}: {doc['summary']['tensors_checked']} quantized tensors, {nbytes / 1e9:.2f} GB; "
+              f"reports identical: {same} (load average {os.getloadavg()[0]:.1f})")
+        for n, (wall, rss, _) in ((1, one), (2, two)):
+            print(f"  --workers {n}: {wall:7.2f} s   peak RSS (largest process) {rss / 2**20:7.0f} MiB")
+        print(f"  1 / 2 workers: {one[0] / two[0]:.2f}x")
+        if not same:
+            raise SystemExit("the reports differ")
+        if args.calibrate:
+            _calibrate(Path(tmp))
+
+
+def _calibrate(tmp: Path) -> None:
+    """Working memory of checking one tensor: a one-layer checkpoint (largest tensor 11008 x 4096) vs the tiny
+    shape, peak RSS difference per element of that tensor, without and with a float16 reference (written by
+    ``qckpt dequantize``)."""
+    big, tiny = tmp / "one_layer", tmp / "tiny"
+    build_gptq(big, Shape(1, 4096, 11008, 8))
+    build_gptq(tiny, SIZES["tiny"])
+    elements = 11008 * 4096
+    for p in (big, tiny):
+        subprocess.run([sys.executable, "-m", "converter", "dequantize", str(p), f"{p}_ref.safetensors", "--dtype",
+                        "f16", "--quiet"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       stdout=subprocess.DEVNULL)
+    for ref in (False, True):
+        rss = [_validate(p, 1, reference=f"{p}_ref.safetensors" if ref else None)[1] for p in (big, tiny)]
+        print(f"  one 11008 x 4096 tensor{' with a reference' if ref else ''}: peak RSS {rss[0] / 2**20:.0f} MiB vs "
+              f"{rss[1] / 2**20:.0f} MiB (tiny): {(rss[0] - rss[1]) / elements:.1f} bytes per element")
+
+
+if __name__ == "__main__":
+    main()
