@@ -227,7 +227,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
-            exc.with_context(file=ckpt.path)
+            ckpt.point_at_stored(exc)  # the file and stored array the offending value came from
             if not exc.hint or "requantize" not in exc.hint:
                 exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
             exc.args = (exc.render(),)

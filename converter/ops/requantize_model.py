@@ -255,7 +255,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            exc.with_context(file=ckpt.path)
+            ckpt.point_at_stored(exc)  # the file and stored array the offending value came from
             raise
         for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:
