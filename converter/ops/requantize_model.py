@@ -255,7 +255,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            ckpt.point_at_stored(exc)  # the file and stored array the offending value came from
+            if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
+                ckpt.point_at_stored(exc)
+            else:  # a value computed while requantizing (a scale too large ...): no stored array holds it
+                exc.with_context(file=ckpt.path)
             raise
         for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:
