@@ -32,7 +32,7 @@ from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpe
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers
 from converter.write.atomic import check_not_inside
-from converter.ops.convert import plan_exact
+from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
@@ -228,6 +228,9 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     source = registry.load(src)
     to = to or source.format
     handler = registry.check_writable(to)
+    refuse_undecodable(source, to)  # quantized in a type without a decoder: no target helps
+    if not handler.output.dense_source:  # a float source is quantized by qckpt quantize, not requantized
+        refuse_float_source(source, to)
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
         source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
