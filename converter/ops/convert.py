@@ -287,15 +287,25 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``all_exact`` is True only when *every* tensor is bit-exact (``exact_up_to_rounding`` is not
     exact: its values differ by the target's rounding of a derived parameter, ``max_abs_diff``
     says by how much); ``within_rounding`` is True when every tensor is bit-exact or exact up to
-    that stated rounding (codes identical), i.e. none ``changed`` or ``missing``.
+    that stated rounding (codes identical), i.e. none ``changed`` (lossy) or ``missing``. Each kind's
+    ``roundings`` states what was rounded (the rows' ``rounding``), in how many tensors and by how much.
     """
     def counts(sel: list[dict[str, Any]]) -> dict[str, Any]:
         rounding = [r for r in sel if r["mode"] == "exact_up_to_rounding"]
-        return {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
-                "exact_up_to_rounding": len(rounding),
-                "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
-                "dropped": sum(r["mode"] == "dropped" for r in sel),
-                "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
+        out = {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
+               "exact_up_to_rounding": len(rounding),
+               "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
+               "dropped": sum(r["mode"] == "dropped" for r in sel),
+               "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
+        by_reason: dict[str, dict[str, Any]] = {}  # the stated roundings: what was rounded, how many, how much
+        for r in rounding:
+            g = by_reason.setdefault(r.get("rounding") or "unstated", {"rounding": r.get("rounding") or "unstated",
+                                                                       "tensors": 0, "max_abs_diff": 0.0})
+            g["tensors"] += 1
+            g["max_abs_diff"] = max(g["max_abs_diff"], r.get("max_abs_diff") or 0.0)
+        if by_reason:
+            out["roundings"] = list(by_reason.values())
+        return out
     out = counts(rows)
     out["all_exact"] = out["exact"] == len(rows)
     out["within_rounding"] = out["changed"] == 0

@@ -195,15 +195,19 @@ def render_convert(doc: dict) -> None:
         k = s.get(kind)
         if not k or not k["tensors"]:
             continue
-        rounding = (f", {k['exact_up_to_rounding']} exact up to rounding (max |diff| {fmt(k['max_rounding_diff'])})"
-                    if k["exact_up_to_rounding"] else "")
+        stated = "; ".join(f"{g['rounding']}: {g['tensors']}, max |diff| {fmt(g['max_abs_diff'])}"
+                           for g in k.get("roundings") or ())
+        rounding = (f", {k['exact_up_to_rounding']} exact up to rounding "
+                    f"({stated or 'max |diff| ' + fmt(k['max_rounding_diff'])})" if k["exact_up_to_rounding"] else "")
         dropped = f", {k['dropped']} not written (see below)" if k.get("dropped") else ""
-        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed{dropped}")
+        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed (lossy)"
+                f"{dropped}")
     n_dropped = s.get("dropped", 0)
     c.print("all tensors bit-exact" if s["all_exact"] else
             "CHANGED: the output does not reproduce the source" if not s["within_rounding"] else
             "every tensor written bit-exact" if not s["exact_up_to_rounding"] else
-            "codes identical; values exact up to the stated rounding")
+            f"NOT bit-exact: codes identical, values exact up to the stated rounding "
+            f"(max |diff| {fmt(s['max_rounding_diff'])})")
     if n_dropped:
         why: dict[str, list[str]] = {}
         for r in doc["tensors"]:
