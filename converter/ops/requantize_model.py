@@ -229,8 +229,6 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     to = to or source.format
     handler = registry.check_writable(to)
     refuse_undecodable(source, to)  # quantized in a type without a decoder: no target helps
-    if not handler.output.dense_source:  # a float source is quantized by qckpt quantize, not requantized
-        refuse_float_source(source, to)
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
         source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
@@ -248,6 +246,9 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                         overrides=overrides)
+    if not handler.output.dense_source and not source.quantized_names():
+        # nothing the target quantizes itself (GGUF --quant-type does): name the source's format, not the view's
+        refuse_float_source(view, to, source_format=source.format)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:
