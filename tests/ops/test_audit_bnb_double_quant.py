@@ -101,3 +101,33 @@ def test_double_quant_decode_equals_bitsandbytes():
     ref = load_file(str(FIXTURE / "reference_dequant.safetensors"))["pooler.dense.weight"]
     t = registry.load(FIXTURE)["pooler.dense.weight"]
     assert np.array_equal(t.dequantize().astype(np.float16), ref)
+
+
+def test_gguf_kquant_theoretical_counts_its_coded_scales(tmp_path):
+    """The same fault for GGUF K-quants: their sub-block scales are 4/6/8-bit codes under an fp16 d (and dmin)
+    per 256 weights, not float32 per sub-block (Q6_K was priced 8.0 bits per weight, stored 6.5625). The
+    theoretical size now equals the stored one (K-quant blocks have no padding): gguf-py's GGML_QUANT_SIZES."""
+    import gguf
+
+    path = tmp_path / "k.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    kinds = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    for i, k in enumerate(kinds):
+        qt = gguf.GGMLQuantizationType[k]
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        w.add_tensor(f"blk.{i}.ffn_up.weight", np.zeros((4, 2 * size), np.uint8), raw_dtype=qt)  # [4, 512] weights
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    doc = audit(registry.load(path))
+    rows = {r["name"]: r for r in doc["tensors"] if r["kind"] == "quantized"}
+    # hand: bits + sub-block codes (scale, and min when the type has mins) + fp16 d (and dmin) per 256
+    hand_bpw = {"Q2_K": 2 + (4 + 4) / 16 + 32 / 256, "Q3_K": 3 + 6 / 16 + 16 / 256, "Q4_K": 4 + (6 + 6) / 32 + 32 / 256,
+                "Q5_K": 5 + (6 + 6) / 32 + 32 / 256, "Q6_K": 6 + 8 / 16 + 16 / 256}
+    assert len(rows) == 5
+    for r in rows.values():
+        k = next(n.split("=")[1] for n in registry.load(path).spec(r["name"]).notes if n.startswith("ggml_type="))
+        _, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[k]]
+        assert r["theoretical"]["bits_per_weight"] == hand_bpw[k] == 8 * size / 256, k
+        assert r["theoretical"]["total_bytes"] == r["stored_bytes"] == 4 * 2 * size, k
