@@ -66,7 +66,7 @@ def exact_cast(arr: np.ndarray, dtype: "np.dtype | str | type", *, tensor: str, 
         raise NotRepresentableError(
             message or f"{field} are not exactly representable in {label}", tensor=tensor, field=field,
             expected=expected or f"values exact in {label}",
-            found=f"{float(a32[idx])!r} at {list(map(int, idx))} ({int(bad.sum())} of {bad.size} would round)",
+            found=f"{exact_str(a32[idx])} at {list(map(int, idx))} ({int(bad.sum())} of {bad.size} would round)",
             hint=hint)
     return h
 

@@ -85,3 +85,26 @@ def test_scale_overflow_prints_the_scale_unrounded():
         safe_cast_scales(scales, grid, tensor="l.weight")
     assert f"{123456.7:g}" == "123457"  # what the message printed before
     assert info.value.found.startswith("123456.7 at group [0, 1]"), info.value.found
+
+
+def test_point_at_stored_keeps_the_logical_name_for_a_transposed_array(tmp_path):
+    """GPTQ stores scales [groups, out]: the error's (out, group) index would be false against that array, so
+    only the data file is named; an array laid out as the logical [out, groups] is named itself."""
+    from converter.groups import GroupMap
+    from converter.scheme import QuantScheme, ZeroPoint
+    from converter.tensor import Checkpoint, StoredArray, TensorSpec
+
+    scheme = QuantScheme(4, False, ZeroPoint.NONE, scale_dtype="F16")
+
+    def ckpt(scale_shape):
+        spec = TensorSpec("l.weight", "quantized", (8, 256), (
+            StoredArray("l.qweight", "codes", "I32", (32, 8), 1024, "model.safetensors"),
+            StoredArray("l.scales", "scales", "F16", scale_shape, 32, "model.safetensors")),
+            axes=("out", "in"), scheme=scheme, group_map=GroupMap.per_group(128))
+        return Checkpoint({spec.name: spec}, lambda n: None, format="x", path=str(tmp_path),
+                          files=(str(tmp_path / "model.safetensors"),))
+
+    for shape, tensor in (((2, 8), "l.weight"), ((8, 2), "l.scales")):
+        exc = NotRepresentableError("scale not representable", tensor="l.weight", field="scales", found="x")
+        ckpt(shape).point_at_stored(exc)
+        assert (exc.file, exc.tensor) == (str(tmp_path / "model.safetensors"), tensor), shape
