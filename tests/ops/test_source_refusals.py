@@ -76,3 +76,22 @@ def test_float_view_names_the_source_format():
     ck = Checkpoint({"a": spec_of(DenseTensor("a", np.zeros(3, np.float32)))}, lambda n: None, format="memory")
     with pytest.raises(NotRepresentableError, match=r"float checkpoint \(plain, 1 dense tensor\)"):
         refuse_float_source(ck, "mlx", source_format="plain")
+
+
+def test_mxfp4_gguf_is_quantized_not_dense(tmp_path):
+    """An MXFP4 GGUF (gguf-py's own quantizer) is a quantized source: refused by GPTQ for its FP4 codebook,
+    never as 'no quantized tensors'."""
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    path = tmp_path / "mx.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.MXFP4),
+                 raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / "out"), "--to", "gptq"])
+    assert r.exit_code == 3, r.output
+    assert not any(w in r.output for w in ("no quantized tensors", "dense tensors", "float checkpoint"))
+    assert "model.layers.0.mlp.up_proj.weight" in r.output and "FP4" in r.output
