@@ -18,6 +18,13 @@ from pathlib import Path
 import converter.exit_codes as exit_codes
 
 
+def exact_str(value: object) -> str:
+    """A number for a message (``found=``): the shortest decimal that reads back as the same value in its
+    own dtype. A numpy scalar prints that way (float32 ``124.00012``, never rounded to ``124``; a float16
+    ``10.33``), a Python float as its ``repr``; so pass the stored element, not ``float(x):g``."""
+    return str(value)
+
+
 class ErrorKind(enum.Enum):
     """What an error is about, when its type and field do not say it.
 

@@ -1,5 +1,6 @@
 """Theoretical byte sizes of a quantized tensor (contract 3): payload ``N * b / 8`` plus
-``groups * bytes per group`` (partial final groups counted; no padding, alignment or headers).
+``groups * bytes per group`` (partial final groups counted; no padding, alignment or headers); scales
+stored quantized (double quant) at their coded size (:class:`converter.double_quant.ScaleCoding`).
 Groups are :meth:`converter.groups.GroupMap.group_count`: for 2-D blocks (FP8 ``weight_block_size``)
 ``ceil(out / b_out) * ceil(in / b_in)`` per matrix (per expert), partial edge blocks included.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from converter.double_quant import ScaleCoding
 from converter.dtypes import DTYPES
 from converter.groups import GroupMap
 from converter.scheme import QuantScheme, ZeroPoint
@@ -50,7 +52,8 @@ def scheme_zero_point_bytes(scheme: QuantScheme) -> float:
 
 
 def theoretical_bytes(shape: Sequence[int], axes: Sequence[str], bits: int, group_map: GroupMap,
-                      scale_bytes: float, zero_bytes: float, g_idx: bool = False) -> dict[str, float]:
+                      scale_bytes: float, zero_bytes: float, g_idx: bool = False,
+                      scale_coding: ScaleCoding | None = None) -> dict[str, float]:
     """Theoretical storage of a quantized tensor (contract 3: payload + groups x bytes per group).
 
     Parameters
@@ -60,6 +63,8 @@ def theoretical_bytes(shape: Sequence[int], axes: Sequence[str], bits: int, grou
     group_map : the tensor's groups (their count, partial groups included).
     scale_bytes, zero_bytes : bytes per group of the scale and of the zero point.
     g_idx : whether an act-order ``g_idx`` is stored.
+    scale_coding : scales stored quantized (double quant): their codes, second-level scales and constants
+        replace ``groups x (scale_bytes + zero_bytes)`` (:meth:`ScaleCoding.metadata_bytes`).
 
     Returns
     -------
@@ -71,7 +76,7 @@ def theoretical_bytes(shape: Sequence[int], axes: Sequence[str], bits: int, grou
         numel *= int(s)
     groups = group_map.group_count(shape, axes)
     pay = payload_bytes(numel, bits)
-    meta = metadata_bytes(groups, scale_bytes, zero_bytes)
+    meta = scale_coding.metadata_bytes(groups) if scale_coding else metadata_bytes(groups, scale_bytes, zero_bytes)
     gi = 4 * int(shape[list(axes).index("in")]) if g_idx else 0
     total = pay + meta + gi
     return {"payload_bytes": pay, "metadata_bytes": meta + gi, "groups": groups, "total_bytes": total,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from converter.double_quant import ScaleCoding
 from converter.errors import LayoutError, UnsupportedError
 from converter.groups import GroupMap
 from converter.scheme import QuantScheme
@@ -19,7 +20,11 @@ ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activatio
 
 @dataclass(frozen=True)
 class StoredArray:
-    """One array as stored on disk, and its role (for audits: bytes by role)."""
+    """One array as stored on disk, and its role (for audits: bytes by role).
+
+    ``part``: the format's own name for the array when its role does not say it (bitsandbytes ``quant_map``,
+    ``quant_state``, ``nested_absmax`` ...); inspect and audit show it.
+    """
 
     name: str
     role: str
@@ -27,6 +32,7 @@ class StoredArray:
     shape: tuple[int, ...]
     nbytes: int
     file: str | None = None
+    part: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -43,7 +49,8 @@ class TensorSpec:
 
     ``kind`` is ``"quantized"``, ``"dense"`` or ``"opaque"``; quantized specs carry ``axes``,
     ``scheme`` and ``group_map`` (checked at construction; ``act_order`` says a non-trivial
-    ``g_idx`` is stored); ``stored`` lists the arrays that hold it, with roles and byte sizes.
+    ``g_idx`` is stored); ``stored`` lists the arrays that hold it, with roles and byte sizes;
+    ``scale_coding`` prices scales that are stored quantized (double quant), for the theoretical size.
     An ``opaque`` spec is a tensor the source lists in a storage type qckpt cannot decode (GGUF
     IQ*/TQ* ...): ``dtype`` names that type, inspect and audit show its stored arrays, every
     writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the
@@ -61,6 +68,7 @@ class TensorSpec:
     group_map: GroupMap | None = None
     act_order: bool = False
     double_quant: str | None = None
+    scale_coding: ScaleCoding | None = None
     notes: tuple[str, ...] = ()
     declared_scheme: QuantScheme | None = None
 

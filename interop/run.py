@@ -310,7 +310,8 @@ class Runner:
                 continue
             row = self.layer_case(case, src, src_f32)
             rows.append(row)
-            dense = "no quantized tensors" in (row.get("convert", {}).get("error") or "")
+            err = row.get("convert", {}).get("error") or ""
+            dense = "the source is a float checkpoint" in err or "no quantized tensors" in err  # (older wording)
             if row["verdict"] == "REFUSED" and case.get("requant_if_refused") and not dense:
                 rq = dict(case, id=case["id"] + " (requantize; exact refused)", kind="requantize",
                           cmd=case["cmd"] + case["requant_if_refused"], out=case["out"] + "__rq",

@@ -171,6 +171,9 @@ check("layer refused", V.layer_verdict(ex, {"rc": 3, "error": "not representable
                                        None)[0], "REFUSED")
 check("layer dense source refused", V.layer_verdict(ex, {"rc": 3, "error": "no quantized tensors: quantize it first"},
                                                    None)[0], "REFUSED")
+check("layer float source refused", V.layer_verdict(ex, {"rc": 3, "error": "the source is a float checkpoint (plain, "
+                                                    "14 dense tensors). quantize it: qckpt quantize SRC DST"},
+                                                    None)[0], "REFUSED")
 check("layer refused w/o hint is a failure", V.layer_verdict(ex, {"rc": 3, "error": "crash"}, None)[0], "FAIL")
 check("layer requant garbage", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.7))[0], "GARBAGE")
 check("layer requant ok", V.layer_verdict(rq, ok, layer_result(vs_source_rel_output_err=0.1))[0], "PASS")

@@ -125,7 +125,7 @@ def layer_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         err = (convert.get("error") or "").lower()
         # an exact repack the target cannot hold, refused with the way out named (requantize options,
         # or `qckpt quantize` for a source without quantized tensors)
-        if case["kind"] == "exact" and convert["rc"] == 3 and ("requantize" in err or "quantize it first" in err):
+        if case["kind"] == "exact" and convert["rc"] == 3 and ("requantize" in err or "quantize it" in err):
             return "REFUSED", convert.get("error", "")
         return "FAIL", f"qckpt exit {convert['rc']}: {convert.get('error', '')}"
     if result is None:

@@ -27,6 +27,7 @@ import json
 
 import numpy as np
 
+from converter.double_quant import ScaleCoding
 from converter.errors import CorruptFileError, FormatError, LayoutError, MissingTensorError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT, AxisMap
@@ -88,9 +89,9 @@ def _spec_int8(src: Source, p: str) -> TensorSpec:
     if s.dtype != "F32" or tuple(s.shape) != (w.shape[0],):
         raise FormatError("SCB must be float32 [out]", file=src.file_of(scb), tensor=scb, field="shape",
                           expected=f"F32 [{w.shape[0]}]", found=f"{s.dtype} {list(s.shape)}")
-    stored = [src.stored_array(wname, "codes"), src.stored_array(scb, "scales")]
+    stored = [src.stored_array(wname, "codes"), src.stored_array(scb, "scales", "SCB")]
     if src.has(f"{p}.weight_format"):
-        stored.append(src.stored_array(f"{p}.weight_format", "other"))
+        stored.append(src.stored_array(f"{p}.weight_format", "other", "weight_format"))
     return TensorSpec(wname, "quantized", tuple(w.shape), tuple(stored), axes=(OUT, IN), scheme=INT8_SCHEME,
                       group_map=GroupMap.per_channel(OUT), notes=("bnb LLM.int8: scale = SCB * (1/127)",))
 
@@ -137,8 +138,11 @@ def _spec_4bit(src: Source, p: str) -> tuple[TensorSpec, dict]:
         raise FormatError("absmax must be [ceil(out*in/blocksize)] float32 (uint8 when nested)", file=file,
                           tensor=f"{wname}.absmax", field="shape", expected=f"F32/U8 [{n_blocks}]",
                           found=f"{am.dtype} {list(am.shape)}")
-    stored = [src.stored_array(wname, "codes"), src.stored_array(f"{wname}.absmax", "scales"),
-              src.stored_array(f"{wname}.quant_map", "other"), src.stored_array(qs_name, "other")]
+    # each side array under its bitsandbytes name (QuantState.as_dict keys), not an anonymous "other"
+    stored = [src.stored_array(wname, "codes"), src.stored_array(f"{wname}.absmax", "scales", "absmax"),
+              src.stored_array(f"{wname}.quant_map", "other", "quant_map"),
+              src.stored_array(qs_name, "other", "quant_state")]
+    coding = None
     notes = [f"bnb {qs['quant_type']} blocksize {bs} (flat blocks over the row-major tensor)",
              f"decodes to {qs.get('dtype')}"]
     if nested:
@@ -146,16 +150,21 @@ def _spec_4bit(src: Source, p: str) -> tuple[TensorSpec, dict]:
             if not src.has(f"{wname}.{part}"):
                 raise MissingTensorError("double-quant absmax lacks a partner", file=file, tensor=f"{wname}.{part}",
                                          expected="present", found="absent")
-            stored.append(src.stored_array(f"{wname}.{part}", "scales" if part == "nested_absmax" else "other"))
+            stored.append(src.stored_array(f"{wname}.{part}", "scales" if part == "nested_absmax" else "other", part))
         if "nested_offset" not in qs:
             raise FormatError("double-quant quant_state lacks nested_offset", file=file, tensor=qs_name,
                               field="nested_offset", expected="a float", found="absent")
+        # the scales' stored cost: an 8-bit absmax code per block, a float32 nested absmax per nested block
+        # (nested_blocksize, 256 by default) and the float32 nested_offset (quantize_4bit compress_statistics)
+        coding = ScaleCoding(code_bits=8, super_groups=int(qs.get("nested_blocksize", 256)), super_bytes=4,
+                             tensor_bytes=4)
         notes.append("double quant: absmax decoded to float32 (nested_quant_map[a]*nested_absmax[blk]+offset)")
     # Scheme needs the codebook: a 16-float array (64 bytes), read with the headers.
     codebook = tuple(float(v) for v in np.array(src.read(f"{wname}.quant_map"), dtype=np.float32))
     scheme = QuantScheme(4, False, ZeroPoint.NONE, scale_dtype="F32", codebook=codebook)
     spec = TensorSpec(wname, "quantized", (out_f, in_f), tuple(stored), axes=(OUT, IN), scheme=scheme,
-                      group_map=GroupMap(Granularity.FLAT_BLOCK, group_size=bs), notes=tuple(notes))
+                      group_map=GroupMap(Granularity.FLAT_BLOCK, group_size=bs), scale_coding=coding,
+                      notes=tuple(notes))
     return spec, qs
 
 

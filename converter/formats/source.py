@@ -306,10 +306,11 @@ class Source:
         f = self.file_of(name)
         return read_tensor(self.headers[f], name)
 
-    def stored_array(self, name: str, role: str) -> StoredArray:
-        """The header facts of stored tensor ``name`` (dtype, shape, nbytes, file name) in ``role``."""
+    def stored_array(self, name: str, role: str, part: str | None = None) -> StoredArray:
+        """The header facts of stored tensor ``name`` (dtype, shape, nbytes, file name) in ``role``; ``part``:
+        the format's own name for it (:class:`converter.spec.StoredArray`)."""
         info = self.info(name)
-        return StoredArray(name, role, info.dtype, tuple(info.shape), info.nbytes, self.file_of(name).name)
+        return StoredArray(name, role, info.dtype, tuple(info.shape), info.nbytes, self.file_of(name).name, part)
 
     def dense_spec(self, name: str) -> TensorSpec:
         """Header-only spec of a pass-through (dense) stored tensor under its stored name."""

@@ -55,7 +55,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from converter.errors import QuantizationError
+from converter.errors import QuantizationError, exact_str
 from converter.kernels.error_sums import ErrorSums
 
 #: Elements per row block of :func:`quantize_fp4_rows`.
@@ -148,7 +148,7 @@ def mx_exponents(amax: np.ndarray, *, rule: str = "ct", arith: np.dtype = np.flo
         idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(e == 255)), e.shape))
         raise QuantizationError("the group's absmax overflows the E8M0 scale", tensor=tensor, field="scales",
                                 expected="exponent < 255 (255 is E8M0 NaN)",
-                                found=f"absmax {float(amax[idx]):g} at group {list(idx)}")
+                                found=f"absmax {exact_str(amax[idx])} at group {list(idx)}")
     return e
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from converter.errors import QuantizationError
+from converter.errors import QuantizationError, exact_str
 from converter.kernels.error_sums import ErrorSums
 
 #: Elements per row block of :func:`quantize_fp_rows` (rows are rounded to whole tile rows).
@@ -112,7 +112,7 @@ def fp_scales(amax: np.ndarray, max_finite: float, *, arith: np.dtype, scale_dty
         idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), s.shape))
         raise QuantizationError("scale overflows the scale dtype", tensor=tensor, field="scales",
                                 expected=f"finite {np.dtype(scale_dtype).name} (and {np.dtype(arith).name})",
-                                found=f"absmax {float(amax[idx]):g} / {max_finite:g} at tile {list(idx)}",
+                                found=f"absmax {exact_str(amax[idx])} / {max_finite:g} at tile {list(idx)}",
                                 hint="use --scale-dtype f32 (or bf16)")
     return s, int(np.count_nonzero(zero))
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import ml_dtypes
 import numpy as np
 
-from converter.errors import QuantizationError
+from converter.errors import QuantizationError, exact_str
 from converter.kernels.blas import blas_threads
 from converter.kernels.dequant import _apply, block_rows, dequantize_block
 from converter.kernels.error_sums import ErrorSums
@@ -108,7 +108,8 @@ def safe_cast_scales(scales: np.ndarray, grid: Grid, *, tensor: str | None) -> n
         idx = np.unravel_index(int(np.argmax(big)), scales.shape)
         raise QuantizationError("scale overflows the scale dtype", tensor=tensor, field="scales",
                                 expected=f"|scale| <= {float(info.max):g} ({grid.scale_dtype})",
-                                found=f"{float(scales[idx]):g} at group {list(map(int, idx))}",
+                                found=f"{exact_str(scales[idx])} at group {list(map(int, idx))} "
+                                      "(a scale computed from the source's values)",
                                 hint="use --scale-dtype f32 (or bf16)")
     cast = scales.astype(dt)
     tiny = (cast == 0) & (scales != 0)

@@ -32,6 +32,12 @@ ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "de
 OPTIONAL_ROLES = ("activation_scale", "global_scale")
 #: Bytes of one stored global scale (F32, per tensor).
 GLOBAL_SCALE_BYTES = 4
+#: What the theoretical figure counts (contract 3).
+THEORETICAL_NOTE = ("theoretical: N*b/8 payload + groups x bytes per group; excludes packing padding, alignment "
+                    "and headers")
+#: Added when a tensor's scales are stored quantized.
+DOUBLE_QUANT_NOTE = ("; double-quantized scales at their coded size (scale codes + second-level scales + "
+                     "constants; code tables not counted)")
 #: Roles that are not part of a weight's representation (left out of its bits per weight).
 NOT_WEIGHT_BYTES = ("dense", "activation_scale")
 
@@ -48,6 +54,16 @@ def tensor_roles(spec: TensorSpec) -> dict[str, int]:
         else:
             roles[st.role] = roles.get(st.role, 0) + st.nbytes
     return roles
+
+
+def tensor_parts(spec: TensorSpec) -> dict[str, int]:
+    """Stored bytes of the arrays a format names itself (``StoredArray.part``: bitsandbytes ``quant_map``,
+    ``quant_state``, ``nested_absmax`` ...), by that name; empty when none is named."""
+    parts: dict[str, int] = {}
+    for st in spec.stored:
+        if st.part:
+            parts[st.part] = parts.get(st.part, 0) + st.nbytes
+    return parts
 
 
 def block_grid(spec: TensorSpec) -> dict[str, Any] | None:
@@ -90,6 +106,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
     q_numel = 0
     q_bytes = 0
     theo_total = 0.0
+    part_totals: dict[str, int] = {}
     for spec in ckpt.specs():
         roles = tensor_roles(spec)
         for r, v in roles.items():
@@ -99,9 +116,15 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
                 claimed[st.file] = claimed.get(st.file, 0) + st.nbytes
         row: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "shape": list(spec.shape),
                                "numel": spec.numel, "bytes": roles, "stored_bytes": sum(roles.values())}
+        parts = tensor_parts(spec)
+        if parts:
+            row["parts"] = parts
+            for k, v in parts.items():
+                part_totals[k] = part_totals.get(k, 0) + v
         if spec.kind == "quantized":
             theo = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
-                                     SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order)
+                                     SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order,
+                                     spec.scale_coding)
             theo = with_global_scale(theo, spec.numel, spec.scheme.global_scale is not None)
             quant = sum(v for r, v in roles.items() if r not in NOT_WEIGHT_BYTES)
             row.update(bits=spec.scheme.bits, scheme=spec.scheme.describe(), groups=spec.group_map.describe(),
@@ -116,6 +139,7 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
             if what_if:
                 row["what_if"] = what_if_layouts(spec)
         tensors.append(row)
+    coded = any(s.kind == "quantized" and s.scale_coding is not None for s in ckpt.specs())
     files = _file_overheads(ckpt, claimed)
     header = sum(f["header_bytes"] for f in files)
     unlisted = sum(f["unlisted_tensor_bytes"] for f in files)
@@ -128,8 +152,9 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
                    "quantized_weights": q_numel,
                    "quantized_bits_per_weight": 8 * q_bytes / q_numel if q_numel else None,
                    "theoretical_quantized_bytes": theo_total,
-                   "theoretical_note": "theoretical: N*b/8 payload + groups x bytes per group; "
-                                       "excludes packing padding, alignment and headers"},
+                   "theoretical_bits_per_weight": 8 * theo_total / q_numel if q_numel else None,
+                   "theoretical_note": THEORETICAL_NOTE + (DOUBLE_QUANT_NOTE if coded else ""),
+                   **({"bytes_by_part": part_totals} if part_totals else {})},
     }
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from converter.quant.recode import as_unsigned
 from converter.runtime import current, drop_pages
+from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor, row_splittable, source_arrays, take_rows
 
 
@@ -69,9 +70,41 @@ def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, An
     # global scale, or other block extents over the same scale grid, move whole values
     rounding = codes_same and not exact and diff <= ROUNDING_REL * _max_abs(a)  # exact: no max |value| needed
     mode = "exact" if exact and codes_same else ("exact_up_to_rounding" if rounding else "changed")
-    return {"name": a.name, "kind": "quantized", "mode": mode, "codes_identical": codes_same,
-            "scales_identical": scales_same, "max_abs_diff": diff, "bit_exact": exact,
-            "scale_dtype": {"source": a.scheme.scale_dtype, "target": b.scheme.scale_dtype}}
+    row = {"name": a.name, "kind": "quantized", "mode": mode, "codes_identical": codes_same,
+           "scales_identical": scales_same, "max_abs_diff": diff, "bit_exact": exact,
+           "scale_dtype": {"source": a.scheme.scale_dtype, "target": b.scheme.scale_dtype}}
+    if mode == "exact_up_to_rounding":
+        row["rounding"] = rounding_reason(ua, ub)
+    return row
+
+
+def rounding_reason(a: QuantizedTensor, b: QuantizedTensor) -> str:
+    """What was rounded when identical codes give values that differ by a rounding (a row's ``rounding``):
+    zero points re-expressed as float biases ``-z*s`` in the target's scale dtype, scales narrowed to another
+    dtype, or scales repeated over other groups (float32 products)."""
+    sa, sb = a.scheme, b.scheme
+    parts = []
+    if sb.zero_point is ZeroPoint.FLOAT and sa.zero_point is not ZeroPoint.FLOAT:
+        exact = _biases_exact(a, b)
+        parts.append("zero points stored as float biases -z*s" + (
+            f" rounded to {sb.scale_dtype}" if exact is False else
+            " (exact); s*q + b evaluated in float32" if exact else f" in {sb.scale_dtype}"))
+    if sa.scale_dtype != sb.scale_dtype:
+        parts.append(f"scales rounded from {sa.scale_dtype} to {sb.scale_dtype}")
+    ga, gb = a.group_map.describe(), b.group_map.describe()
+    if ga != gb:
+        parts.append(f"scales of {ga} repeated over {gb} (float32 products)")
+    return "; ".join(parts) or "the same codes and parameters evaluated in another float32 order"
+
+
+def _biases_exact(a: QuantizedTensor, b: QuantizedTensor) -> "bool | None":
+    """Whether ``b``'s float biases are exactly ``-z*s`` of ``a``'s integer zero points (the scheme's centre when
+    symmetric) and scales, both unsigned-domain; None when the parameter grids differ (not compared)."""
+    if b.zero_points is None or b.zero_points.shape != a.scales.shape:
+        return None
+    z = (a.zero_points.astype(np.float64) if a.zero_points is not None
+         else np.full(a.scales.shape, float(a.scheme.center)))
+    return bool(np.array_equal(b.zero_points.astype(np.float64), -(z * a.scales.astype(np.float64))))
 
 
 #: Elements per block at most when a quantized source is compared with its float output (float32: 64 MiB a side);

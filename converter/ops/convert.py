@@ -31,12 +31,45 @@ from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.runtime import auto_workers
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
-from converter.tensor import Checkpoint, TensorSpec, opaque_reason, spec_of
+from converter.tensor import Checkpoint, TensorSpec, spec_of
 from converter.write.atomic import check_not_inside, deferred_removal
 from converter.write.engine import run_tasks
 
 REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | --per-channel | --group-size G, "
                    "--bits B, --sym | --asym, --scale-dtype")
+
+
+def refuse_undecodable(ckpt: Checkpoint, to: str) -> None:
+    """Raise UnsupportedError when ``ckpt`` lists tensors in a storage type qckpt cannot decode (``opaque``
+    specs: quantized types without a decoder): they are quantized, not dense, and no option converts them.
+    The message counts them by type."""
+    opaque = [s for s in ckpt.specs() if s.kind == "opaque"]
+    if not opaque:
+        return
+    by_type: dict[str, int] = {}
+    for s in opaque:
+        by_type[str(s.dtype)] = by_type.get(str(s.dtype), 0) + 1
+    types = ", ".join(f"{t} ({n})" for t, n in by_type.items())
+    raise UnsupportedError(f"cannot convert to {to}: {len(opaque)} of the source's tensors are quantized in a "
+                           f"type qckpt lists but cannot decode: {types}", file=ckpt.path, tensor=opaque[0].name,
+                           field="dtype", expected="a quantized type qckpt decodes", found=opaque[0].dtype,
+                           hint="qckpt inspect and audit read them; to convert, decode them to float with the "
+                                "tool that wrote them, then qckpt quantize")
+
+
+def refuse_float_source(ckpt: Checkpoint, to: str, source_format: str | None = None) -> None:
+    """Raise NotRepresentableError when ``ckpt`` holds no quantized tensor: a float checkpoint is quantized by
+    ``qckpt quantize``, never repacked or requantized by ``convert``. ``source_format``: the format to name
+    when ``ckpt`` is a view (a requantize plan), not the source read."""
+    if ckpt.quantized_names():
+        return
+    n = f"{len(ckpt)} dense tensor{'' if len(ckpt) == 1 else 's'}"
+    raise NotRepresentableError(f"the source is a float checkpoint ({source_format or ckpt.format}, {n}): convert "
+                                f"repacks or requantizes quantized tensors, there are none to write into {to}",
+                                file=ckpt.path, field="--to", expected="a quantized source",
+                                found=f"{n}, none quantized",
+                                hint=f"quantize it: qckpt quantize SRC DST --to {to} --bits B "
+                                     "(--per-channel | --group-size G)")
 
 
 def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -48,16 +81,9 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
     loaders cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
     """
     handler = registry.check_writable(to)
-    if not handler.output.dense_source and not ckpt.quantized_names():
-        raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
-                                    file=ckpt.path, field="--to", expected="a quantized source",
-                                    found=f"{ckpt.format} with {len(ckpt)} dense tensors",
-                                    hint="quantize it first: qckpt quantize SRC DST --bits B "
-                                         "(--per-channel | --group-size G)")
-    for spec in ckpt.specs():  # not a scheme question: requantizing cannot help either
-        if spec.kind == "opaque":
-            raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
-                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
+    refuse_undecodable(ckpt, to)  # not a scheme question: requantizing cannot help either
+    if not handler.output.dense_source:
+        refuse_float_source(ckpt, to)
     if not (options or {}).get("allow_partial_groups"):
         _refuse_partial_groups(ckpt, handler)
     problems = []
@@ -227,7 +253,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
-            exc.with_context(file=ckpt.path)
+            ckpt.point_at_stored(exc)  # the file and stored array the offending value came from
             if not exc.hint or "requantize" not in exc.hint:
                 exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
             exc.args = (exc.render(),)
@@ -261,15 +287,25 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``all_exact`` is True only when *every* tensor is bit-exact (``exact_up_to_rounding`` is not
     exact: its values differ by the target's rounding of a derived parameter, ``max_abs_diff``
     says by how much); ``within_rounding`` is True when every tensor is bit-exact or exact up to
-    that stated rounding (codes identical), i.e. none ``changed`` or ``missing``.
+    that stated rounding (codes identical), i.e. none ``changed`` (lossy) or ``missing``. Each kind's
+    ``roundings`` states what was rounded (the rows' ``rounding``), in how many tensors and by how much.
     """
     def counts(sel: list[dict[str, Any]]) -> dict[str, Any]:
         rounding = [r for r in sel if r["mode"] == "exact_up_to_rounding"]
-        return {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
-                "exact_up_to_rounding": len(rounding),
-                "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
-                "dropped": sum(r["mode"] == "dropped" for r in sel),
-                "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
+        out = {"tensors": len(sel), "exact": sum(r["mode"] in BIT_EXACT_MODES for r in sel),
+               "exact_up_to_rounding": len(rounding),
+               "changed": sum(r["mode"] in ("changed", "missing") for r in sel),
+               "dropped": sum(r["mode"] == "dropped" for r in sel),
+               "max_rounding_diff": max((r.get("max_abs_diff") or 0.0 for r in rounding), default=0.0)}
+        by_reason: dict[str, dict[str, Any]] = {}  # the stated roundings: what was rounded, how many, how much
+        for r in rounding:
+            g = by_reason.setdefault(r.get("rounding") or "unstated", {"rounding": r.get("rounding") or "unstated",
+                                                                       "tensors": 0, "max_abs_diff": 0.0})
+            g["tensors"] += 1
+            g["max_abs_diff"] = max(g["max_abs_diff"], r.get("max_abs_diff") or 0.0)
+        if by_reason:
+            out["roundings"] = list(by_reason.values())
+        return out
     out = counts(rows)
     out["all_exact"] = out["exact"] == len(rows)
     out["within_rounding"] = out["changed"] == 0

@@ -13,7 +13,7 @@ def describe_spec(spec: TensorSpec) -> dict[str, Any]:
         "name": spec.name, "kind": spec.kind, "shape": list(spec.shape),
         "axes": list(spec.axes) if spec.axes else None,
         "stored": [{"name": s.name, "role": s.role, "dtype": s.dtype, "shape": list(s.shape), "bytes": s.nbytes,
-                    "file": s.file} for s in spec.stored],
+                    "file": s.file, **({"part": s.part} if s.part else {})} for s in spec.stored],
     }
     if spec.kind in ("dense", "opaque"):  # opaque: the storage type qckpt cannot decode (GGUF IQ4_NL ...)
         row["dtype"] = spec.dtype

@@ -32,7 +32,7 @@ from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpe
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers
 from converter.write.atomic import check_not_inside
-from converter.ops.convert import plan_exact
+from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
@@ -230,6 +230,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     source = registry.load(src)
     to = to or source.format
     handler = registry.check_writable(to)
+    refuse_undecodable(source, to)  # quantized in a type without a decoder: no target helps
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
         source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
@@ -247,6 +248,9 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                         overrides=overrides)
+    if not handler.output.dense_source and not source.quantized_names():
+        # nothing the target quantizes itself (GGUF --quant-type does): name the source's format, not the view's
+        refuse_float_source(view, to, source_format=source.format)
     try:
         plan_exact(view, to)
     except NotRepresentableError as exc:
@@ -257,7 +261,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {})) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            exc.with_context(file=ckpt.path)
+            if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
+                ckpt.point_at_stored(exc)
+            else:  # a value computed while requantizing (a scale too large ...): no stored array holds it
+                exc.with_context(file=ckpt.path)
             raise
         for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:

@@ -61,7 +61,8 @@ def comparison(ref: "np.ndarray | Rows", approx: "np.ndarray | Rows", group_map:
 def metadata_cost(spec: TensorSpec) -> dict[str, Any]:
     """Theoretical bytes of a quantized spec: payload, metadata (scales, zero points, g_idx), bits/weight."""
     th = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
-                           SCALE_BYTES.get(spec.scheme.scale_dtype, 4), zero_point_bytes(spec), spec.act_order)
+                           SCALE_BYTES.get(spec.scheme.scale_dtype, 4), zero_point_bytes(spec), spec.act_order,
+                           spec.scale_coding)  # a double-quant source's scales at their coded size
     # NVFP4's second-level scale: one float32 per tensor (ModelOpt weight_scale_2, CT weight_global_scale)
     meta = th["metadata_bytes"] + (4 if spec.scheme.global_scale else 0)
     total = th["payload_bytes"] + meta

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converter.errors import NotRepresentableError
+from converter.errors import NotRepresentableError, exact_str
 from converter.groups import Granularity, GroupMap
 from converter.layout import IN, OUT
 from converter.scheme import ZeroPoint
@@ -66,7 +66,7 @@ def exact_cast(arr: np.ndarray, dtype: "np.dtype | str | type", *, tensor: str, 
         raise NotRepresentableError(
             message or f"{field} are not exactly representable in {label}", tensor=tensor, field=field,
             expected=expected or f"values exact in {label}",
-            found=f"{float(a32[idx])!r} at {list(map(int, idx))} ({int(bad.sum())} of {bad.size} would round)",
+            found=f"{exact_str(a32[idx])} at {list(map(int, idx))} ({int(bad.sum())} of {bad.size} would round)",
             hint=hint)
     return h
 
@@ -161,11 +161,21 @@ def as_integer_zero(t: QuantizedTensor) -> QuantizedTensor:
         ok &= (-(zr * sc)).astype(np.float32) == b
     if not ok.all():
         idx = np.unravel_index(int(np.argmin(ok)), ok.shape)
+        # every number as the shortest decimal that reads back as itself (124.00012 is not 124): -b/s in
+        # float32, the stored bias and scale in their own dtype
+        stored_b, stored_s, where = t.zero_points[idx], t.scales[idx], f"{_group_axes(t)} {list(map(int, idx))}"
         raise NotRepresentableError("float bias is not an integer zero point", tensor=t.name, field="zero_points",
                                     expected=f"-bias/scale an integer in [{s.qmin}, {s.qmax}]",
-                                    found=f"{float(z[idx]):.6g} at group {list(map(int, idx))}",
+                                    found=f"-bias/scale = {exact_str(z[idx])} at {where} "
+                                          f"(stored bias {exact_str(stored_b)}, scale {exact_str(stored_s)} "
+                                          f"{s.scale_dtype}; {int(ok.size - ok.sum())} of {ok.size} groups)",
                                     hint="requantize with --asym to a target that stores integer zero points")
     return t.replace(zero_points=zr.astype(s.code_dtype), scheme=s.replace(zero_point=ZeroPoint.INTEGER))
+
+
+def _group_axes(t: QuantizedTensor) -> str:
+    """The named axes of ``t``'s scale array, ``in`` counted in groups: ``(out, group)``."""
+    return "(" + ", ".join("group" if a == IN else a for a in t.axes) + ")" if t.scales.ndim == len(t.axes) else "group"
 
 
 def as_float_bias(t: QuantizedTensor) -> tuple[QuantizedTensor, bool]:

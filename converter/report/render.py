@@ -84,10 +84,19 @@ def render_inspect(doc: dict) -> None:
             c.print(f"{label}: {meta[key]}")
     t = table("tensor", "kind", "shape", "storage", "scheme", "groups")
     for r in doc["tensors"]:
-        storage = ", ".join(f"{s['role']}:{s['dtype']}{s['shape']}" for s in r["stored"])
+        storage = ", ".join(f"{stored_label(s)}:{s['dtype']}{s['shape']}" for s in r["stored"])
         t.add_row(r["name"], r["kind"], "x".join(map(str, r["shape"])), storage,
                   r.get("scheme_label") or r.get("dtype", ""), r.get("groups_label", ""))
     c.print(t)
+
+
+def stored_label(s: dict) -> str:
+    """A stored array's label in inspect: its role, with the format's own name for it when it has one
+    (``quant_map``, not an anonymous ``other``; ``scales(absmax)``)."""
+    part = s.get("part")
+    if not part or part == s["role"]:
+        return s["role"]
+    return part if s["role"] == "other" else f"{s['role']}({part})"
 
 
 def render_quantize(doc: dict) -> None:
@@ -127,10 +136,14 @@ def render_audit(doc: dict) -> None:
     tot = doc["totals"]
     br = tot["bytes_by_role"]
     c.print("bytes by role: " + ", ".join(f"{k} {v}" for k, v in br.items()))
+    if tot.get("bytes_by_part"):
+        c.print("named arrays: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tot["bytes_by_part"].items()))
+    theo_bpw = tot.get("theoretical_bits_per_weight")
     c.print(f"accounted {tot['accounted_bytes']} bytes = file sizes {tot['file_bytes']} bytes; "
             f"quantized weights {tot['quantized_weights']}, "
             f"measured {fmt(tot['quantized_bits_per_weight'])} bits/weight; "
-            f"theoretical {fmt_bytes(tot['theoretical_quantized_bytes'])} bytes ({tot['theoretical_note']})")
+            f"theoretical {fmt_bytes(tot['theoretical_quantized_bytes'])} bytes"
+            + (f", {fmt(theo_bpw)} bits/weight" if theo_bpw is not None else "") + f" ({tot['theoretical_note']})")
     wi = [r for r in doc["tensors"] if "what_if" in r]
     if wi:
         render_what_if(c, wi)
@@ -182,15 +195,19 @@ def render_convert(doc: dict) -> None:
         k = s.get(kind)
         if not k or not k["tensors"]:
             continue
-        rounding = (f", {k['exact_up_to_rounding']} exact up to rounding (max |diff| {fmt(k['max_rounding_diff'])})"
-                    if k["exact_up_to_rounding"] else "")
+        stated = "; ".join(f"{g['rounding']}: {g['tensors']}, max |diff| {fmt(g['max_abs_diff'])}"
+                           for g in k.get("roundings") or ())
+        rounding = (f", {k['exact_up_to_rounding']} exact up to rounding "
+                    f"({stated or 'max |diff| ' + fmt(k['max_rounding_diff'])})" if k["exact_up_to_rounding"] else "")
         dropped = f", {k['dropped']} not written (see below)" if k.get("dropped") else ""
-        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed{dropped}")
+        c.print(f"{k['tensors']} {kind} tensors: {k['exact']} bit-exact{rounding}, {k['changed']} changed (lossy)"
+                f"{dropped}")
     n_dropped = s.get("dropped", 0)
     c.print("all tensors bit-exact" if s["all_exact"] else
             "CHANGED: the output does not reproduce the source" if not s["within_rounding"] else
             "every tensor written bit-exact" if not s["exact_up_to_rounding"] else
-            "codes identical; values exact up to the stated rounding")
+            f"NOT bit-exact: codes identical, values exact up to the stated rounding "
+            f"(max |diff| {fmt(s['max_rounding_diff'])})")
     if n_dropped:
         why: dict[str, list[str]] = {}
         for r in doc["tensors"]:

@@ -23,7 +23,7 @@ from converter.formats.registry import Detection
 from converter.formats.source import Source
 
 from converter.formats.gguf.schemes import (DENSE_TYPES, MAX_DIMS, axes_for, gguf_module, group_size_of, scheme_for,
-                                            tensor_from_fields)
+                                            scale_coding_of, tensor_from_fields)
 from converter.formats.gguf.bounds import check_gguf_bounds
 from converter.formats.gguf.hf_config import hf_config_from_gguf
 from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
@@ -194,7 +194,7 @@ def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=axes_for(len(e.shape)),
                       scheme=scheme_for(e.type_name), group_map=GroupMap.per_group(group_size_of(e.type_name), IN),
                       double_quant=None if isinstance(codec_for(e.type_name), LegacyCodec) else e.type_name,
-                      notes=notes)
+                      scale_coding=scale_coding_of(e.type_name), notes=notes)
 
 
 def permute_rows(t, perm: np.ndarray):

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from converter.double_quant import ScaleCoding
 from converter.dtypes import DTYPES
 from converter.errors import ConverterError, UnsupportedError
 from converter.groups import Granularity, GroupMap
@@ -75,6 +76,24 @@ def scheme_for(type_name: str) -> QuantScheme:
     scheme = QuantScheme(codec.bits, False, zp, "F32", "half_away")
     assert codec.code_offset == (scheme.center if zp is ZeroPoint.NONE else 0)
     return scheme
+
+
+#: Bits of each sub-block scale code (and of each min, for the types with mins), ggml-common.h ``block_q2_K``
+#: (``scales[QK_K/16]``: 4-bit scale | 4-bit min), ``block_q3_K`` (``scales[12]``: 16 6-bit scales),
+#: ``block_q4_K`` / ``block_q5_K`` (``scales[12]``: 8 6-bit scales + 8 6-bit mins), ``block_q6_K``
+#: (``scales[QK_K/16]`` int8).
+KQUANT_SCALE_CODE_BITS = {"Q2_K": 4, "Q3_K": 6, "Q4_K": 6, "Q5_K": 6, "Q6_K": 8}
+
+
+def scale_coding_of(type_name: str) -> ScaleCoding | None:
+    """How a K-quant stores its sub-block scales (None for the other types): a code per sub-block (and one per
+    min), an fp16 ``d`` (and ``dmin``) per 256-element super-block: Q4_K = 4 + (6 + 6) / 32 + 32 / 256 = 4.5 bits
+    per weight, Q6_K = 6 + 8 / 16 + 16 / 256 = 6.5625."""
+    codec = codec_for(type_name)
+    if type_name not in KQUANT_SCALE_CODE_BITS:
+        return None
+    return ScaleCoding(code_bits=KQUANT_SCALE_CODE_BITS[type_name], super_groups=QK_K // codec.sub_block_size,
+                       super_bytes=4 if codec.has_mins else 2, with_min=codec.has_mins)
 
 
 def group_size_of(type_name: str) -> int:

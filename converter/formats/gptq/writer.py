@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from converter.errors import FormatError, NotRepresentableError, QuantizationError
+from converter.errors import FormatError, NotRepresentableError, QuantizationError, exact_str
 from converter.groups import Granularity
 from converter.layout import IN, OUT
 from converter.quant.recode import as_integer_zero, as_unsigned, exact_cast
@@ -81,7 +81,7 @@ def _scales_fp16(scales: np.ndarray, name: str, allow_rounding: bool) -> tuple[n
         s16 = s32.astype(np.float16)
     if not np.all(np.isfinite(s16[np.isfinite(s32)])) or np.any((s16 == 0) & (s32 != 0)):
         raise QuantizationError("scale overflows or underflows fp16", tensor=name, field="scales",
-                                expected="|scale| in the fp16 range", found=f"max |s| {float(np.max(np.abs(s32))):g}",
+                                expected="|scale| in the fp16 range", found=f"max |s| {exact_str(np.max(np.abs(s32)))}",
                                 hint="requantize with fp16 scales")
     try:
         return exact_cast(s32, np.float16, tensor=name, field="scales", message="scale not representable in fp16",
