@@ -295,22 +295,36 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
+@click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default=None,
+              help="Output dtype (default f32): the exact float32 values, rounded once to f16 / bf16.")
+@click.option("--match-tool", is_flag=True,
+              help="Decode as the producing tool does (mx.dequantize, dequantize_4bit, gguf-py ...): its "
+                   "arithmetic and its dtype, byte for byte.")
+@click.option("--tool-dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default=None,
+              help="With --match-tool: the tool's run-time dtype where it has one (bitsandbytes 4-bit, ModelOpt, "
+                   "FP8/FP4 decompressors; default: the file's record).")
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
-def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
+def dequantize(src, dst, dtype, match_tool, tool_dtype, max_shard_size, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
     from converter.formats.plain import write_plain  # lazy: a format module (see the top)
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    if match_tool and dtype is not None:
+        raise click.UsageError("--match-tool writes each tensor in its tool's dtype: leave --dtype out "
+                               "(--tool-dtype sets a tool's run-time dtype)")
+    if tool_dtype is not None and not match_tool:
+        raise click.UsageError("--tool-dtype needs --match-tool")
+    dtype = "tool" if match_tool else (dtype or "f32")
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     ckpt = load(src)
-    res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
+    res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
+                      max_shard_bytes=max_shard_size, match_tool=match_tool, tool_dtype=tool_dtype)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
     _emit(doc, as_json, render.render_dequantize, "dequantize-report")
 

@@ -159,8 +159,14 @@ def render_what_if(c: Console, tensors: list[dict]) -> None:
 def render_dequantize(doc: dict) -> None:
     """One line naming the output files, then the side files not written, grouped by reason."""
     import click
-    click.echo(f"dequantized {doc['tensors']} tensors from {doc['source_format']} to {doc['dtype']}: "
+    dtype = "each tool's dtype" if doc["dtype"] == "tool" else doc["dtype"]
+    click.echo(f"dequantized {doc['tensors']} tensors from {doc['source_format']} to {dtype}: "
                f"{doc['destination']} ({', '.join(doc['files'])})")
+    tools: dict[str, int] = {}
+    for tool in doc.get("match_tool", {}).values():
+        tools[tool] = tools.get(tool, 0) + 1
+    for tool, n in tools.items():
+        click.echo(f"  {n} quantized tensor(s) decoded as {tool}")
     by_reason: dict[str, list[str]] = {}
     for name, reason in doc.get("side_files_skipped", {}).items():
         by_reason.setdefault(reason, []).append(name)
