@@ -329,6 +329,45 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, max_shard_size, overwrit
     _emit(doc, as_json, render.render_dequantize, "dequantize-report")
 
 
+def table_options(f):
+    """``--csv`` / ``--top`` / ``--sort`` / ``--plot``: the per-layer error table of a report (report/tables.py)."""
+    f = click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, metavar="FILE.png|.svg",
+                     help="Draw error against layer index per tensor role (needs: pip install 'qckpt[plot]').")(f)
+    f = click.option("--sort", "sort_key", type=click.Choice(["sqnr", "rel_error", "max_error", "name"]),
+                     default=None, help="Order of the --csv rows, worst first (default sqnr).")(f)
+    f = click.option("--top", type=click.IntRange(1), default=None, help="Keep the first N --csv rows.")(f)
+    return click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, metavar="FILE",
+                        help="Write the per-tensor error table as CSV (name, layer, role, sqnr_db, rel_error, "
+                             "max_error ...).")(f)
+
+
+def _check_table_options(src, csv_path, top, sort_key, plot, overwrite) -> None:
+    """Before any work: --top / --sort need --csv; the outputs are new (or --overwrite) and outside SRC;
+    --plot has a .png / .svg name and matplotlib."""
+    if (top is not None or sort_key is not None) and csv_path is None:
+        raise click.UsageError("--top and --sort order the --csv rows: give --csv FILE")
+    for out in (p for p in (csv_path, plot) if p is not None):
+        check_not_inside(src, out)
+        refuse_existing(out, overwrite)
+    if plot is not None:
+        if Path(plot).suffix.lower() not in (".png", ".svg"):
+            raise click.UsageError(f"--plot writes FILE.png or FILE.svg, not {Path(plot).name}")
+        from converter.report.plot import check_plot_path  # lazy: matplotlib, only for --plot
+        check_plot_path(plot)
+
+
+def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None:
+    from converter.report import tables  # lazy: only for --csv / --plot
+    rows = tables.error_rows(doc)
+    if csv_path is not None:
+        with atomic_output(csv_path, overwrite=overwrite) as tmp:
+            tables.write_csv(tables.sort_rows(rows, sort_key or "sqnr", top), tmp)
+    if plot is not None:
+        from converter.report.plot import plot_errors  # lazy: matplotlib
+        with atomic_output(plot, overwrite=overwrite) as tmp:
+            plot_errors(rows, tmp, title, Path(plot).suffix.lower().lstrip("."))
+
+
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
@@ -359,10 +398,11 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, max_shard_size, overwrit
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
+@table_options
 @run_options_flags
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, overwrite, report, as_json):
+            reference, quant_type, overwrite, report, as_json, csv_path, top, sort_key, plot):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -386,6 +426,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
             raise click.UsageError("--report must not be DST or inside it")
         refuse_existing(report, overwrite)
+    _check_table_options(src, csv_path, top, sort_key, plot, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
@@ -408,6 +449,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         validate_document(doc, schema)
         with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
+    _export_tables(doc, csv_path, top, sort_key, plot, overwrite,
+                   f"{doc['source_format']} -> {doc['target_format']}: {Path(dst).name}")
     _emit(doc, as_json, renderer, schema)
 
 
@@ -418,8 +461,10 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
+@table_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing --csv / --plot file.")
 @_handle_errors
-def validate(path, reference, strict, self_test, as_json):
+def validate(path, reference, strict, self_test, as_json, csv_path, top, sort_key, plot, overwrite):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     if self_test:
         doc = do_self_test()
@@ -427,8 +472,14 @@ def validate(path, reference, strict, self_test, as_json):
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
+    if (csv_path is not None or plot is not None) and reference is None:
+        raise click.UsageError("--csv and --plot tabulate the --reference check: give --reference FLOAT_CKPT")
+    _check_table_options(path, csv_path, top, sort_key, plot, overwrite)
     rep = do_validate(path, reference=reference, strict=strict)
-    _emit(rep.to_json(), as_json, render_validation, "validation-report")
+    doc = rep.to_json()
+    title = f"validate {Path(path).name} vs {Path(reference).name}" if reference is not None else ""
+    _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title)
+    _emit(doc, as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 
 
