@@ -139,3 +139,28 @@ def test_cli_match_tool(tmp_path):
     r = CliRunner().invoke(main, ["dequantize", str(SAMPLES / "mlx_affine_g32_b8"), str(tmp_path / "q"),
                                   "--tool-dtype", "f16"])
     assert r.exit_code == 2 and "--tool-dtype needs --match-tool" in r.output
+
+
+@pytest.mark.parametrize("path", sorted(G.glob("*.gguf")) + [SAMPLES.parent / "tests/data/gguf/smollm2_vocab_tiny.gguf"],
+                         ids=lambda p: p.name)
+def test_gguf_match_tool_is_gguf_py_itself(path, tmp_path):
+    """Every quantized tensor of every GGUF sample against gguf-py 0.19's own ``gguf.quants.dequantize`` run
+    here (a qckpt dependency): byte-identical rows; LLaMA q/k rows come in Hugging Face order (qckpt's reader
+    undoes llama.cpp's ``permute``), every other tensor in the file's order."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize as gguf_dequantize
+    reader = GGUFReader(path)
+    ck = load(path)
+    write_plain(ck, tmp_path / "o.safetensors", match_tool=True)
+    got = load_file(str(tmp_path / "o.safetensors"))
+    for spec in (s for s in ck.specs() if s.kind == "quantized"):
+        t = next(t for t in reader.tensors if t.name == spec.stored[0].name)
+        want = gguf_dequantize(t.data, t.tensor_type).reshape(spec.shape)
+        ours = got[spec.name]
+        assert ours.dtype == want.dtype == np.float32 and ours.shape == want.shape
+        rows = {want[i].tobytes(): i for i in range(want.shape[0])}
+        order = [rows.get(ours[i].tobytes()) for i in range(ours.shape[0])]
+        assert None not in order and sorted(order) == list(range(want.shape[0])), spec.name
+        permuted = spec.name.endswith(("q_proj.weight", "k_proj.weight")) and ck.metadata.get("gguf_kv", {}).get(
+            "general.architecture") == "llama"
+        assert (order == list(range(want.shape[0]))) != permuted, spec.name

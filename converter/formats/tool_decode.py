@@ -160,7 +160,10 @@ def in_model_dtype(tool: str, fallback: str = "F32", unsigned_zero: bool = False
 
 def in_float32(tool: str) -> Callable[..., ToolDecode]:
     """The hook of a tool whose decode is float32, every step in float32 in qckpt's order (gguf-py
-    ``gguf.quants.dequantize``)."""
+    ``gguf.quants.dequantize``: checked tensor by tensor against gguf-py on the GGUF samples, Q4_0 ... Q8_0,
+    Q6_K). llama.cpp's C ``dequantize_row_*`` evaluates the same float formulas (``x * d + m`` for Q4_1);
+    a build whose compiler contracts that into a fused multiply-add (GCC's default ``-ffp-contract=fast``
+    on an FMA target) rounds once instead of twice: not reproduced, not checked."""
     def hook(ckpt, spec, runtime: Optional[str]) -> ToolDecode:
         fixed_dtype(tool, "F32", runtime, "its result is float32", spec.name)
         return rounded_once(f"{tool}: float32", "F32")
