@@ -141,8 +141,10 @@ def test_cli_match_tool(tmp_path):
     assert r.exit_code == 2 and "--tool-dtype needs --match-tool" in r.output
 
 
-@pytest.mark.parametrize("path", sorted(G.glob("*.gguf")) + [SAMPLES.parent / "tests/data/gguf/smollm2_vocab_tiny.gguf"],
-                         ids=lambda p: p.name)
+GGUF_FILES = sorted(G.glob("*.gguf")) + [SAMPLES.parent / "tests" / "data" / "gguf" / "smollm2_vocab_tiny.gguf"]
+
+
+@pytest.mark.parametrize("path", GGUF_FILES, ids=lambda p: p.name)
 def test_gguf_match_tool_is_gguf_py_itself(path, tmp_path):
     """Every quantized tensor of every GGUF sample against gguf-py 0.19's own ``gguf.quants.dequantize`` run
     here (a qckpt dependency): byte-identical rows; LLaMA q/k rows come in Hugging Face order (qckpt's reader
