@@ -166,3 +166,16 @@ def test_gguf_match_tool_is_gguf_py_itself(path, tmp_path):
         permuted = spec.name.endswith(("q_proj.weight", "k_proj.weight")) and ck.metadata.get("gguf_kv", {}).get(
             "general.architecture") == "llama"
         assert (order == list(range(want.shape[0]))) != permuted, spec.name
+
+
+def test_a_format_without_a_tool_decode_is_refused_by_name(tmp_path):
+    """qckpt's own native format declares no producing tool: --match-tool is refused (one line, exit 3) and
+    nothing is written; the default exact decode still works."""
+    native = tmp_path / "native"
+    r = CliRunner().invoke(main, ["quantize", str(SAMPLES / "minilm_fp16.safetensors"), str(native), "--bits", "4",
+                                  "--group-size", "64"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["dequantize", str(native), str(tmp_path / "o"), "--match-tool"])
+    assert r.exit_code == 3 and "declares no producing tool's decode" in r.output and "--match-tool" in r.output
+    assert not (tmp_path / "o").exists()
+    assert CliRunner().invoke(main, ["dequantize", str(native), str(tmp_path / "p")]).exit_code == 0
