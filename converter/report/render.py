@@ -185,10 +185,17 @@ def render_what_if(c: Console, tensors: list[dict]) -> None:
             agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
             numel[w["layout"]] = numel.get(w["layout"], 0) + r["numel"]
             current[w["layout"]] = current.get(w["layout"], 0) + bool(w.get("current"))
-    t2 = table("what-if layout (same bits)", "theoretical bytes", "bits/weight", *(["current"] if marked else []),
-               title="what-if (theoretical)")
+    narrow = terminal_width() < 120  # short headers and counts: the layout names get the width
+    t2 = table("what-if layout (same bits)", "bytes" if narrow else "theoretical bytes",
+               "bits per weight" if narrow else "bits/weight",
+               *([("current tensors" if narrow else "current")] if marked else []), title="what-if (theoretical)")
+    if narrow:  # numbers need no more than their digits; headers wrap into words
+        widest = max(len(fmt_bytes(v)) for v in agg.values()) if agg else 5
+        for col, w in zip(t2.columns[1:], (max(widest, 5), 7, 7)):
+            col.max_width = w
     for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
-        extra = [f"{current[k]} of {len(tensors)} tensors" if current[k] else ""] if marked else []
+        count = f"{current[k]}/{len(tensors)}" if narrow else f"{current[k]} of {len(tensors)} tensors"
+        extra = [count if current[k] else ""] if marked else []
         label = k + "".join(f"\n= {a}" for a in also[k])  # the same layout under another name: priced once
         t2.add_row(label, fmt_bytes(v), fmt(8 * v / numel[k]), *extra)
     c.print(t2)
