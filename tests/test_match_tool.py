@@ -179,3 +179,17 @@ def test_a_format_without_a_tool_decode_is_refused_by_name(tmp_path):
     assert r.exit_code == 3 and "declares no producing tool's decode" in r.output and "--match-tool" in r.output
     assert not (tmp_path / "o").exists()
     assert CliRunner().invoke(main, ["dequantize", str(native), str(tmp_path / "p")]).exit_code == 0
+
+
+@pytest.mark.parametrize("sample", ["mlx_affine_g64_b4", "bnb_int8"])
+def test_match_tool_in_row_blocks_and_workers_is_the_same_file(sample, tmp_path):
+    """MLX's decode runs in row blocks under a small memory budget (row_local), bnb int8's whole (it reads SCB
+    again): either way the file is byte-identical to a one-worker, whole-tensor run."""
+    src = str(SAMPLES / sample)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    r = CliRunner().invoke(main, ["dequantize", src, str(a), "--match-tool", "--workers", "1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["dequantize", src, str(b), "--match-tool", "--workers", "2", "--max-memory", "1M",
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert a.read_bytes() == b.read_bytes()

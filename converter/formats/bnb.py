@@ -269,8 +269,10 @@ def bnb_tool_decode(ckpt: Checkpoint, spec: TensorSpec, runtime: str | None) -> 
         ``dequantize_4bit``: ``quant_map[q] * absmax`` in float32 rounded once to ``quant_state.dtype``
         (``csrc/cpu_ops.cpp`` ``dequantizeBlockwise4bitCpu``: float product, one conversion to ``T``; bf16 by
         round to nearest even). That dtype is the model's at quantization time, recorded in the file's
-        quant_state JSON (else config.json's ``dtype``); ``--tool-dtype`` overrides it, as a model loaded in
-        another dtype would.
+        quant_state JSON (else config.json's ``dtype``); ``--tool-dtype`` overrides it (``dequantize_4bit``
+        with that ``quant_state.dtype``: one rounding). Not reproduced: ``matmul_4bit``'s forward casts the
+        decoded weight once more to the activations' (compute) dtype when that differs from
+        ``quant_state.dtype`` (float16 decode, then bfloat16: two roundings).
     """
     if spec.scheme.codebook is None:
         tool = "bitsandbytes int8_vectorwise_dequant: (weight * SCB) * float32(1/127)"
