@@ -281,24 +281,77 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @main.command(epilog=exit_codes.epilog())
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
+@click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default=None,
+              help="Output dtype (default f32): the exact float32 values, rounded once to f16 / bf16.")
+@click.option("--match-tool", is_flag=True,
+              help="Decode as the producing tool does (mx.dequantize, dequantize_4bit, gguf-py ...): its "
+                   "arithmetic and its dtype, byte for byte.")
+@click.option("--tool-dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default=None,
+              help="With --match-tool: the tool's run-time dtype where it has one (bitsandbytes 4-bit, ModelOpt, "
+                   "FP8/FP4 decompressors; default: the file's record).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
 @handle_errors
-def dequantize(src, dst, dtype, overwrite, as_json):
+def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
     from converter.formats.plain import write_plain  # lazy: a format module (see the top)
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    if match_tool and dtype is not None:
+        raise click.UsageError("--match-tool writes each tensor in its tool's dtype: leave --dtype out "
+                               "(--tool-dtype sets a tool's run-time dtype)")
+    if tool_dtype is not None and not match_tool:
+        raise click.UsageError("--tool-dtype needs --match-tool")
+    dtype = "tool" if match_tool else (dtype or "f32")
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     ckpt = load(src)
-    res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite)
+    res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
+                      match_tool=match_tool, tool_dtype=tool_dtype)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
     _emit(doc, as_json, render.render_dequantize, "dequantize-report")
+
+
+def table_options(f):
+    """``--csv`` / ``--top`` / ``--sort`` / ``--plot``: the per-layer error table of a report (report/tables.py)."""
+    f = click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, metavar="FILE.png|.svg",
+                     help="Draw error against layer index per tensor role (needs: pip install 'qckpt[plot]').")(f)
+    f = click.option("--sort", "sort_key", type=click.Choice(["sqnr", "rel_error", "max_error", "name"]),
+                     default=None, help="Order of the --csv rows, worst first (default sqnr).")(f)
+    f = click.option("--top", type=click.IntRange(1), default=None, help="Keep the first N --csv rows.")(f)
+    return click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, metavar="FILE",
+                        help="Write the per-tensor error table as CSV (name, layer, role, sqnr_db, rel_error, "
+                             "max_error ...).")(f)
+
+
+def _check_table_options(src, csv_path, top, sort_key, plot, overwrite) -> None:
+    """Before any work: --top / --sort need --csv; the outputs are new (or --overwrite) and outside SRC;
+    --plot has a .png / .svg name and matplotlib."""
+    if (top is not None or sort_key is not None) and csv_path is None:
+        raise click.UsageError("--top and --sort order the --csv rows: give --csv FILE")
+    for out in (p for p in (csv_path, plot) if p is not None):
+        check_not_inside(src, out)
+        refuse_existing(out, overwrite)
+    if plot is not None:
+        if Path(plot).suffix.lower() not in (".png", ".svg"):
+            raise click.UsageError(f"--plot writes FILE.png or FILE.svg, not {Path(plot).name}")
+        from converter.report.plot import check_plot_path  # lazy: matplotlib, only for --plot
+        check_plot_path(plot)
+
+
+def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None:
+    from converter.report import tables  # lazy: only for --csv / --plot
+    rows = tables.error_rows(doc)
+    if csv_path is not None:
+        with atomic_output(csv_path, overwrite=overwrite) as tmp:
+            tables.write_csv(tables.sort_rows(rows, sort_key or "sqnr", top), tmp)
+    if plot is not None:
+        from converter.report.plot import plot_errors  # lazy: matplotlib
+        with atomic_output(plot, overwrite=overwrite) as tmp:
+            plot_errors(rows, tmp, title, Path(plot).suffix.lower().lstrip("."))
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -334,11 +387,12 @@ def dequantize(src, dst, dtype, overwrite, as_json):
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
+@table_options
 @run_options_flags
 @shard_size_flag
 @handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, gptq_format, overwrite, report, as_json):
+            reference, quant_type, gptq_format, overwrite, report, as_json, csv_path, top, sort_key, plot):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -362,6 +416,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
             raise click.UsageError("--report must not be DST or inside it")
         refuse_existing(report, overwrite)
+    _check_table_options(src, csv_path, top, sort_key, plot, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
@@ -387,6 +442,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         validate_document(doc, schema)
         with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
+    _export_tables(doc, csv_path, top, sort_key, plot, overwrite,
+                   f"{doc['source_format']} -> {doc['target_format']}: {Path(dst).name}")
     _emit(doc, as_json, renderer, schema)
 
 
@@ -418,9 +475,11 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
               "blob name, a SHA256SUMS entry or its git-LFS pointer.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
+@table_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing --csv / --plot file.")
 @run_options_flags
 @handle_errors
-def validate(path, reference, strict, checksums, self_test, as_json):
+def validate(path, reference, strict, checksums, self_test, as_json, csv_path, top, sort_key, plot, overwrite):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     from converter.report.validation import render_self_test, render_validation
     from converter.validate import self_test as do_self_test, validate as do_validate
@@ -430,8 +489,14 @@ def validate(path, reference, strict, checksums, self_test, as_json):
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
+    if (csv_path is not None or plot is not None) and reference is None:
+        raise click.UsageError("--csv and --plot tabulate the --reference check: give --reference FLOAT_CKPT")
+    _check_table_options(path, csv_path, top, sort_key, plot, overwrite)
     rep = do_validate(path, reference=reference, strict=strict, checksums=checksums)
-    _emit(rep.to_json(), as_json, render_validation, "validation-report")
+    doc = rep.to_json()
+    title = f"validate {Path(path).name} vs {Path(reference).name}" if reference is not None else ""
+    _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title)
+    _emit(doc, as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 
 

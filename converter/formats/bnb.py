@@ -36,6 +36,8 @@ from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.formats.base import source_checkpoint
 from converter.formats.registry import Detection, FormatHandler, register
 from converter.formats.source import Source, module_prefix
+from converter.formats.tool_decode import (ToolDecode, fixed_dtype, model_dtype, rounded_once, runtime_dtype,
+                                           torch_dtype_name)
 
 FORMAT = "bitsandbytes"
 QS_PREFIX = ".weight.quant_state.bitsandbytes__"
@@ -257,7 +259,41 @@ def read_bnb(src: Source) -> Checkpoint:
 
     quantized = {n for n, s in specs.items() if s.kind != "dense"}
     return source_checkpoint(src, FORMAT, specs, decode, quantized,
-                             {"quantization_config": src.quantization_config})
+                             {"quantization_config": src.quantization_config,
+                              "bnb_4bit_dtype": {n: qs.get("dtype") for n, qs in states.items()}})
+
+
+#: ``int8_vectorwise_dequant``'s constant (bitsandbytes 0.50 ``backends/default/ops.py``): 1/127 as float32.
+INT8_RECIPROCAL = np.float32(7.874015718698502e-3)
+
+
+def bnb_tool_decode(ckpt: Checkpoint, spec: TensorSpec, runtime: str | None) -> ToolDecode:
+    """How bitsandbytes 0.50 dequantizes a tensor (``qckpt dequantize --match-tool``).
+
+    LLM.int8
+        ``int8_vectorwise_dequant(weight, SCB)``: ``(weight * SCB) * 7.874015718698502e-3`` in float32, two
+        roundings in that order (qckpt's exact decode folds ``SCB / 127`` into one scale first: up to an ulp
+        apart). The result is float32 (fixed). Reads ``SCB`` from the source again: whole tensors only.
+    NF4 / FP4
+        ``dequantize_4bit``: ``quant_map[q] * absmax`` in float32 rounded once to ``quant_state.dtype``
+        (``csrc/cpu_ops.cpp`` ``dequantizeBlockwise4bitCpu``: float product, one conversion to ``T``; bf16 by
+        round to nearest even). That dtype is the model's at quantization time, recorded in the file's
+        quant_state JSON (else config.json's ``dtype``); ``--tool-dtype`` overrides it (``dequantize_4bit``
+        with that ``quant_state.dtype``: one rounding). Not reproduced: ``matmul_4bit``'s forward casts the
+        decoded weight once more to the activations' (compute) dtype when that differs from
+        ``quant_state.dtype`` (float16 decode, then bfloat16: two roundings).
+    """
+    if spec.scheme.codebook is None:
+        tool = "bitsandbytes int8_vectorwise_dequant: (weight * SCB) * float32(1/127)"
+        fixed_dtype(tool, "F32", runtime, "its result is float32", spec.name)
+        scb = np.array(Source(ckpt.path).read(module_prefix(spec.name) + ".SCB"), dtype=np.float32).reshape(-1, 1)
+
+        def decode(t: QuantizedTensor) -> np.ndarray:
+            return (np.asarray(t.codes).astype(np.float32) * scb) * INT8_RECIPROCAL
+        return ToolDecode(tool, "F32", decode, row_local=False)
+    recorded = torch_dtype_name((ckpt.metadata.get("bnb_4bit_dtype") or {}).get(spec.name))
+    dt = runtime_dtype("dequantize_4bit", runtime, recorded or model_dtype(ckpt.config), "F32")
+    return rounded_once(f"bitsandbytes dequantize_4bit: round({dt.lower()}, quant_map[q] * absmax)", dt)
 
 
 def detect_bnb(src: Source) -> Detection | None:
@@ -272,4 +308,4 @@ def detect_bnb(src: Source) -> Detection | None:
 
 
 HANDLER = register(FormatHandler(FORMAT, "bitsandbytes LLM.int8 / NF4 / FP4 (transformers save_pretrained; read only)",
-                                 detect_bnb, read_bnb))
+                                 detect_bnb, read_bnb, tool_decode=bnb_tool_decode))

@@ -123,8 +123,13 @@ def _plain_config(config: dict | None, plans: list[TensorPlan]) -> dict | None:
 
 
 def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: bool = False,
-                max_shard_bytes: int | None = None, **_: Any) -> dict:
+                max_shard_bytes: int | None = None, match_tool: bool = False, tool_dtype: str | None = None,
+                **_: Any) -> dict:
     """Write ``ckpt`` as plain float safetensors.
+
+    ``match_tool``: each quantized tensor decoded as the source format's producing tool does, in the tool's
+    dtype (:mod:`converter.formats.tool_decode`; ``dtype`` is then unused, ``tool_dtype`` is the tool's
+    run-time dtype where it has one); the summary's ``match_tool`` names the tool per tensor.
 
     ``dst`` ending in ``.safetensors`` gives one file; otherwise a model directory (sharded when
     ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed, ``dtype`` the
@@ -135,13 +140,24 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     dtype = FLOAT_DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
-    plans = plain_plans(ckpt, dtype)
+    tools = None
+    if match_tool:
+        from converter.formats.registry import get
+        from converter.formats.tool_decode import tool_plans
+        tool_dtype = FLOAT_DTYPE_ALIASES.get(tool_dtype, tool_dtype) if tool_dtype else None
+        plans, tools = tool_plans(ckpt, get(ckpt.format).tool_decode, ckpt.format, tool_dtype)
+    else:
+        plans = plain_plans(ckpt, dtype)
     meta = {"format": "pt"}
     dst = Path(dst)
     if dst.suffix == ".safetensors":
-        return write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
-    return write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
-                           extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+        res = write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
+    else:
+        res = write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
+                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    if tools is not None:
+        res["match_tool"] = tools
+    return res
 
 
 HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",

@@ -170,6 +170,10 @@ class FormatHandler:
         (gpt-oss fused experts split into stacked gate / up for GGUF and MLX, into per-expert Linear
         weights for compressed-tensors, and fused back for gpt-oss); exact (whole rows move), returning the
         checkpoint unchanged when it has nothing to rearrange. None: tensors are written as the source names them.
+    tool_decode : callable(Checkpoint, TensorSpec, str or None) -> ToolDecode, optional
+        How the format's producing tool dequantizes a quantized tensor (its arithmetic and output dtype;
+        the third argument is ``--tool-dtype`` or None): ``qckpt dequantize --match-tool``
+        (:mod:`converter.formats.tool_decode`). None: no tool decode is declared (refused).
     """
 
     name: str
@@ -190,6 +194,7 @@ class FormatHandler:
     output: OutputKind = field(default_factory=OutputKind)
     probe_companions: Optional[Callable[[Any], list]] = None
     arrange: Optional[Callable[[Any], Any]] = None
+    tool_decode: Optional[Callable[[Any, Any, Optional[str]], Any]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

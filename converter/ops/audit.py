@@ -260,4 +260,48 @@ def what_if_layouts(spec: TensorSpec) -> list[dict[str, Any]]:
         if lay.group_map.granularity is Granularity.BLOCK:  # partial_tail is the in remainder only
             row["partial_blocks"] = lay.group_map.partial_blocks(spec.shape, spec.axes)
         rows.append(row)
-    return rows + fp4
+    return dedupe_layouts(rows + fp4)
+
+
+def _identity(row: dict[str, Any]) -> tuple:
+    """What a priced layout stores: the groups (a ``block 1xN`` is ``group N`` along ``in``), the bytes of one
+    scale and of one zero point, the global scale (in the label) and the bytes this prices. F16 and BF16
+    scales, or MX's ``block 1x32`` and ``mxfp4: ... group 32``, are one layout priced twice."""
+    gran = str(row.get("granularity"))
+    if gran.startswith("block(out 1 x in "):  # block(out 1 x in N) stores what group(in, N) stores
+        gran = f"group(in, {gran.removeprefix('block(out 1 x in ').rstrip(')')})"
+    return (gran, SCALE_BYTES.get(row.get("scale_dtype"), row.get("scale_dtype")), row.get("zero_point"),
+            "global" in row["layout"], row["bytes"])
+
+
+def _rank(label: str) -> int:
+    """Which label names a merged row: a named FP4 target (``mxfp4: ...``) 2, a float-element layout
+    (``e4m3 per-channel ...``) 1, an integer layout (``per-channel, ...`` / ``group N, ...``) 0."""
+    if ": " in label:
+        return 2
+    return 0 if label.startswith(("per-channel,", "group ")) else 1
+
+
+def dedupe_layouts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per layout identity (:func:`_identity`), in first-seen order: a later row of the same
+    identity is merged into the first (its label in ``same_as``; ``current`` if either is; F16 / BF16
+    alternatives named in the label as ``F16/BF16 scales``; a named FP4 target, else a float-element
+    layout, names the merged row: :func:`_rank`)."""
+    kept: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        key = _identity(row)
+        first = kept.get(key)
+        if first is None:
+            kept[key] = dict(row)
+            continue
+        sd1, sd2 = first.get("scale_dtype"), row.get("scale_dtype")
+        if sd1 != sd2 and row["layout"] == first["layout"].replace(f"{sd1} scales", f"{sd2} scales"):
+            first["layout"] = first["layout"].replace(f"{sd1} scales", f"{sd1}/{sd2} scales")
+        elif _rank(row["layout"]) > _rank(first["layout"]):
+            first.setdefault("same_as", []).append(first["layout"])
+            first["layout"], first["scale_dtype"] = row["layout"], row.get("scale_dtype")
+        else:
+            first.setdefault("same_as", []).append(row["layout"])
+        if row.get("current"):
+            first["current"] = True
+    return list(kept.values())

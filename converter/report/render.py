@@ -120,13 +120,7 @@ def render_audit(doc: dict) -> None:
     c = console()
     roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
     roles += tuple(r for r in ("activation_scale",) if any(r in t["bytes"] for t in doc["tensors"]))
-    t = table("tensor", "shape", *roles, "bits/weight", "theoretical bytes",
-              title=f"audit of {doc['path']} ({doc['format']})")
-    for r in doc["tensors"]:
-        th = r.get("theoretical")
-        t.add_row(r["name"], "x".join(map(str, r["shape"])), *(str(r["bytes"].get(k, 0)) for k in roles),
-                  fmt(r.get("bits_per_weight")), fmt_bytes(th["total_bytes"]) + " (theoretical)" if th else "-")
-    c.print(t)
+    c.print(audit_table(doc, roles, terminal_width()))
     for r in doc["tensors"]:
         b = r.get("blocks")
         if b:
@@ -149,6 +143,46 @@ def render_audit(doc: dict) -> None:
         render_what_if(c, wi)
 
 
+def audit_table(doc: dict, roles: tuple[str, ...], width: int) -> Table:
+    """The per-tensor audit table for ``width`` columns, names kept whole where they can be: while the
+    table does not fit beside the longest name, first the roles that are 0 in every row go, then the
+    remaining roles fold into one ``stored bytes`` column (their sum), then the ``theoretical bytes``
+    column goes (the bytes by role and the theoretical total stay in the totals lines and ``--json``).
+    Names fold only when even that does not fit."""
+    rows = doc["tensors"]
+    name_w = max([len("tensor")] + [len(r["name"]) for r in rows])
+    nonzero = tuple(k for k in roles if any(r["bytes"].get(k, 0) for r in rows))
+
+    def cell_w(values: list[str], header: str) -> int:
+        return max([len(max(header.split(), key=len))] + [len(v) for v in values]) + 3
+    shape_w = cell_w(["x".join(map(str, r["shape"])) for r in rows], "shape")
+    bpw_head = ("bits/weight", "bits per weight")  # the second wraps into words at narrow widths
+    bpw = [fmt(r.get("bits_per_weight")) for r in rows]
+    th_w = cell_w([fmt_bytes(r["theoretical"]["total_bytes"]) + " (theoretical)" if r.get("theoretical") else "-"
+                   for r in rows], "theoretical")
+    sums = [fmt_bytes(sum(r["bytes"].get(k, 0) for k in roles)) for r in rows]
+    levels = [(roles, False, True), (nonzero, False, True), ((), True, True), ((), True, False)]
+
+    def need(level) -> int:
+        shown, merged, theo = level
+        roles_w = cell_w(sums, "stored") if merged else sum(cell_w([str(r["bytes"].get(k, 0)) for r in rows], k)
+                                                            for k in shown)
+        return name_w + 3 + shape_w + roles_w + cell_w(bpw, bpw_head[merged]) + (th_w if theo else 0) + 1
+    fits = [lv for lv in levels if need(lv) <= width]
+    shown, merged, theo = fits[0] if fits else levels[-1]
+    cols = ("stored bytes",) if merged else shown
+    t = table("tensor", "shape", *cols, bpw_head[merged], *(["theoretical bytes"] if theo else []),
+              title=f"audit of {doc['path']} ({doc['format']})")
+    if fits:
+        t.columns[0].no_wrap, t.columns[0].min_width = True, name_w
+    for r, total in zip(rows, sums):
+        th = r.get("theoretical")
+        cells = [total] if merged else [str(r["bytes"].get(k, 0)) for k in shown]
+        theo_cell = [fmt_bytes(th["total_bytes"]) + " (theoretical)" if th else "-"] if theo else []
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), *cells, fmt(r.get("bits_per_weight")), *theo_cell)
+    return t
+
+
 def render_what_if(c: Console, tensors: list[dict]) -> None:
     """The what-if layouts summed over the tensors that have each (float-element layouts are priced
     for float-element tensors only), with how many tensors use each now when the rows say so."""
@@ -156,24 +190,41 @@ def render_what_if(c: Console, tensors: list[dict]) -> None:
     numel: dict[str, int] = {}
     current: dict[str, int] = {}
     marked = any("current" in w for r in tensors for w in r["what_if"])
+    also: dict[str, list[str]] = {}
     for r in tensors:
         for w in r["what_if"]:
+            also.setdefault(w["layout"], [])
+            also[w["layout"]] += [a for a in w.get("same_as", []) if a not in also[w["layout"]]]
             agg[w["layout"]] = agg.get(w["layout"], 0.0) + w["bytes"]
             numel[w["layout"]] = numel.get(w["layout"], 0) + r["numel"]
             current[w["layout"]] = current.get(w["layout"], 0) + bool(w.get("current"))
-    t2 = table("what-if layout (same bits)", "theoretical bytes", "bits/weight", *(["current"] if marked else []),
-               title="what-if (theoretical)")
+    narrow = terminal_width() < 120  # short headers and counts: the layout names get the width
+    t2 = table("what-if layout (same bits)", "bytes" if narrow else "theoretical bytes",
+               "bits per weight" if narrow else "bits/weight",
+               *([("current tensors" if narrow else "current")] if marked else []), title="what-if (theoretical)")
+    if narrow:  # numbers need no more than their digits; headers wrap into words
+        widest = max(len(fmt_bytes(v)) for v in agg.values()) if agg else 5
+        for col, w in zip(t2.columns[1:], (max(widest, 5), 7, 7)):
+            col.max_width = w
     for k, v in sorted(agg.items(), key=lambda kv: kv[1]):
-        extra = [f"{current[k]} of {len(tensors)} tensors" if current[k] else ""] if marked else []
-        t2.add_row(k, fmt_bytes(v), fmt(8 * v / numel[k]), *extra)
+        count = f"{current[k]}/{len(tensors)}" if narrow else f"{current[k]} of {len(tensors)} tensors"
+        extra = [count if current[k] else ""] if marked else []
+        label = k + "".join(f"\n= {a}" for a in also[k])  # the same layout under another name: priced once
+        t2.add_row(label, fmt_bytes(v), fmt(8 * v / numel[k]), *extra)
     c.print(t2)
 
 
 def render_dequantize(doc: dict) -> None:
     """One line naming the output files, then the side files not written, grouped by reason."""
     import click
-    click.echo(f"dequantized {doc['tensors']} tensors from {doc['source_format']} to {doc['dtype']}: "
+    dtype = "each tool's dtype" if doc["dtype"] == "tool" else doc["dtype"]
+    click.echo(f"dequantized {doc['tensors']} tensors from {doc['source_format']} to {dtype}: "
                f"{doc['destination']} ({', '.join(doc['files'])})")
+    tools: dict[str, int] = {}
+    for tool in doc.get("match_tool", {}).values():
+        tools[tool] = tools.get(tool, 0) + 1
+    for tool, n in tools.items():
+        click.echo(f"  {n} quantized tensor(s) decoded as {tool}")
     by_reason: dict[str, list[str]] = {}
     for name, reason in doc.get("side_files_skipped", {}).items():
         by_reason.setdefault(reason, []).append(name)

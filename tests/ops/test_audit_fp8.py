@@ -99,7 +99,9 @@ def test_what_if_prices_fp8_layouts_and_marks_the_current_one():
         assert rows[label]["bits_per_weight"] == pytest.approx(8 * nbytes / n)
     assert [k for k, r in rows.items() if r["current"]] == ["e4m3 block 128x128, BF16 scales"]
     assert rows["e4m3 block 256x256, BF16 scales"]["partial_blocks"] == 3 * 6 - 2 * 6  # 576 = 2 x 256 + 64
-    assert "per-channel, F16 scales, zero point none" in rows  # the integer rows stay beside them
+    assert "group 128, F16/BF16 scales, zero point none" in rows  # the integer rows stay beside them
+    # ... priced once: the integer per-channel layout with 2-byte scales stores what e4m3 per-channel BF16 stores
+    assert rows["e4m3 per-channel, BF16 scales"]["same_as"] == ["per-channel, F16/BF16 scales, zero point none"]
 
 
 def test_what_if_adds_the_current_layout_when_unlisted():

@@ -33,6 +33,7 @@ load a GEMM layer without zeros.
 from __future__ import annotations
 
 from converter.formats.modules import hf_linear_policy
+from converter.formats.tool_decode import in_scale_dtype
 from converter.formats.registry import FormatHandler, register
 from converter.formats.awq.layout import (FORMAT, GEMM_QWEIGHT, GEMM_QZEROS, GEMM_SCALES, GEMV_QWEIGHT,  # noqa: F401
                                           GEMV_QZEROS, GEMV_SCALES, ORDER, gemv_zeros_width)
@@ -42,4 +43,6 @@ from converter.formats.awq.writer import awq_config, check_target, encode_gemm, 
 HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM", detect_awq, read_awq, write_awq,
                                  check_target=check_target, keep_dense=hf_linear_policy("awq"), partial_groups=False,
                                  float_bias="integer", scale_dtype="F16",
-                                 word_orders={"AWQ interleave": ORDER}))
+                                 word_orders={"AWQ interleave": ORDER},
+                                 # autoawq 0.2.9 packing_utils.dequantize_gemm: (iweight - izeros) * scales
+                                 tool_decode=in_scale_dtype("autoawq dequantize_gemm")))

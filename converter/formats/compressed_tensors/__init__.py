@@ -12,6 +12,7 @@ FORMATS.md section 3; pitfalls 3, 4, 8; CASES.md B12, B13, B29.
 from __future__ import annotations
 
 from converter.formats.modules import hf_linear_policy
+from converter.formats.compressed_tensors.tool_decode import ct_tool_decode
 from converter.formats.registry import FormatHandler, ValidationHooks, register
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange
 from converter.formats.compressed_tensors.config import parse_config  # noqa: F401
@@ -27,4 +28,5 @@ HANDLER = register(FormatHandler("compressed-tensors",
                                  # llm-compressor's per-expert Linear modules (LinearExperts) for gpt-oss experts
                                  arrange=gpt_oss_arrange.for_linear,
                                  float_bias="symmetric",
+                                 tool_decode=ct_tool_decode,
                                  validation=ValidationHooks(e8m0_rule=e8m0_rule_evidence)))

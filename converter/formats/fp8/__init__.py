@@ -44,12 +44,16 @@ and is written, with a warning note naming that limitation.
 from __future__ import annotations
 
 from converter.formats.base import define_format
+from converter.formats.tool_decode import in_model_dtype
 from converter.formats.fp8.config import FORMAT
 from converter.formats.fp8.reader import decode, detect, layers, metadata
 from converter.formats.fp8.writer import check_target, dense_plan_of, encode, fp8_config, keep_dense
 
 HANDLER = define_format(FORMAT, "DeepSeek-V3 / transformers FineGrainedFP8 block FP8 (and bare FP8 safetensors)",
                         detect=detect, layers=layers, decode=decode, encode=encode, config=fp8_config,
-                        check_target=check_target, keep_dense=keep_dense, metadata=metadata, dense=dense_plan_of)
+                        check_target=check_target, keep_dense=keep_dense, metadata=metadata, dense=dense_plan_of,
+                        # auto-round 0.15 _dequant_fp8_linear_weight / transformers FineGrainedFP8: fp8 * scale_inv in
+                        # float32, one cast to the model's dtype (config.json's)
+                        tool_decode=in_model_dtype("FP8 block dequant (weight * weight_scale_inv)", "BF16"))
 
 __all__ = ["HANDLER", "FORMAT"]

@@ -389,6 +389,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 
 
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange  # noqa: E402
+from converter.formats.tool_decode import in_float32  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -402,4 +403,6 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
                                  # so about half the scales are negative.
                                  validation=ValidationHooks(negative_scales=True),
+                                 # gguf-py 0.19 gguf.quants.dequantize (numpy float32, llama.cpp's block formulas)
+                                 tool_decode=in_float32("gguf.quants.dequantize"),
                                  output=OutputKind(suffix=".gguf")))

@@ -48,6 +48,7 @@ from converter.formats.gptq.layout import V1, V2, codes_map, decode_qzeros, enco
 from converter.formats.gptq.reader import detect_gptq, read_gptq, zero_convention_evidence
 from converter.formats.gptq.writer import check_target, gptq_plan, write_gptq
 from converter.formats.modules import hf_linear_policy
+from converter.formats.tool_decode import in_scale_dtype
 from converter.formats.registry import FormatHandler, ValidationHooks, register
 
 __all__ = ["read_gptq", "write_gptq", "detect_gptq", "check_target", "codes_map", "zeros_map", "decode_qzeros",
@@ -57,5 +58,7 @@ HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoin
                                  detect_gptq, read_gptq, write_gptq, check_target=check_target,
                                  keep_dense=hf_linear_policy("gptq"), partial_groups=False,
                                  float_bias="integer", scale_dtype="F16",
+                                 # gptqmodel 7.7 TorchLinear.dequantize_weight: scales[g_idx] * (weight - zeros[g_idx])
+                                 tool_decode=in_scale_dtype("gptqmodel TorchLinear.dequantize_weight"),
                                  validation=ValidationHooks(zero_convention=zero_convention_evidence,
                                                             always_stored=("g_idx",))))

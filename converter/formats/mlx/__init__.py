@@ -31,6 +31,7 @@ from converter.formats.mlx.writer import (MLXTargetOptions, as_affine, check_tar
                                           write_mlx)
 from converter.formats.registry import FormatHandler, ValidationHooks, register
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange
+from converter.formats.mlx.tool_decode import mlx_tool_decode
 
 __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map", "dequantize_like_mlx", "detect_mlx",
            "read_mlx", "as_affine", "check_target", "mlx_config", "target_group_size", "write_mlx"]
@@ -40,5 +41,6 @@ HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8,
                                  target_options=MLXTargetOptions,
                                  # mlx-lm gpt_oss: SwitchGLU gate_proj / up_proj / down_proj (Model.sanitize)
                                  arrange=gpt_oss_arrange.for_stacked,
+                                 tool_decode=mlx_tool_decode,
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
                                  validation=ValidationHooks(negative_scales=True)))
