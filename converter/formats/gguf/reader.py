@@ -18,7 +18,8 @@ from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, StoredArray, TensorSpec
 from converter.formats.gguf.blocks import FP4Codec, LegacyCodec, codec_for, CODECS
 from converter.formats.gguf.fp4 import fp4_note, fp4_scheme, scale_tensor_name
-from converter.formats.gguf.names import gguf_to_hf, llama_row_permutation, permute_heads_key
+from converter.formats.gguf.names import gguf_to_hf
+from converter.formats.gguf.heads import qk_permutation
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 
@@ -210,29 +211,6 @@ def permute_rows(t, perm: np.ndarray):
         dq = DoubleQuant(dq.kind, dq.super_block, p(dq.super_scales), p(dq.sub_scales), p(dq.super_mins),
                          p(dq.sub_mins))
     return t.replace(codes=p(t.codes), scales=p(t.scales), zero_points=p(t.zero_points), double_quant=dq)
-
-
-def _head_count(kv: Mapping[str, Any], config: Mapping[str, Any], arch: str, which: str) -> int | None:
-    """``head_count`` (q) or ``head_count_kv`` (k, defaulting to head_count) from GGUF kv or config.json."""
-    n = kv.get(f"{arch}.attention.head_count", config.get("num_attention_heads"))
-    if which == "k":
-        n = kv.get(f"{arch}.attention.head_count_kv", config.get("num_key_value_heads", n))
-    if isinstance(n, list):  # per-layer head counts: not handled
-        return None
-    return None if n is None else int(n)
-
-
-def qk_permutation(gguf_name: str, rows: int, arch: str, kv: Mapping[str, Any], config: Mapping[str, Any],
-                    *, file: Any, tensor: str) -> np.ndarray | None:
-    which = permute_heads_key(gguf_name, arch)
-    if which is None:
-        return None
-    heads = _head_count(kv, config, arch, which)
-    if heads is None:
-        raise FormatError("LLaMA q/k rows are permuted in GGUF but the head count is unknown", file=file,
-                          tensor=tensor, field=f"{arch}.attention.head_count" + ("_kv" if which == "k" else ""),
-                          expected="an integer head count", found=None)
-    return llama_row_permutation(rows, heads, tensor=tensor)
 
 
 def _nvfp4_scales(entries: Mapping[str, _Entry]) -> dict[str, _Entry]:
