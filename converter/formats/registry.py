@@ -78,9 +78,13 @@ class ValidationHooks:
         ``{"rule", "by", "version_rule", "data_rule", "evidence", "factor", "tensors"}``; an
         ``e8m0-bias`` finding when the declared rule and the data disagree
         (:func:`converter.validate.fp4_checks.check_e8m0_rule`).
+    block_scales : callable(Source, TensorSpec) -> ndarray or None, optional
+        The block scales (float32, block order) of a tensor loaded through another decoder (``decoded_by``:
+        GGUF IQ* / TQ* by gguf-py), read from its stored bytes; None when the type has no readable scale.
     """
 
     zero_convention: Optional[Callable[[Source, TensorSpec], Optional[dict]]] = None
+    block_scales: Optional[Callable[[Source, TensorSpec], Any]] = None
     always_stored: tuple[str, ...] = ()
     negative_scales: bool = False
     e8m0_rule: Optional[Callable[[Source], Optional[dict]]] = None

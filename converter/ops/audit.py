@@ -29,7 +29,7 @@ from converter.formats.safetensors_io import read_header
 
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
 #: Roles listed only when non-zero (a checkpoint without them audits as before).
-OPTIONAL_ROLES = ("activation_scale", "global_scale")
+OPTIONAL_ROLES = ("activation_scale", "global_scale", "codes+scales")
 #: Bytes of one stored global scale (F32, per tensor).
 GLOBAL_SCALE_BYTES = 4
 #: Roles that are not part of a weight's representation (left out of its bits per weight).
@@ -99,6 +99,8 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
                 claimed[st.file] = claimed.get(st.file, 0) + st.nbytes
         row: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "shape": list(spec.shape),
                                "numel": spec.numel, "bytes": roles, "stored_bytes": sum(roles.values())}
+        if spec.kind == "opaque" and spec.numel:  # measured only: no scheme to price in theory
+            row["bits_per_weight"] = 8 * sum(roles.values()) / spec.numel
         if spec.kind == "quantized":
             theo = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
                                      SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order)

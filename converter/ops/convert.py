@@ -48,16 +48,16 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
     loaders cannot read them (:func:`_refuse_partial_groups`; e.g. for GPTQModel's padding kernels, CASES.md B14).
     """
     handler = registry.check_writable(to)
+    for spec in ckpt.specs():  # not a scheme question (a decoded type: requantize it)
+        if spec.kind == "opaque":
+            raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
+                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
     if not handler.output.dense_source and not ckpt.quantized_names():
         raise NotRepresentableError(f"the source has no quantized tensors: nothing to repack into {to}",
                                     file=ckpt.path, field="--to", expected="a quantized source",
                                     found=f"{ckpt.format} with {len(ckpt)} dense tensors",
                                     hint="quantize it first: qckpt quantize SRC DST --bits B "
                                          "(--per-channel | --group-size G)")
-    for spec in ckpt.specs():  # not a scheme question: requantizing cannot help either
-        if spec.kind == "opaque":
-            raise UnsupportedError(f"cannot convert to {to}: {opaque_reason(spec)}", file=ckpt.path,
-                                   tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
     if not (options or {}).get("allow_partial_groups"):
         _refuse_partial_groups(ckpt, handler)
     problems = []

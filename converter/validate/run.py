@@ -24,8 +24,8 @@ from converter.errors import ConverterError, InputNotFoundError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.tensor import QuantizedTensor
-from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
-                                scale_direction, structural)
+from converter.validate import (data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
+                                reader_errors, scale_direction, structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -101,6 +101,14 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     magnitudes: dict[str, dict[str, Any]] = {}
     global_scales: dict[str, dict[str, Any]] = {}
     for spec in ckpt.specs():
+        if spec.kind == "opaque" and spec.decoded_by:
+            found, stats = decoded_checks.check_decoded(ckpt, source, spec, hooks)
+            report.add(*found)
+            if stats is None:
+                report.unchecked.append(spec.name)
+            else:
+                report.tensors[spec.name] = stats
+            continue
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))

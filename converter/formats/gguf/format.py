@@ -393,6 +393,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange  # noqa: E402
 from converter.formats.gguf.qk_proof import prove_qk_rows  # noqa: E402
+from converter.formats.gguf.fallback import block_scales as fallback_block_scales  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -407,5 +408,5 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
                                  # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
                                  # so about half the scales are negative.
-                                 validation=ValidationHooks(negative_scales=True),
+                                 validation=ValidationHooks(negative_scales=True, block_scales=fallback_block_scales),
                                  output=OutputKind(suffix=".gguf")))

@@ -20,6 +20,8 @@ from converter.formats.gguf.blocks import FP4Codec, LegacyCodec, codec_for, CODE
 from converter.formats.gguf.fp4 import fp4_note, fp4_scheme, scale_tensor_name
 from converter.formats.gguf.names import gguf_to_hf
 from converter.formats.gguf.heads import qk_permutation
+from converter.formats.gguf.fallback import DECODED_BY, fallback_types, decode as fallback_decode
+from converter.formats.gguf.fallback import stored_arrays as fallback_stored
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 
@@ -189,7 +191,12 @@ def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
                           group_map=GroupMap.per_group(group_size_of(e.type_name), IN), notes=notes)
     if e.type_name in DENSE_TYPES:
         return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
-    if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
+    if e.type_name in fallback_types():  # IQ*, TQ*: values decoded by gguf-py, never written exactly
+        return TensorSpec(e.name, "opaque", e.shape, fallback_stored(e.gguf_name, e.type_name, e.shape, e.nbytes,
+                                                                     file),
+                          dtype=e.type_name, decoded_by=DECODED_BY,
+                          notes=notes + (f"ggml type {e.type_name}: values decoded by gguf-py (no qckpt codec)",))
+    if e.type_name not in CODECS:  # a type gguf-py does not decode either: listed (inspect, audit) only
         return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name,
                           notes=notes + (f"ggml type {e.type_name} has no decoder in qckpt",))
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=axes_for(len(e.shape)),
@@ -280,6 +287,11 @@ def read_gguf(src: Source) -> Checkpoint:
                 if name in scales:
                     g = np.asarray(reader.tensors[scales[name].index].data).view(np.float32).reshape(())
                 out = tensor_from_fields(name, codec.decode(raw), e.shape, global_scale=g)
+            elif e.type_name in fallback_types():
+                if 0 in e.shape:
+                    raise CorruptFileError("quantized tensor has no elements", field="ne",
+                                           expected="every dimension >= 1", found=list(e.ne))
+                out = DenseTensor(name, fallback_decode(np.asarray(t.data), e.type_name, e.shape))
             else:
                 raise UnsupportedError(f"ggml type {e.type_name} is not supported", field="ggml_type",
                                        expected=f"one of {', '.join((*DENSE_TYPES, *CODECS))}", found=e.type_name)
