@@ -1,8 +1,8 @@
 """ggml types qckpt has no codec of its own for (IQ*, TQ1_0 / TQ2_0): decoded by ``gguf.quants.dequantize``.
 
 gguf-py's numpy decoders are bit-exact with llama.cpp's C ``dequantize_row_*`` (its own tests compare
-them); qckpt uses them as they are, on rows of whole blocks (:data:`ROW_BLOCK_BYTES` of stored bytes at a
-time, so a large tensor is never expanded to float32 in one temporary). Such a tensor loads as its float32
+them); qckpt uses them as they are, on rows of whole blocks (:data:`ROW_BLOCK_VALUES` values at a time,
+so a large tensor is never expanded through full-size temporaries). Such a tensor loads as its float32
 values only: it has no codes or scales qckpt can repack, so exact conversions refuse it and a lossy one
 (requantize, dequantize) reads its values.
 
@@ -41,12 +41,15 @@ from converter.formats.source import Source
 from converter.spec import StoredArray, TensorSpec
 
 __all__ = ["FALLBACK", "FallbackLayout", "DECODED_BY", "fallback_types", "decode", "stored_arrays",
-           "scale_bytes_d", "block_scales", "ROW_BLOCK_BYTES"]
+           "scale_bytes_d", "block_scales", "ROW_BLOCK_VALUES"]
 
 DECODED_BY = "gguf.quants.dequantize (gguf-py, bit-exact with llama.cpp's dequantize_row_*)"
 
-#: stored bytes decoded per call (whole rows; at least one row)
-ROW_BLOCK_BYTES = 1 << 20
+#: float32 values decoded per gguf-py call (whole rows, at least one). A tensor of at most this many values is
+#: decoded in one call and gguf-py's array returned as it is (no copy: gguf-py's own speed); a larger one in row
+#: blocks of this size copied into the result (4 MiB of output per call: gguf-py's temporaries stay small, and
+#: ``benchmarks/bench_gguf_fallback.py`` measured this at par or faster than one whole-tensor call)
+ROW_BLOCK_VALUES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,16 @@ def _block(type_name: str) -> tuple[int, int]:
 
 def decode(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
     """float32 values, ``shape`` (logical, ``in`` last), of the stored bytes ``raw`` (uint8, any shape holding
-    ``prod(shape[:-1])`` rows of whole blocks), decoded by ``gguf.quants.dequantize`` a row block at a time."""
+    ``prod(shape[:-1])`` rows of whole blocks), decoded by ``gguf.quants.dequantize`` (a row block of
+    :data:`ROW_BLOCK_VALUES` values at a time for a larger tensor)."""
     gguf = gguf_module()
     qt = gguf.GGMLQuantizationType[type_name]
     rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
     flat = np.asarray(raw, dtype=np.uint8).reshape(rows, -1)
+    if rows * shape[-1] <= ROW_BLOCK_VALUES:
+        return gguf.quants.dequantize(flat, qt).reshape(shape)
     out = np.empty((rows, shape[-1]), dtype=np.float32)
-    step = max(1, ROW_BLOCK_BYTES // max(1, flat.shape[1]))
+    step = max(1, ROW_BLOCK_VALUES // max(1, shape[-1]))
     for r in range(0, rows, step):
         out[r:r + step] = gguf.quants.dequantize(flat[r:r + step], qt)
     return out.reshape(shape)
