@@ -9,10 +9,12 @@ On the same ``rows x cols`` matrices it times, best of N:
 - beside them, qckpt's own legacy / K-quant codecs (Q4_0, Q8_0, Q4_K: the reader's
   ``tensor_from_fields(codec.decode(raw)).dequantize()``) vs ``gguf.quants.dequantize`` of the same bytes.
 
-``--whole`` raises the row block (``fallback.ROW_BLOCK_VALUES``, 1M values) above the matrix: one gguf-py call,
-its array returned as is (the path of tensors of at most 1M values). Prints seconds, GB/s of float32 output and gguf/qckpt time ratios. Bytes of the IQ types are random
-blocks with a finite fp16 ``d`` (gguf-py quantizes only TQ1_0 / TQ2_0 of them, and no K-quant); the decoders' cost does not depend on
-the values.
+``--whole`` raises the row block (``fallback.ROW_BLOCK_VALUES``, 1M values) above the matrix: one
+gguf-py call, its array returned as is (the path of tensors of at most 1M values).
+
+Prints seconds, GB/s of float32 output and gguf/qckpt time ratios. Bytes of the IQ types are random blocks
+with a finite fp16 ``d`` (gguf-py quantizes only TQ1_0 / TQ2_0 of them, and no K-quant); the decoders' cost
+does not depend on the values.
 """
 
 from __future__ import annotations
