@@ -232,11 +232,13 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
-             include, exclude, overwrite, as_json):
+             include, exclude, overwrite, fmt, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
@@ -274,7 +276,8 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     notes: dict = {}
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes, **kw)
+    _check_format_option(fmt)
+    stats = quantize_model(load(src, format=fmt), dst, opts, overwrite=overwrite, notes=notes, **kw)
     _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
 
 
@@ -298,18 +301,21 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 @click.option("--dtype", type=click.Choice(DENSE_DTYPE_CHOICES), default="f32", show_default=True)
 @click.option("--max-shard-size", type=click.IntRange(1), default=None, help="Shard the output (bytes per shard).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @_handle_errors
-def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
+def dequantize(src, dst, dtype, max_shard_size, overwrite, fmt, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
     from converter.formats.plain import write_plain  # lazy: a format module (see the top)
     from converter.formats.registry import load  # lazy: the formats layer (see the top)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
-    ckpt = load(src)
+    _check_format_option(fmt)
+    ckpt = load(src, format=fmt)
     res = write_plain(ckpt, dst, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_size)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
     _emit(doc, as_json, render.render_dequantize, "dequantize-report")
@@ -343,12 +349,14 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
                    "for every weight llama.cpp quantizes, as llama-quantize --pure).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @run_options_flags
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, overwrite, report, as_json):
+            reference, quant_type, overwrite, report, fmt, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -367,6 +375,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     if to is not None:
         with _usage_errors():
             check_writable(to)
+    _check_format_option(fmt)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -382,12 +391,13 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
+        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
+                                                  source_format=fmt),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
-        to = to or load(src).format
-        doc = convert_exact(src, dst, to, overwrite=overwrite)
+        to = to or load(src, format=fmt).format
+        doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt)
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report
@@ -403,9 +413,11 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
               help="Float checkpoint to compare dequantized weights and dequant(W) @ x against.")
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read PATH as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
 @_handle_errors
-def validate(path, reference, strict, self_test, as_json):
+def validate(path, reference, strict, self_test, fmt, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     if self_test:
         doc = do_self_test()
@@ -413,7 +425,8 @@ def validate(path, reference, strict, self_test, as_json):
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
-    rep = do_validate(path, reference=reference, strict=strict)
+    _check_format_option(fmt)
+    rep = do_validate(path, reference=reference, strict=strict, fmt=fmt)
     _emit(rep.to_json(), as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 

@@ -354,6 +354,7 @@ def read(source: Source, fmt: "str | FormatHandler | None" = None):
 def load(path: str | Path, *, format: str | None = None):
     """Read a checkpoint from ``path``, auto-detecting its format unless ``format`` is given.
 
-    ``read(Source(path), format)``: only :class:`~converter.errors.ConverterError` escapes.
+    ``read(Source(path, prefer=format), format)``: only :class:`~converter.errors.ConverterError` escapes
+    (``format`` also picks the model of a folder holding a GGUF and a safetensors model).
     """
-    return read(Source(path), format)
+    return read(Source(path, prefer=format), format)

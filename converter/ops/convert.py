@@ -204,10 +204,11 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
 
 
 def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool = False,
-                  options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Repack ``src`` into format ``to`` at ``dst`` and prove it (report ``schemas/convert-report.schema.json``)."""
+                  options: dict[str, Any] | None = None, source_format: str | None = None) -> dict[str, Any]:
+    """Repack ``src`` (read as ``source_format``, auto-detected when None) into format ``to`` at ``dst`` and
+    prove it (report ``schemas/convert-report.schema.json``)."""
     check_not_inside(src, dst)
-    ckpt = registry.load(src)
+    ckpt = registry.load(src, format=source_format)
     handler = registry.check_writable(to)
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
         ckpt = handler.arrange(ckpt)

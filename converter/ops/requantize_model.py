@@ -242,8 +242,9 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
 
 def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
                      reference: str | Path | None = None, overwrite: bool = False,
-                     verify: bool = True) -> dict[str, Any]:
-    """Requantize ``src`` to ``target``, write it as format ``to`` at ``dst``; return the error report.
+                     verify: bool = True, source_format: str | None = None) -> dict[str, Any]:
+    """Requantize ``src`` (read as ``source_format``, auto-detected when None) to ``target``, write it as
+    format ``to`` at ``dst``; return the error report.
 
     Raises
     ------
@@ -253,7 +254,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         A scale that overflows the target scale dtype (names tensor and group).
     """
     check_not_inside(src, dst)
-    source = registry.load(src)
+    source = registry.load(src, format=source_format)
     to = to or source.format
     handler = registry.check_writable(to)
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)

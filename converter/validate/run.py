@@ -46,8 +46,10 @@ def _load_reference(reference: str | Path):
     return registry.load(reference)
 
 
-def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False) -> ValidationReport:
-    """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint).
+def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False,
+             fmt: str | None = None) -> ValidationReport:
+    """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint), read as
+    format ``fmt`` (auto-detected when None; it also picks the model of a folder holding two formats).
 
     Returns
     -------
@@ -68,12 +70,11 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     report.add(*files.check_files(p))
     if any(f.severity == "error" for f in report.findings):
         return report
-    source = Source(p)
-    det = registry.detect(source)
-    report.format = det.format
+    source = Source(p, prefer=fmt)
+    report.format = fmt or registry.detect(source).format
     report.checks.append("structure")
     try:
-        ckpt = registry.read(source, det.format)
+        ckpt = registry.read(source, report.format)
     except ConverterError as exc:
         if reader_errors.unreadable(exc):
             raise
