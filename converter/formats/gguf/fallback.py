@@ -122,8 +122,10 @@ def block_scales(src: Source, spec: TensorSpec) -> np.ndarray | None:
     if spec.dtype not in FALLBACK:
         return None
     gname = next((n.split("=", 1)[1] for n in spec.notes if n.startswith("gguf_name=")), spec.name)
-    st = Path(src.path).stat()
-    reader = _reader(str(src.path), st.st_mtime_ns, st.st_size)
+    part = next((n.split("=", 1)[1] for n in spec.notes if n.startswith("gguf_file=")), None)  # a split set's part
+    path = Path(src.path) if part is None else Path(src.path).with_name(part)
+    st = path.stat()
+    reader = _reader(str(path), st.st_mtime_ns, st.st_size)
     t = next((t for t in reader.tensors if t.name == gname), None)
     return None if t is None else scale_bytes_d(np.asarray(t.data), spec.dtype)
 
