@@ -215,12 +215,14 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
 @click.option("--exclude", default=None,
               help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
 @handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
-             gptq_format, include, exclude, overwrite, as_json):
+             gptq_format, include, exclude, overwrite, fmt, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
@@ -258,7 +260,8 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     notes: dict = {}
-    stats = quantize_model(load(src), dst, opts, overwrite=overwrite, notes=notes,
+    check_format_option(fmt)
+    stats = quantize_model(load(src, format=fmt), dst, opts, overwrite=overwrite, notes=notes,
                            write_options=_gptq_options(gptq_format, to or "native"), **kw)
     _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
 
@@ -290,12 +293,14 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
               help="With --match-tool: the tool's run-time dtype where it has one (bitsandbytes 4-bit, ModelOpt, "
                    "FP8/FP4 decompressors; default: the file's record).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
 @handle_errors
-def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, as_json):
+def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
     from converter.formats.plain import write_plain  # lazy: a format module (see the top)
@@ -308,7 +313,8 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, as_json):
     dtype = "tool" if match_tool else (dtype or "f32")
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
-    ckpt = load(src)
+    check_format_option(fmt)
+    ckpt = load(src, format=fmt)
     res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
                       match_tool=match_tool, tool_dtype=tool_dtype)
     doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
@@ -385,6 +391,8 @@ def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None
                    "when it is GPTQ, else v2].")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (convert-report, or error-report when requantizing).")
 @table_options
@@ -392,7 +400,7 @@ def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None
 @shard_size_flag
 @handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, gptq_format, overwrite, report, as_json, csv_path, top, sort_key, plot):
+            reference, quant_type, gptq_format, overwrite, report, fmt, as_json, csv_path, top, sort_key, plot):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -411,6 +419,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     if to is not None:
         with usage_errors():
             check_writable(to)
+    check_format_option(fmt)
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -428,14 +437,15 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        options = _gptq_options(gptq_format, to or load(src).format)
+        options = _gptq_options(gptq_format, to or load(src, format=fmt).format)
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
-                                                  write_options=options),
+                                                  source_format=fmt, write_options=options),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
-        to = to or load(src).format
-        doc = convert_exact(src, dst, to, overwrite=overwrite, options=_gptq_options(gptq_format, to))
+        to = to or load(src, format=fmt).format
+        doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt,
+                            options=_gptq_options(gptq_format, to))
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report
@@ -474,12 +484,14 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
 @click.option("--checksums", is_flag=True, help="Also hash every data file (SHA-256) against its Hugging Face cache "
               "blob name, a SHA256SUMS entry or its git-LFS pointer.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
+@click.option("--format", "fmt", default=None, metavar="FORMAT",
+              help=f"Read PATH as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
 @table_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --csv / --plot file.")
 @run_options_flags
 @handle_errors
-def validate(path, reference, strict, checksums, self_test, as_json, csv_path, top, sort_key, plot, overwrite):
+def validate(path, reference, strict, checksums, self_test, fmt, as_json, csv_path, top, sort_key, plot, overwrite):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
     from converter.report.validation import render_self_test, render_validation
     from converter.validate import self_test as do_self_test, validate as do_validate
@@ -489,10 +501,11 @@ def validate(path, reference, strict, checksums, self_test, as_json, csv_path, t
         sys.exit(doc["exit_code"])
     if path is None:
         raise click.UsageError("give PATH (or --self-test)")
+    check_format_option(fmt)
     if (csv_path is not None or plot is not None) and reference is None:
         raise click.UsageError("--csv and --plot tabulate the --reference check: give --reference FLOAT_CKPT")
     _check_table_options(path, csv_path, top, sort_key, plot, overwrite)
-    rep = do_validate(path, reference=reference, strict=strict, checksums=checksums)
+    rep = do_validate(path, reference=reference, strict=strict, checksums=checksums, fmt=fmt)
     doc = rep.to_json()
     title = f"validate {Path(path).name} vs {Path(reference).name}" if reference is not None else ""
     _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title)

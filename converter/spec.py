@@ -15,7 +15,9 @@ from converter.scheme import QuantScheme
 #: weight (``input_scale``, ``qscale_act``): metadata for the runtime, never applied to the weight.
 #: ``global_scale``: the per-tensor second-level weight scale of NVFP4 (``weight_scale_2``,
 #: ``weight_global_scale``), applied to every group scale in the scheme's direction.
-ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activation_scale", "global_scale")
+ROLES = ("codes", "scales", "zero_points", "g_idx", "dense", "other", "activation_scale", "global_scale",
+         "codes+scales")
+"""``codes+scales``: a block whose code and scale bits are packed together (GGUF IQ2_XXS / IQ3_XXS / IQ1_S / IQ1_M)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,9 @@ class TensorSpec:
     IQ*/TQ* ...): ``dtype`` names that type, inspect and audit show its stored arrays, every
     writer refuses it (:func:`opaque_reason`) and loading it raises UnsupportedError. ``scheme`` is the scheme the
     tensor loads with; ``declared_scheme`` is set only when the format's config declares another one (GPTQ
-    ``sym: true`` with stored zero points off the centre), for validators to report.
+    ``sym: true`` with stored zero points off the centre), for validators to report. ``decoded_by`` names the
+    decoder of an ``opaque`` tensor whose values can be read (GGUF IQ* / TQ* by gguf-py): it loads as a float32
+    :class:`DenseTensor` of its values (dequantize, validate, requantize) and writers still refuse it exactly.
     """
 
     name: str
@@ -71,6 +75,7 @@ class TensorSpec:
     scale_coding: ScaleCoding | None = None
     notes: tuple[str, ...] = ()
     declared_scheme: QuantScheme | None = None
+    decoded_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -98,6 +103,9 @@ def opaque_reason(spec: TensorSpec) -> str | None:
     """
     if spec.kind != "opaque":
         return None
+    if spec.decoded_by:
+        return (f"stored as {spec.dtype}: its values are decoded ({spec.decoded_by}) but it has no codes or scales "
+                "qckpt can write exactly (requantize it, or dequantize)")
     return f"stored as {spec.dtype}, a type qckpt lists but cannot decode (inspect and audit only)"
 
 

@@ -403,7 +403,7 @@ class Checkpoint:
         return self._loader(self.resolve(name))
 
     def _check_loadable(self, spec: TensorSpec) -> None:
-        if spec.kind == "opaque":
+        if spec.kind == "opaque" and not spec.decoded_by:
             raise UnsupportedError(f"cannot load or dequantize: {opaque_reason(spec)}", file=self.path,
                                    tensor=spec.name, field="dtype", expected="a type qckpt decodes", found=spec.dtype)
 

@@ -15,6 +15,7 @@ import numpy as np
 from converter.dtypes import float_dtype
 from converter.errors import FormatError
 from converter.tensor import Checkpoint
+from converter.spec import refuse_opaque
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.model_dir import write_model_dir
 from converter.write.files import write_single_file
@@ -70,6 +71,10 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
     for spec in ckpt.specs():
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
+        elif spec.decoded_by:  # values decoded by another decoder (GGUF IQ* / TQ*): float32, rounded to dtype
+            plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
+                                              lambda t, n=spec.name: {n: np.asarray(t.data, np.float32).astype(np_dt)},
+                                              [f"decoded by {spec.decoded_by}, stored as {dtype}"]), values=True))
         elif spec.name in orders and sorted(orders[spec.name]) == sorted(spec.axes) \
                 and list(orders[spec.name]) != list(spec.axes):
             plans.append(_transposed_plan(spec, list(orders[spec.name]), dtype))
@@ -136,7 +141,9 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     dtype written: :func:`written_dtype`), the source directory's other files copied and the source's
     side files (a GGUF's tokenizer) written.
     """
-    ckpt.refuse_opaque("plain")
+    for spec in ckpt.specs():  # float values are what this writer stores: a decoded type's values are enough
+        if not spec.decoded_by:
+            refuse_opaque(spec, "plain")
     dtype = FLOAT_DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)

@@ -79,9 +79,13 @@ class ValidationHooks:
         ``{"rule", "by", "version_rule", "data_rule", "evidence", "factor", "tensors"}``; an
         ``e8m0-bias`` finding when the declared rule and the data disagree
         (:func:`converter.validate.fp4_checks.check_e8m0_rule`).
+    block_scales : callable(Source, TensorSpec) -> ndarray or None, optional
+        The block scales (float32, block order) of a tensor loaded through another decoder (``decoded_by``:
+        GGUF IQ* / TQ* by gguf-py), read from its stored bytes; None when the type has no readable scale.
     """
 
     zero_convention: Optional[Callable[[Source, TensorSpec], Optional[dict]]] = None
+    block_scales: Optional[Callable[[Source, TensorSpec], Any]] = None
     always_stored: tuple[str, ...] = ()
     negative_scales: bool = False
     e8m0_rule: Optional[Callable[[Source], Optional[dict]]] = None
@@ -174,6 +178,10 @@ class FormatHandler:
         How the format's producing tool dequantizes a quantized tensor (its arithmetic and output dtype;
         the third argument is ``--tool-dtype`` or None): ``qckpt dequantize --match-tool``
         (:mod:`converter.formats.tool_decode`). None: no tool decode is declared (refused).
+    prove_written : callable(Checkpoint, Path) -> dict, optional
+        A check of the written file against the source's logical tensors that does not go through the
+        format's reader: ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against
+        llama.cpp's permute of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
     """
 
     name: str
@@ -195,6 +203,7 @@ class FormatHandler:
     probe_companions: Optional[Callable[[Any], list]] = None
     arrange: Optional[Callable[[Any], Any]] = None
     tool_decode: Optional[Callable[[Any, Any, Optional[str]], Any]] = None
+    prove_written: Optional[Callable[[Any, Path], dict]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands
@@ -354,6 +363,7 @@ def read(source: Source, fmt: "str | FormatHandler | None" = None):
 def load(path: str | Path, *, format: str | None = None):
     """Read a checkpoint from ``path``, auto-detecting its format unless ``format`` is given.
 
-    ``read(Source(path), format)``: only :class:`~converter.errors.ConverterError` escapes.
+    ``read(Source(path, prefer=format), format)``: only :class:`~converter.errors.ConverterError` escapes
+    (``format`` also picks the model of a folder holding a GGUF and a safetensors model).
     """
-    return read(Source(path), format)
+    return read(Source(path, prefer=format), format)

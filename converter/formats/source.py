@@ -21,6 +21,7 @@ from converter.errors import (ErrorKind, CorruptFileError, FormatError, InputNot
                               UnsafeFormatError)
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
 from converter.formats import foreign, hub
+from converter.formats.folder import choose_gguf
 from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from converter.write.files import INDEX_NAME
 
@@ -99,12 +100,17 @@ class Source:
     files : list of Path
         The data files (shards) in index order.
 
+    A folder whose one model is a GGUF file (or a split GGUF set: its first part) is that file; a folder
+    holding a GGUF and a safetensors model is refused unless ``prefer`` (``--format``) picks one
+    (:func:`converter.formats.folder.choose_gguf`).
+
     Raises
     ------
-    InputNotFoundError, UnsafeFormatError, CorruptFileError, FormatError
+    InputNotFoundError, UnsafeFormatError, CorruptFileError, FormatError, UnknownFormatError
     """
 
-    def __init__(self, path: str | os.PathLike, *, tolerate_duplicates: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, prefer: str | None = None, *,
+                 tolerate_duplicates: bool = False) -> None:
         self.path = Path(path)
         #: A tensor stored in two shards is an error unless the caller reports it itself (validate):
         #: then the shard the index names (else the first) is read, and :attr:`duplicates` lists them.
@@ -116,14 +122,15 @@ class Source:
                 raise InputNotFoundError("no such file or directory", file=self.path)
             self.path = cached
         foreign.refuse_path(self.path)  # ONNX, Core ML, EXL2 ...: refused by name, before any parsing
+        gguf_file = choose_gguf(self.path, prefer, INDEX_NAME) if self.path.is_dir() else None
+        if gguf_file is not None:  # a folder whose one model is a GGUF (or --format gguf): that file
+            self.path = gguf_file
         if self.path.is_dir():
             self.kind = "directory"
             if any(self.path.glob("*.safetensors")) or (self.path / INDEX_NAME).exists():
                 pass
             elif [p for p in self.path.iterdir() if p.suffix in PICKLE_SUFFIXES]:
                 _refuse_pickle(next(p for p in self.path.iterdir() if p.suffix in PICKLE_SUFFIXES))
-            elif list(self.path.glob("*.gguf")):
-                raise FormatError("a directory of GGUF files: pass the .gguf file itself", file=self.path)
             else:
                 raise InputNotFoundError("directory holds no .safetensors file", file=self.path)
         elif self.path.suffix.lower() in PICKLE_SUFFIXES:

@@ -29,7 +29,7 @@ from converter.formats.safetensors_io import read_header
 
 ROLE_ORDER = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
 #: Roles listed only when non-zero (a checkpoint without them audits as before).
-OPTIONAL_ROLES = ("activation_scale", "global_scale")
+OPTIONAL_ROLES = ("activation_scale", "global_scale", "codes+scales")
 #: Bytes of one stored global scale (F32, per tensor).
 GLOBAL_SCALE_BYTES = 4
 #: What the theoretical figure counts (contract 3).
@@ -121,6 +121,8 @@ def audit(ckpt: Checkpoint, *, what_if: bool = False) -> dict[str, Any]:
             row["parts"] = parts
             for k, v in parts.items():
                 part_totals[k] = part_totals.get(k, 0) + v
+        if spec.kind == "opaque" and spec.numel:  # measured only: no scheme to price in theory
+            row["bits_per_weight"] = 8 * sum(roles.values()) / spec.numel
         if spec.kind == "quantized":
             theo = theoretical_bytes(spec.shape, spec.axes, spec.scheme.bits, spec.group_map,
                                      SCALE_BYTES[spec.scheme.scale_dtype], zero_point_bytes(spec), spec.act_order,

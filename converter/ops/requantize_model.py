@@ -26,7 +26,10 @@ from converter.write.engine import collect_results, task_result, run_tasks
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
 from converter.quant.format_quant import FormatQuantizer, quantize_with
-from converter.quant.requant import Target, classify, requantize, target_probe
+from converter.quant.requant import RequantResult, Target, classify, requantize, target_probe
+from converter.quant.quantize import quantize as quantize_values
+from converter.quant.target import resolve
+from converter.scheme import QuantScheme
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
 from converter.quant.recode import as_integer_zero, as_unsigned
@@ -114,6 +117,9 @@ def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
         if s.kind == "dense" and s.name in (overrides or {}) and fmt is not None:
             out[s.name] = ("lossy", "float weights quantized by the target format's own quantizer")
             continue
+        if s.kind == "opaque" and s.decoded_by:  # only values: always a lossy requantization
+            out[s.name] = ("lossy", f"{s.dtype} values (decoded by {s.decoded_by.split(' (')[0]}) requantized")
+            continue
         if s.kind != "quantized":
             continue
         try:
@@ -136,9 +142,27 @@ def _float_target(spec: TensorSpec, target: Target, fmt: FormatQuantizer):
     return scheme, gm
 
 
-def _float_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer) -> QuantizedTensor:
+def _decoded_target(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None):
+    """Scheme and groups of a tensor known by its values only (``decoded_by``): a named type of the format's
+    quantizer, else ``target`` applied to a signed symmetric grid (F32 scales; options left out keep it) whose
+    layout the target must name, adapted by the format quantizer when there is one."""
+    if fmt is not None and target.quant_type is not None:  # a named type of the format (Q4_K ...)
+        return _float_target(spec, target, fmt)
+    gm = target.group_map()
+    if gm is None:
+        raise NotRepresentableError(f"{spec.name} is stored as {spec.dtype} (values only): there is no source group "
+                                    "layout to keep", tensor=spec.name, field="--group-size",
+                                    expected="a target layout", found=None,
+                                    hint="pass --per-channel, --group-size G or --per-tensor")
+    base = QuantScheme(int(target.bits or 8), signed=True, zero_point=ZeroPoint.NONE, scale_dtype="F32")
+    scheme, gm = resolve(base, gm, target, fmt)
+    gm.check_shape(spec.shape, _float_axes(spec))
+    return scheme, gm
+
+
+def _float_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None) -> QuantizedTensor:
     """A zero-filled QuantizedTensor with the target's scheme / groups for a float ``spec``."""
-    scheme, gm = _float_target(spec, target, fmt)
+    scheme, gm = _decoded_target(spec, target, fmt) if spec.decoded_by else _float_target(spec, target, fmt)
     axes = _float_axes(spec)
     ps = gm.param_shape(spec.shape, axes)
     zp = np.zeros(ps, scheme.scale_np_dtype) if scheme.zero_point is ZeroPoint.FLOAT else None
@@ -167,16 +191,20 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     for spec in src.specs():
         if spec.kind == "quantized":
             specs[spec.name] = spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
-        elif spec.name in plans:  # a float weight the target format's quantizer quantizes
-            specs[spec.name] = spec_of(_float_probe(spec, overrides[spec.name], fmt))
+        elif spec.name in plans:  # a float weight the target format's quantizer quantizes, or decoded values
+            specs[spec.name] = spec_of(_float_probe(spec, overrides.get(spec.name, target), fmt))
         else:
             specs[spec.name] = spec
 
     def load(name: str):
         t = src[name]
-        if isinstance(t, DenseTensor) and name in plans:
-            spec = src.spec(name)
-            scheme, gm = _float_target(spec, overrides[name], fmt)
+        spec = src.spec(name)
+        if isinstance(t, DenseTensor) and spec.decoded_by and fmt is None:  # values only, qckpt's RTN
+            scheme, gm = _decoded_target(spec, overrides.get(name, target), fmt)
+            x = np.asarray(t.data, dtype=np.float32)
+            result = RequantResult(quantize_values(x, scheme, gm, name=name), "requantized", values=x)
+        elif isinstance(t, DenseTensor) and name in plans:
+            scheme, gm = (_decoded_target if spec.decoded_by else _float_target)(spec, overrides.get(name, target), fmt)
             axes = _float_axes(spec)
             result = dataclasses.replace(quantize_with(fmt, t.data, scheme, gm, axes=axes, name=name),
                                          quantizer=fmt.accepts(scheme, gm, tuple(spec.shape), axes))
@@ -214,8 +242,10 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
 
 def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
                      reference: str | Path | None = None, overwrite: bool = False,
-                     verify: bool = True, write_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Requantize ``src`` to ``target``, write it as format ``to`` at ``dst``; return the error report.
+                     verify: bool = True, source_format: str | None = None,
+                     write_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Requantize ``src`` (read as ``source_format``, auto-detected when None) to ``target``, write it as
+    format ``to`` at ``dst``; return the error report.
 
     ``write_options``: keyword options of the target's writer (e.g. GPTQ ``checkpoint_format``).
 
@@ -227,7 +257,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         A scale that overflows the target scale dtype (names tensor and group).
     """
     check_not_inside(src, dst)
-    source = registry.load(src)
+    source = registry.load(src, format=source_format)
     to = to or source.format
     handler = registry.check_writable(to)
     refuse_undecodable(source, to)  # quantized in a type without a decoder: no target helps
@@ -273,6 +303,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     if verify:
         out = registry.load(dst, format=to)
         verify_readback(out, rows, digests)
+        if handler.prove_written is not None:  # the format's check that does not go through its reader
+            for name in handler.prove_written(view, Path(dst)):
+                if name in rows:
+                    rows[name]["readback_bit_exact"] = False
         verify_dequantized(source, out, modules)
         for name, row in rows.items():  # the cost of what was written (a writer may narrow the scales:
             if name in out and out.spec(name).kind == "quantized":  # F32 powers of two -> MLX's E8M0)

@@ -119,7 +119,7 @@ def render_quantize(doc: dict) -> None:
 def render_audit(doc: dict) -> None:
     c = console()
     roles = ("codes", "padding", "scales", "zero_points", "g_idx", "other", "dense")
-    roles += tuple(r for r in ("activation_scale",) if any(r in t["bytes"] for t in doc["tensors"]))
+    roles += tuple(r for r in ("activation_scale", "codes+scales") if any(r in t["bytes"] for t in doc["tensors"]))
     c.print(audit_table(doc, roles, terminal_width()))
     for r in doc["tensors"]:
         b = r.get("blocks")

@@ -17,11 +17,11 @@ from converter.validate.report import ValidationReport
 __all__ = ["validate", "self_test", "ValidationReport", "Finding", "CODES"]
 
 
-def validate(path, reference=None, strict: bool = False, checksums: bool = False):
+def validate(path, reference=None, strict: bool = False, checksums: bool = False, fmt: str | None = None):
     """Validate a checkpoint; see :func:`converter.validate.run.validate`."""
     # lazy: the CLI imports this package at start-up (validate.findings, for --help); run pulls in every format
     from converter.validate.run import validate as _validate
-    return _validate(path, reference=reference, strict=strict, checksums=checksums)
+    return _validate(path, reference=reference, strict=strict, checksums=checksums, fmt=fmt)
 
 
 def self_test(**kwargs):

@@ -31,8 +31,8 @@ from converter.formats.source import Source
 from converter.runtime import auto_workers, current
 from converter.tensor import QuantizedTensor
 from converter.validate import checksums as checksum_checks
-from converter.validate import (data_checks, files, float_checks, fp4_checks, nibble_order, reader_errors,
-                                scale_direction, structural)
+from converter.validate import (data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
+                                reader_errors, scale_direction, structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -56,8 +56,9 @@ def _load_reference(reference: str | Path):
 
 
 def validate(path: str | Path, reference: str | Path | None = None, strict: bool = False,
-             checksums: bool = False) -> ValidationReport:
-    """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint).
+             checksums: bool = False, fmt: str | None = None) -> ValidationReport:
+    """Validate the checkpoint at ``path`` (optionally against a float ``reference`` checkpoint), read as
+    format ``fmt`` (auto-detected when None; it also picks the model of a folder holding two formats).
 
     ``checksums``: also hash every data file against its Hugging Face cache blob name, a
     ``SHA256SUMS`` entry or its git-LFS pointer (:mod:`converter.validate.checksums`).
@@ -88,12 +89,11 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         report.checksums = [c.to_json() for c in sums]
     if any(f.severity == "error" and f.code not in files.READABLE_DESPITE for f in report.findings):
         return report
-    source = Source(p, tolerate_duplicates=True)  # reported above as duplicate-tensor; checking goes on
-    det = registry.detect(source)
-    report.format = det.format
+    source = Source(p, prefer=fmt, tolerate_duplicates=True)  # duplicate-tensor reported above; checking goes on
+    report.format = fmt or registry.detect(source).format
     report.checks.append("structure")
     try:
-        ckpt = registry.read(source, det.format)
+        ckpt = registry.read(source, report.format)
     except ConverterError as exc:
         if reader_errors.unreadable(exc):
             raise
@@ -131,6 +131,14 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         run_tasks(len(quantized), lambda i: _check_one(template, source, quantized[i], ckpt, hooks, ref_ckpt),
                   workers=_workers(quantized, ref_ckpt is not None), on_result=done)
     for spec in specs:  # merged in the checkpoint's order: the same report for any worker count
+        if spec.kind == "opaque" and spec.decoded_by:
+            found, stats = decoded_checks.check_decoded(ckpt, source, spec, hooks)
+            report.add(*found)
+            if stats is None:
+                report.unchecked.append(spec.name)
+            else:
+                report.tensors[spec.name] = stats
+            continue
         if spec.kind == "opaque":
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))

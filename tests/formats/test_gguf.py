@@ -443,13 +443,14 @@ def test_detection():
 
 
 def _opaque_file(tmp_path):
-    """IQ4_NL (raw blocks) and TQ1_0 (gguf.quants.quantize) tensors beside a Q8_0 weight and a norm."""
+    """Q8_1 and Q8_K tensors (ggml types gguf-py 0.19 lists but does not decode either: llama.cpp's dot-product
+    intermediates; IQ* / TQ* decode through gguf-py now, tests/formats/test_gguf_fallback.py) beside a Q8_0
+    weight and a norm. Raw bytes: nothing reads their values."""
     path = tmp_path / "iq.gguf"
     x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
     w = gguf.GGUFWriter(path, "llama")
-    w.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.TQ1_0),
-                 raw_dtype=gguf.GGMLQuantizationType.TQ1_0)
-    w.add_tensor("blk.0.ffn_down.weight", np.zeros((2, 36), np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, 292), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((2, 80), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
     w.add_tensor("blk.0.ffn_gate.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     w.add_tensor("output_norm.weight", np.ones(256, np.float32))
@@ -466,15 +467,15 @@ UP, DOWN, GATE = (f"model.layers.0.mlp.{m}_proj.weight" for m in ("up", "down", 
 def test_unsupported_type_listed_as_opaque_and_refused_on_load(tmp_path):
     ck = load(_opaque_file(tmp_path))
     spec = ck.spec(DOWN)
-    assert (spec.kind, spec.shape, spec.dtype, spec.scheme, spec.axes) == ("opaque", (2, 64), "IQ4_NL", None, None)
-    assert [(a.role, a.dtype, a.nbytes) for a in spec.stored] == [("other", "IQ4_NL", 72)]
-    assert (ck.spec(UP).kind, ck.spec(UP).dtype, ck.spec(UP).stored[0].nbytes) == ("opaque", "TQ1_0", 4 * 54)
+    assert (spec.kind, spec.shape, spec.dtype, spec.scheme, spec.axes) == ("opaque", (2, 64), "Q8_1", None, None)
+    assert [(a.role, a.dtype, a.nbytes) for a in spec.stored] == [("other", "Q8_1", 160)]
+    assert (ck.spec(UP).kind, ck.spec(UP).dtype, ck.spec(UP).stored[0].nbytes) == ("opaque", "Q8_K", 4 * 292)
     assert ck.quantized_names() == [GATE]
-    assert "IQ4_NL" in check_target(spec) and "cannot decode" in check_target(spec)
-    with pytest.raises(UnsupportedError, match="IQ4_NL") as ei:
+    assert "Q8_1" in check_target(spec) and "cannot decode" in check_target(spec)
+    with pytest.raises(UnsupportedError, match="Q8_1") as ei:
         ck[DOWN]
     assert DOWN in str(ei.value) and "iq.gguf" in str(ei.value)
-    with pytest.raises(UnsupportedError, match="TQ1_0"):  # iterating refuses it too: dequantize is impossible
+    with pytest.raises(UnsupportedError, match="Q8_K"):  # iterating refuses it too: dequantize is impossible
         for _, t in ck.items():
             t.dequantize()
     assert ck[GATE].scheme.bits == 8  # the decodable tensors still load
@@ -487,9 +488,9 @@ def test_every_writer_refuses_opaque_tensors_naming_the_ggml_type(tmp_path):
         if h.write is None:
             continue
         reason = h.check_target(ck.spec(DOWN))
-        assert reason and "IQ4_NL" in reason, name
+        assert reason and "Q8_1" in reason, name
         assert h.check_target(ck.spec("model.norm.weight")) is None, name
-        with pytest.raises(UnsupportedError, match="TQ1_0|IQ4_NL") as ei:
+        with pytest.raises(UnsupportedError, match="Q8_K|Q8_1") as ei:
             h.write(ck, tmp_path / f"out-{name}")
         assert not isinstance(ei.value, NotRepresentableError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iq.gguf"]  # nothing written
@@ -506,7 +507,7 @@ def test_opaque_tensors_in_inspect_audit_convert_cli(tmp_path):
     doc = json.loads(r.output)
     validate_document(doc, "inspect")
     rows = {t["name"]: t for t in doc["tensors"]}
-    assert rows[DOWN]["kind"] == "opaque" and rows[DOWN]["dtype"] == "IQ4_NL"
+    assert rows[DOWN]["kind"] == "opaque" and rows[DOWN]["dtype"] == "Q8_1"
     assert rows[DOWN]["stored"][0]["role"] == "other" and doc["n_quantized"] == 1
     assert run("inspect", path).exit_code == 0
     r = run("audit", path, "--json", "--what-if")
@@ -514,14 +515,14 @@ def test_opaque_tensors_in_inspect_audit_convert_cli(tmp_path):
     doc = json.loads(r.output)
     validate_document(doc, "audit")
     rows = {t["name"]: t for t in doc["tensors"]}
-    assert rows[UP]["bytes"]["other"] == 216 and rows[DOWN]["bytes"]["other"] == 72 and "bits" not in rows[UP]
-    assert doc["totals"]["bytes_by_role"]["other"] == 288 and doc["totals"]["quantized_weights"] == 4 * 256
+    assert rows[UP]["bytes"]["other"] == 1168 and rows[DOWN]["bytes"]["other"] == 160 and "bits" not in rows[UP]
+    assert doc["totals"]["bytes_by_role"]["other"] == 1328 and doc["totals"]["quantized_weights"] == 4 * 256
     assert run("audit", path).exit_code == 0
     for args in (("--to", "native"), ("--to", "gguf"), ("--to", "plain"), ("--bits", "4", "--group-size", "32")):
         r = run("convert", path, tmp_path / "out", *args)
         assert r.exit_code == 3, (args, r.output)
         lines = r.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("qckpt: error:") and "TQ1_0" in lines[0], r.output
+        assert len(lines) == 1 and lines[0].startswith("qckpt: error:") and "Q8_K" in lines[0], r.output
     r = run("validate", path, "--json")
     assert r.exit_code == 0, r.output
     found = {(f["code"], f["tensor"]) for f in json.loads(r.output)["findings"]}

@@ -1,5 +1,6 @@
 """`validate` says "clean" only when every quantized tensor was checked (issue 18 item 2): a GGUF with
-IQ4_NL / TQ1_0 tensors (types qckpt lists but cannot decode) beside a Q8_0 weight has 2 of 3 quantized
+Q8_1 / Q8_K tensors (types qckpt lists but neither it nor gguf-py decodes; IQ* / TQ* are checked now,
+tests/formats/test_gguf_fallback.py) beside a Q8_0 weight has 2 of 3 quantized
 tensors unchecked, so its verdict is "incomplete", and `--strict` fails it."""
 
 from __future__ import annotations

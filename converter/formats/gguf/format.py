@@ -86,6 +86,7 @@ from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, 
                                             QUANTIZATION_VERSION, FILE_TYPES, MANAGED_KEYS, WRITE_TYPES, gguf_module,
                                             quantize_to_gguf, scheme_for, tensor_from_fields)
 from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
+from converter.formats.gguf.heads import with_head_count_kv
 from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exact_type
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
@@ -299,6 +300,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             raise FormatError("two tensors map to one GGUF name", tensor=p.name, field="name",
                               found=f"{seen[p.gguf_name]} and {p.name} -> {p.gguf_name}")
         seen[p.gguf_name] = p.name
+    src_kv = with_head_count_kv(src_kv, ckpt.config, arch, {p.gguf_name: p.shape for p in plans},
+                                keep_default=ckpt.format == "gguf")
     types = {p.name: p.type_name for p in plans if not p.global_of}
     src_ggml = ckpt.metadata.get("ggml_types") or {}
     mix = ckpt.metadata.get(FILE_TYPE_KEY)
@@ -390,6 +393,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange  # noqa: E402
 from converter.formats.tool_decode import in_float32  # noqa: E402
+from converter.formats.gguf.qk_proof import prove_qk_rows  # noqa: E402
+from converter.formats.gguf.fallback import block_scales as fallback_block_scales  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -399,10 +404,12 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  requant_targets=requant_targets,
                                  # llama.cpp's gpt-oss tensors: gate / up experts apart (GptOssModel)
                                  arrange=gpt_oss_arrange.for_stacked,
+                                 # the stored q/k rows against llama.cpp's permute of the source (not via read_gguf)
+                                 prove_written=prove_qk_rows,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
                                  # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
                                  # so about half the scales are negative.
-                                 validation=ValidationHooks(negative_scales=True),
+                                 validation=ValidationHooks(negative_scales=True, block_scales=fallback_block_scales),
                                  # gguf-py 0.19 gguf.quants.dequantize (numpy float32, llama.cpp's block formulas)
                                  tool_decode=in_float32("gguf.quants.dequantize"),
                                  output=OutputKind(suffix=".gguf")))

@@ -18,7 +18,11 @@ from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, StoredArray, TensorSpec
 from converter.formats.gguf.blocks import FP4Codec, LegacyCodec, codec_for, CODECS
 from converter.formats.gguf.fp4 import fp4_note, fp4_scheme, scale_tensor_name
-from converter.formats.gguf.names import gguf_to_hf, llama_row_permutation, permute_heads_key
+from converter.formats.gguf.names import gguf_to_hf
+from converter.formats.gguf.heads import qk_permutation
+from converter.formats.gguf.split import SPLIT_KEYS, check_part, check_total, part_paths, split_count
+from converter.formats.gguf.fallback import DECODED_BY, fallback_types, decode as fallback_decode
+from converter.formats.gguf.fallback import stored_arrays as fallback_stored
 from converter.formats.registry import Detection
 from converter.formats.source import Source
 
@@ -39,6 +43,7 @@ class _Entry:
     ne: tuple[int, ...]
     data_offset: int
     nbytes: int
+    part: int = 0  # which file of a split set (0: the first, or the only one)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -171,9 +176,9 @@ def _stored_arrays(e: _Entry, file: str) -> tuple[StoredArray, ...]:
                         "F16" if isinstance(codec, LegacyCodec) else "U8", per_block, rest, file))
 
 
-def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
+def _spec(e: _Entry, file: str, scale: _Entry | None = None, *, split: bool = False) -> TensorSpec:
     stored = _stored_arrays(e, file)
-    notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}")
+    notes = (f"ggml_type={e.type_name}", f"gguf_name={e.gguf_name}") + ((f"gguf_file={file}",) if split else ())
     if isinstance(CODECS.get(e.type_name), FP4Codec):
         notes += (fp4_note(e.type_name),)
         if scale is not None and (int(np.prod(scale.ne)) != 1 or scale.type_name != "F32"):
@@ -188,7 +193,12 @@ def _spec(e: _Entry, file: str, scale: _Entry | None = None) -> TensorSpec:
                           group_map=GroupMap.per_group(group_size_of(e.type_name), IN), notes=notes)
     if e.type_name in DENSE_TYPES:
         return TensorSpec(e.name, "dense", e.shape, stored, dtype=e.type_name, notes=notes)
-    if e.type_name not in CODECS:  # IQ*, TQ* ...: listed (inspect, audit), never decoded or written
+    if e.type_name in fallback_types():  # IQ*, TQ*: values decoded by gguf-py, never written exactly
+        return TensorSpec(e.name, "opaque", e.shape, fallback_stored(e.gguf_name, e.type_name, e.shape, e.nbytes,
+                                                                     file),
+                          dtype=e.type_name, decoded_by=DECODED_BY,
+                          notes=notes + (f"ggml type {e.type_name}: values decoded by gguf-py (no qckpt codec)",))
+    if e.type_name not in CODECS:  # a type gguf-py does not decode either: listed (inspect, audit) only
         return TensorSpec(e.name, "opaque", e.shape, stored, dtype=e.type_name,
                           notes=notes + (f"ggml type {e.type_name} has no decoder in qckpt",))
     return TensorSpec(e.name, "quantized", e.shape, stored, axes=axes_for(len(e.shape)),
@@ -210,29 +220,6 @@ def permute_rows(t, perm: np.ndarray):
         dq = DoubleQuant(dq.kind, dq.super_block, p(dq.super_scales), p(dq.sub_scales), p(dq.super_mins),
                          p(dq.sub_mins))
     return t.replace(codes=p(t.codes), scales=p(t.scales), zero_points=p(t.zero_points), double_quant=dq)
-
-
-def _head_count(kv: Mapping[str, Any], config: Mapping[str, Any], arch: str, which: str) -> int | None:
-    """``head_count`` (q) or ``head_count_kv`` (k, defaulting to head_count) from GGUF kv or config.json."""
-    n = kv.get(f"{arch}.attention.head_count", config.get("num_attention_heads"))
-    if which == "k":
-        n = kv.get(f"{arch}.attention.head_count_kv", config.get("num_key_value_heads", n))
-    if isinstance(n, list):  # per-layer head counts: not handled
-        return None
-    return None if n is None else int(n)
-
-
-def qk_permutation(gguf_name: str, rows: int, arch: str, kv: Mapping[str, Any], config: Mapping[str, Any],
-                    *, file: Any, tensor: str) -> np.ndarray | None:
-    which = permute_heads_key(gguf_name, arch)
-    if which is None:
-        return None
-    heads = _head_count(kv, config, arch, which)
-    if heads is None:
-        raise FormatError("LLaMA q/k rows are permuted in GGUF but the head count is unknown", file=file,
-                          tensor=tensor, field=f"{arch}.attention.head_count" + ("_kv" if which == "k" else ""),
-                          expected="an integer head count", found=None)
-    return llama_row_permutation(rows, heads, tensor=tensor)
 
 
 def _nvfp4_scales(entries: Mapping[str, _Entry]) -> dict[str, _Entry]:
@@ -260,29 +247,46 @@ def read_gguf(src: Source) -> Checkpoint:
         specs (inspect, audit); loading one raises UnsupportedError (from :class:`Checkpoint`).
         An NVFP4 weight's F32 ``<name>.scale`` tensor is its global scale (a multiplier), not a tensor of its own.
     FormatError
-        Two GGUF names mapping to one logical name.
+        Two GGUF names mapping to one logical name; a split set whose parts do not belong together
+        (:mod:`.split`; a missing part is an InputNotFoundError naming it).
+
+    A split GGUF (``split.count`` >= 2, as ``gguf-split`` writes it) is read as one checkpoint from all of its
+    parts, whichever part ``src`` names; ``files`` lists them and ``metadata["gguf_split"]`` has the split keys.
     """
     path = Path(src.path)
     reader, bounds = _open_reader(path)
     rows = _validate(reader, bounds, path)
     kv, kv_types = _kv(reader, path)
+    paths, readers, part_rows, split = _split_parts(path, reader, rows, kv)
+    if paths[0] != path:  # a later part was given: the set is read from its first part
+        path, reader = paths[0], readers[0]
+        kv, kv_types = _kv(reader, path)
+    if split:
+        for key in SPLIT_KEYS:
+            kv.pop(key, None)
+            kv_types.pop(key, None)
     arch = kv.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
     entries: dict[str, _Entry] = {}
-    for i, (gname, tname, ne, off, nbytes) in enumerate(rows):
-        name = gguf_to_hf(gname, arch)
-        if name in entries:
-            raise FormatError("two GGUF tensors map to one name", file=path, tensor=gname, field="name",
-                              expected="unique names", found=f"{entries[name].gguf_name} and {gname} -> {name}")
-        entries[name] = _Entry(i, gname, name, tname, ne, off, nbytes)
+    seen: dict[str, str] = {}
+    for part, rows in enumerate(part_rows):
+        for i, (gname, tname, ne, off, nbytes) in enumerate(rows):
+            name = gguf_to_hf(gname, arch)
+            if gname in seen or name in entries:
+                other = entries[name].gguf_name if name in entries else gname
+                raise FormatError("two GGUF tensors map to one name", file=paths[part], tensor=gname, field="name",
+                                  expected="unique names", found=f"{other} and {gname} -> {name}"
+                                  + (f" (also in {seen[gname]})" if gname in seen else ""))
+            seen[gname] = paths[part].name
+            entries[name] = _Entry(i, gname, name, tname, ne, off, nbytes, part)
     scales = _nvfp4_scales(entries)
     for s in scales.values():
         del entries[s.name]
-    file = path.name
-    specs = {name: _spec(e, file, scales.get(name)) for name, e in entries.items()}
+    specs = {name: _spec(e, paths[e.part].name, scales.get(name), split=bool(split)) for name, e in entries.items()}
 
     def load(name: str):
         e = entries[name]
+        reader = readers[e.part]
         t = reader.tensors[e.index]
         try:
             if e.type_name in DENSE_TYPES:
@@ -300,14 +304,20 @@ def read_gguf(src: Source) -> Checkpoint:
                 raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, e.nbytes // max(1, int(np.prod(e.shape[:-1]))))
                 g = None
                 if name in scales:
-                    g = np.asarray(reader.tensors[scales[name].index].data).view(np.float32).reshape(())
+                    sc = scales[name]
+                    g = np.asarray(readers[sc.part].tensors[sc.index].data).view(np.float32).reshape(())
                 out = tensor_from_fields(name, codec.decode(raw), e.shape, global_scale=g)
+            elif e.type_name in fallback_types():
+                if 0 in e.shape:
+                    raise CorruptFileError("quantized tensor has no elements", field="ne",
+                                           expected="every dimension >= 1", found=list(e.ne))
+                out = DenseTensor(name, fallback_decode(np.asarray(t.data), e.type_name, e.shape))
             else:
                 raise UnsupportedError(f"ggml type {e.type_name} is not supported", field="ggml_type",
                                        expected=f"one of {', '.join((*DENSE_TYPES, *CODECS))}", found=e.type_name)
             perm = None
             if len(e.shape) <= 2:
-                perm = qk_permutation(e.gguf_name, e.shape[0], arch, kv, {}, file=path, tensor=name)
+                perm = qk_permutation(e.gguf_name, e.shape[0], arch, kv, {}, file=paths[e.part], tensor=name)
             if perm is not None:
                 out = permute_rows(out, np.argsort(perm))
             # the reader maps the whole file once: release the pages this tensor touched (its arrays
@@ -315,7 +325,7 @@ def read_gguf(src: Source) -> Checkpoint:
             drop_pages(reader.data)
             return out
         except ConverterError as exc:
-            exc.with_context(file=path, tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
+            exc.with_context(file=paths[e.part], tensor=f"{name} ({e.gguf_name})" if name != e.gguf_name else name)
             raise
 
     metadata = {
@@ -325,13 +335,38 @@ def read_gguf(src: Source) -> Checkpoint:
         "gguf_names": {n: e.gguf_name for n, e in entries.items()},
         "ggml_types": {n: e.type_name for n, e in entries.items()},
     }
+    if split:
+        metadata["gguf_split"] = {**split, "files": [p.name for p in paths]}
     config, side_files, skipped = _hf_side_files(kv, kv_types, [e.gguf_name for e in entries.values()])
     if skipped:
         metadata["side_files_skipped"] = skipped
     # llama.cpp's names (blk.0.attn_q.weight) look up the same tensors as the Hugging Face names they map to
     aliases = {e.gguf_name: n for n, e in entries.items() if e.gguf_name != n}
     return Checkpoint(specs, load, format="gguf", path=str(path), config=config, metadata=metadata,
-                      files=[str(path)], side_files=side_files, aliases=aliases)
+                      files=[str(p) for p in paths], side_files=side_files, aliases=aliases)
+
+
+def _split_parts(path: Path, reader, rows, kv: Mapping[str, Any]):
+    """``(paths, readers, rows per part, split keys)`` of the file ``path`` (already opened as ``reader`` with
+    tensor ``rows`` and key/values ``kv``) or of its split set (:mod:`.split`: every part opened, bounded and
+    checked; ``split keys`` is ``{}`` for a file that is not split)."""
+    if not split_count(kv):
+        return [path], [reader], [rows], {}
+    paths = part_paths(path, kv)
+    opened = {path: (reader, rows, kv)}
+    first_kv = None
+    readers, part_rows = [], []
+    for i, p in enumerate(paths):
+        if p not in opened:
+            r, b = _open_reader(p)
+            opened[p] = (r, _validate(r, b, p), _kv(r, p)[0])
+        r, rw, pkv = opened[p]
+        first_kv = pkv if i == 0 else first_kv
+        check_part(p, pkv, i, first_kv)
+        readers.append(r)
+        part_rows.append(rw)
+    check_total(paths[0], first_kv, sum(len(rw) for rw in part_rows))
+    return paths, readers, part_rows, {k: first_kv[k] for k in SPLIT_KEYS if k in first_kv}
 
 
 def _hf_side_files(kv: Mapping[str, Any], kv_types: Mapping[str, Any], gguf_names: Sequence[str]):

@@ -1,0 +1,96 @@
+"""Independent proof of a written GGUF's LLaMA q/k rows (the read-back proof's second opinion).
+
+The read-back proof compares the source with the output as qckpt's reader returns it, and that
+reader undoes the q/k row permutation with the same code (:mod:`.heads`) and the head counts the
+writer recorded: a wrong head count cancels out. This check does not use either. It reads the
+stored rows of every permuted tensor with gguf-py alone (``GGUFReader`` +
+``gguf.quants.dequantize``, no un-permutation) and compares them with llama.cpp's
+``LlamaModel.permute`` written out on the source's logical values, with the head counts taken from
+the *source* and the q / k shapes: ``n_head`` = config ``num_attention_heads`` (or the source's GGUF
+``head_count``), ``n_head_kv`` = the count the source states (``num_key_value_heads`` /
+``head_count_kv``), else ``k_rows / (q_rows / n_head)`` of the same layer (never the writer's derivation).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converter.formats.gguf.names import gguf_to_hf, permute_heads_key
+from converter.formats.gguf.schemes import gguf_module
+from converter.tensor import Checkpoint, QuantizedTensor
+
+__all__ = ["prove_qk_rows"]
+
+_LAYER = re.compile(r"^blk\.(\d+)\.attn_(q|k)\.(weight|bias)$")
+
+
+def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """``LlamaModel.permute(w, n_head, n_head)`` of ``convert_hf_to_gguf.py``, on a numpy array."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _values(t: Any) -> np.ndarray:
+    return t.dequantize() if isinstance(t, QuantizedTensor) else np.asarray(t.data, dtype=np.float32)
+
+
+def _source_heads(src: Checkpoint, config_key: str = "num_attention_heads", kv_key: str = "head_count") -> int | None:
+    """A head count the source states: its config's ``config_key``, else its GGUF ``{arch}.attention.{kv_key}``."""
+    n = (src.config or {}).get(config_key)
+    if n is None:
+        arch = (src.metadata or {}).get("architecture")
+        n = ((src.metadata or {}).get("gguf_kv") or {}).get(f"{arch}.attention.{kv_key}")
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def prove_qk_rows(src: Checkpoint, dst: Path) -> dict[str, str]:
+    """``{source tensor name: why it failed}`` for the permuted q/k tensors of GGUF file ``dst`` whose
+    stored rows are not llama.cpp's permute of ``src``'s logical rows; ``{}`` when all agree (or none is
+    permuted). A tensor whose head count cannot be taken from the source is reported too.
+    """
+    gguf = gguf_module()
+    reader = gguf.GGUFReader(dst, "r")
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else None
+    stored = {t.name: t for t in reader.tensors if permute_heads_key(t.name, arch)}
+    if not stored:
+        return {}
+    names = {v: k for k, v in ((src.metadata or {}).get("gguf_names") or {}).items()} if src.format == "gguf" else {}
+    n_head = _source_heads(src)
+    rows_of = {}
+    for g in stored:
+        m = _LAYER.match(g)
+        name = names.get(g) or gguf_to_hf(g, arch)
+        if name in src:
+            rows_of[(m.group(1), m.group(2), m.group(3))] = (g, name, int(src.spec(name).shape[0]))
+    failed: dict[str, str] = {}
+    n_kv = _source_heads(src, "num_key_value_heads", "head_count_kv")
+    for (layer, which, kind), (g, name, rows) in rows_of.items():
+        q = rows_of.get((layer, "q", kind)) or rows_of.get((layer, "q", "weight"))
+        heads = n_head if which == "q" else n_kv
+        if heads is None and n_head is not None and q is not None and q[2] % n_head == 0 \
+                and (rows * n_head) % q[2] == 0:
+            heads = rows * n_head // q[2]  # k rows over the head size the q shape gives
+        if heads is None or rows % (2 * heads):
+            failed[name] = ("q/k rows not proven: the source's head counts and q shape do not give the heads "
+                            f"of {rows} rows")
+            continue
+        want = _llamacpp_permute(_values(src[name]), heads)
+        t = stored[g]
+        got = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(want.shape)
+        sname = g[: -len(".weight")] + ".scale" if g.endswith(".weight") else None
+        multiplier = next((s for s in reader.tensors if s.name == sname), None)
+        if multiplier is not None:  # NVFP4's global scale: ggml_mul after the block decode (another rounding
+            # order than qckpt's effective scale): values agree to float32 rounding, rows either match or not
+            got = got * np.asarray(multiplier.data, dtype=np.float32).reshape(())
+            same = np.allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
+        else:
+            same = np.array_equal(got, want, equal_nan=True)
+        if not same:
+            bad = int(np.count_nonzero(np.any(got.reshape(rows, -1) != want.reshape(rows, -1), axis=1)))
+            failed[name] = (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
+                            f"({bad} of {rows} rows differ)")
+    return failed
