@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
 from converter.double_quant import DoubleQuant
 from converter.dtypes import dtype_name
-from converter.errors import ConverterError, ErrorKind, LayoutError, MissingTensorError, UnsupportedError
+from converter.errors import ErrorKind, LayoutError, MissingTensorError, UnsupportedError
 from converter.groups import Granularity, GroupMap
 from converter.row_groups import as_row_groups
 from converter.layout import EXPERT, AxisMap, PackedCodes, check_axes
@@ -370,27 +369,6 @@ class Checkpoint:
 
     def specs(self) -> list[TensorSpec]:
         return list(self._specs.values())
-
-    def point_at_stored(self, exc: ConverterError) -> ConverterError:
-        """Fill in where an error's value came from: when ``exc`` names a tensor of this checkpoint and a
-        field that is a stored role of it (``scales``, ``zero_points`` ...) held by one stored array, the
-        error names that array and the data file holding it (``.../model.safetensors``, tensor
-        ``<p>.biases``, when laid out as the logical parameter array), not the logical tensor and the source
-        folder; otherwise the checkpoint's path.
-        Returns ``exc``."""
-        spec = self._specs.get(exc.tensor) if exc.file is None and exc.tensor else None
-        held = [st for st in (spec.stored if spec is not None else ()) if st.role == exc.field]
-        if len(held) == 1 and held[0].file:
-            paths = [f for f in self.files if Path(f).name == held[0].file]
-            if len(paths) == 1:
-                exc.file = paths[0]
-                # the stored array's name only when it is laid out as the logical parameter array the error
-                # indexes (MLX biases [out, groups]); a transposed or packed one (GPTQ scales [groups, out])
-                # keeps the logical tensor name, so the index stays true
-                if spec.kind == "quantized" and tuple(held[0].shape) == tuple(
-                        spec.group_map.param_shape(spec.shape, spec.axes)):
-                    exc.tensor = held[0].name
-        return exc.with_context(file=self.path)
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs or name in self.aliases

@@ -28,6 +28,7 @@ from converter.groups import Granularity
 from converter.layout import IN
 from converter.ops.compare import compare_tensors
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
+from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
@@ -254,7 +255,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
-            ckpt.point_at_stored(exc)  # the file and stored array the offending value came from
+            point_at_stored(ckpt, exc)  # the file and stored array the offending value came from
             if not exc.hint or "requantize" not in exc.hint:
                 exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
             exc.args = (exc.render(),)

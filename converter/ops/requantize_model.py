@@ -37,6 +37,7 @@ from converter.runtime import auto_workers
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
+from converter.ops.value_source import point_at_stored
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
 RESULT_KIND = "requantize"
@@ -292,7 +293,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
             written = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {})) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
             if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
-                ckpt.point_at_stored(exc)
+                point_at_stored(ckpt, exc)
             else:  # a value computed while requantizing (a scale too large ...): no stored array holds it
                 exc.with_context(file=ckpt.path)
             raise

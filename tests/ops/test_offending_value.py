@@ -91,6 +91,7 @@ def test_point_at_stored_keeps_the_logical_name_for_a_transposed_array(tmp_path)
     """GPTQ stores scales [groups, out]: the error's (out, group) index would be false against that array, so
     only the data file is named; an array laid out as the logical [out, groups] is named itself."""
     from converter.groups import GroupMap
+    from converter.ops.value_source import point_at_stored
     from converter.scheme import QuantScheme, ZeroPoint
     from converter.tensor import Checkpoint, StoredArray, TensorSpec
 
@@ -106,5 +107,5 @@ def test_point_at_stored_keeps_the_logical_name_for_a_transposed_array(tmp_path)
 
     for shape, tensor in (((2, 8), "l.weight"), ((8, 2), "l.scales")):
         exc = NotRepresentableError("scale not representable", tensor="l.weight", field="scales", found="x")
-        ckpt(shape).point_at_stored(exc)
+        point_at_stored(ckpt(shape), exc)
         assert (exc.file, exc.tensor) == (str(tmp_path / "model.safetensors"), tensor), shape
