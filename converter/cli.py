@@ -341,6 +341,10 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
                    "(GGUF: Q4_K_M, Q5_K_S, Q6_K ... per-tensor mixes as llama-quantize, or one type: Q4_K, Q8_0, "
                    "MXFP4, NVFP4 ... "
                    "for every weight llama.cpp quantizes, as llama-quantize --pure).")
+@click.option("--gguf-metadata", "gguf_metadata", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="FILE.gguf",
+              help="--to gguf: take the key/values (tokenizer, hyperparameters) from this GGUF "
+                   "(e.g. a vocab-only file).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True,
@@ -348,7 +352,7 @@ def dequantize(src, dst, dtype, max_shard_size, overwrite, as_json):
 @run_options_flags
 @_handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, overwrite, report, as_json):
+            reference, quant_type, gguf_metadata, overwrite, report, as_json):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -367,6 +371,9 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     if to is not None:
         with _usage_errors():
             check_writable(to)
+    options = {"gguf_metadata": gguf_metadata} if gguf_metadata is not None else None
+    if options and to != "gguf":
+        raise click.UsageError("--gguf-metadata is for --to gguf")
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -382,12 +389,13 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite),
+        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
+                                                  options=options),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
         to = to or load(src).format
-        doc = convert_exact(src, dst, to, overwrite=overwrite)
+        doc = convert_exact(src, dst, to, overwrite=overwrite, options=options)
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report

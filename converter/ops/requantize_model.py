@@ -214,8 +214,10 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
 
 def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
                      reference: str | Path | None = None, overwrite: bool = False,
-                     verify: bool = True) -> dict[str, Any]:
+                     verify: bool = True, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Requantize ``src`` to ``target``, write it as format ``to`` at ``dst``; return the error report.
+
+    ``options`` are the writer's keyword options (GGUF: ``gguf_metadata``).
 
     Raises
     ------
@@ -253,7 +255,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         raise
     with collect_results() as got:
         try:
-            written = handler.write(view, Path(dst), overwrite=overwrite) or {}
+            written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {})) or {}
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
             exc.with_context(file=ckpt.path)
             raise
