@@ -146,9 +146,11 @@ def metadata_kv(path: str | Path, arch: str) -> tuple[dict[str, Any], dict[str, 
         Not a readable GGUF.
     """
     from converter.errors import ErrorKind, FormatError
-    from converter.formats.gguf.reader import read_gguf
-    meta = read_gguf(Path(path)).metadata
-    kv, types = dict(meta.get("gguf_kv") or {}), dict(meta.get("gguf_kv_types") or {})
+    from converter.formats.gguf.reader import _kv, _open_reader
+    # key/values only (bounded parse, then gguf-py's reader): a vocab-only file as convert_hf_to_gguf.py
+    # --vocab-only writes it ends after its key/values, before any aligned data section
+    reader, _ = _open_reader(Path(path))
+    kv, types = _kv(reader, Path(path))
     found = kv.get("general.architecture")
     if found != arch:
         raise FormatError("--gguf-metadata file is for another architecture", file=path,
