@@ -46,8 +46,12 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
              "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
     values["rope.freq_base"] = rope_theta(config)
+    if arch not in _SLIDING_WINDOW_ARCHS:  # TextModel writes no sliding window (Qwen2's is off by default)
+        values.pop("attention.sliding_window")
     if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: add_expert_feed_forward_length(intermediate_size)
         values["expert_feed_forward_length"] = config.get("intermediate_size")
+    if arch == "phi3":
+        values.update(_phi3(config))
     out = {}
     for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -60,6 +64,25 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
         head_dim = head_dim if isinstance(head_dim, int) else (hidden // heads if isinstance(hidden, int) else None)
         if head_dim is not None:
             out[f"{arch}.rope.dimension_count"] = int(head_dim)
+    return out
+
+
+_SLIDING_WINDOW_ARCHS = ("gpt-oss", "phi3")
+
+
+def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``Phi3MiniModel.set_gguf_parameters`` (which replaces TextModel's): no vocab_size / key_length keys,
+    ``rope.dimension_count = int(partial_rotary_factor * hidden) // heads``, ``rope.scaling.original_context_length``
+    and ``attention.sliding_window`` (0 when the config has none: Phi-4)."""
+    out: dict[str, Any] = {"vocab_size": None, "attention.key_length": None, "attention.value_length": None,
+                           "attention.sliding_window": config.get("sliding_window") or 0}
+    rp = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        out["rope.dimension_count"] = int(float(rp.get("partial_rotary_factor", config.get("partial_rotary_factor",
+                                                                                         1.0))) * hidden) // heads
+    original = rp.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+    out["rope.scaling.original_context_length"] = original
     return out
 
 
