@@ -225,3 +225,38 @@ def test_gguf_metadata_is_for_gguf_only(bare_folder, tmp_path):
     src, folder = bare_folder
     out = _run("convert", folder, tmp_path / "out", "--to", "plain", "--gguf-metadata", src, code=2)
     assert "--gguf-metadata is for --to gguf" in out
+
+
+# --- SentencePiece ----------------------------------------------------------------------------------------------
+
+SPM = Path(__file__).resolve().parents[1] / "data" / "spm" / "tiny_spm" / "tokenizer.model"
+
+
+def test_sentencepiece_vocabulary(tmp_path):
+    """tests/data/spm/tiny_spm: pieces, scores and types against gguf-py's own SentencePieceVocab (the legacy
+    converter's reader of the same file); the overrides and padding by hand from _create_vocab_sentencepiece."""
+    folder = tmp_path / "spm"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(SPM.read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "add_eos_token": False, "chat_template": "{{ x }}",
+         "added_tokens_decoder": {"300": {"content": "<|im_start|>", "special": False},
+                                  "301": {"content": "\u2581user", "special": False}}}))
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 303, "bos_token_id": 1, "eos_token_id": 2}))
+    got = tokenizer_kv(folder, {"vocab_size": 303}, "llama")
+    kv = got.kv
+    ref = list(gguf.SentencePieceVocab(folder).all_tokens())
+    assert len(ref) == 300
+    assert kv["tokenizer.ggml.tokens"][:300] == [t.decode("utf-8") for t, _, _ in ref]
+    assert kv["tokenizer.ggml.scores"][:300] == [s for _, s, _ in ref]
+    assert kv["tokenizer.ggml.token_type"][:300] == [int(k) for _, _, k in ref]
+    assert kv["tokenizer.ggml.token_type"][:4] == [2, 3, 3, 6] and kv["tokenizer.ggml.tokens"][3] == "<0x00>"
+    # 300 looks special -> CONTROL, 301 user-defined with its ▁ as a space, 302 never given -> [PAD302] UNUSED
+    assert kv["tokenizer.ggml.tokens"][300:] == ["<|im_start|>", " user", "[PAD302]"]
+    assert kv["tokenizer.ggml.token_type"][300:] == [3, 4, 5]
+    assert kv["tokenizer.ggml.scores"][300:] == [-1000.0, -1000.0, -10000.0]
+    assert (kv["tokenizer.ggml.model"], kv["tokenizer.ggml.pre"]) == ("llama", "default")
+    assert (kv["tokenizer.ggml.bos_token_id"], kv["tokenizer.ggml.eos_token_id"]) == (1, 2)  # config.json
+    assert kv["tokenizer.ggml.add_bos_token"] is True and kv["tokenizer.ggml.add_eos_token"] is False
+    assert "tokenizer.ggml.merges" not in kv and kv["tokenizer.chat_template"] == "{{ x }}"
+    assert got.types["tokenizer.ggml.scores"] == ["ARRAY", "FLOAT32"] and got.warnings == []
