@@ -389,6 +389,10 @@ def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None
 @click.option("--gptq-format", "gptq_format", type=click.Choice(["v1", "v2"]), default=None,
               help="GPTQ output: checkpoint_format 'gptq' (v1, stores z-1) or 'gptq_v2' [default: the source's own "
                    "when it is GPTQ, else v2].")
+@click.option("--gguf-metadata", "gguf_metadata", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="FILE.gguf",
+              help="--to gguf: take the key/values (tokenizer, hyperparameters) from this GGUF "
+                   "(e.g. a vocab-only file).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
@@ -400,7 +404,8 @@ def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None
 @shard_size_flag
 @handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, gptq_format, overwrite, report, fmt, as_json, csv_path, top, sort_key, plot):
+            reference, quant_type, gptq_format, gguf_metadata, overwrite, report, fmt, as_json, csv_path, top,
+            sort_key, plot):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -420,6 +425,8 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         with usage_errors():
             check_writable(to)
     check_format_option(fmt)
+    if gguf_metadata is not None and to != "gguf":
+        raise click.UsageError("--gguf-metadata is for --to gguf")
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -437,15 +444,17 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        options = _gptq_options(gptq_format, to or load(src, format=fmt).format)
+        options = {**_gptq_options(gptq_format, to or load(src, format=fmt).format),
+                   **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
                                                   source_format=fmt, write_options=options),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
         to = to or load(src, format=fmt).format
-        doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt,
-                            options=_gptq_options(gptq_format, to))
+        options = {**_gptq_options(gptq_format, to),
+                   **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
+        doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt, options=options or None)
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report

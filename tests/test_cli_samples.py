@@ -23,7 +23,7 @@ from converter.cli import main
 from converter.formats import registry
 from converter.schemas import validate_document
 from tests.conftest import SAMPLES
-from tests.test_repack_matrix import EXPECTED, REASONS, REFUSE, ROUND
+from tests.test_repack_matrix import EXPECTED, NO_ARCH, REASONS, REFUSE, ROUND
 
 FORMATS = {
     "awq_gemm_w4_g128_zp": "awq", "bnb_int8": "bitsandbytes", "bnb_nf4_bs64": "bitsandbytes",
@@ -96,6 +96,13 @@ def test_dequantize_float_sample_is_identity(tmp_path):
 def test_convert_json(sample, target, tmp_path):
     dst = tmp_path / "out"
     r = CliRunner().invoke(main, ["convert", str(SAMPLES / sample), str(dst), "--to", target, "--json"])
+    if EXPECTED[(sample, target)] == NO_ARCH:  # a float file without config.json: GGUF needs an architecture
+        assert r.exit_code == 3, r.output
+        err = json.loads(r.output)
+        validate_document(err, "error")
+        assert err["field"] == "general.architecture" and "no GGUF architecture" in err["message"]
+        assert list(tmp_path.iterdir()) == []
+        return
     if EXPECTED[(sample, target)] == REFUSE:
         assert r.exit_code == 3, r.output
         err = json.loads(r.output)  # under --json a refusal is one JSON error object (schemas/error.schema.json)

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from converter.errors import NotRepresentableError
+from converter.errors import FormatError, NotRepresentableError
 from converter.formats import registry
 from converter.formats.source import Source
 from converter.ops.convert import convert_exact
@@ -34,6 +34,7 @@ from tests.conftest import SAMPLES
 
 EXACT, ROUND, F32P, DEQ, REFUSE = "exact", "bias_rounding", "f32_product", "dequantized", "refuse"
 PASS = "passthrough"
+NO_ARCH = "no_architecture"
 
 # reasons (substrings of the NotRepresentableError message)
 AWQ_4BIT = "AWQ stores 4-bit codes only, not 8-bit"
@@ -169,7 +170,9 @@ EXPECTED = {
     ("mlx_affine_g32_b8", "gguf"): REFUSE,  # no affine 8-bit legacy type (Q4_1, Q5_1 only)
     ("bnb_int8", "gguf"): REFUSE,  # Q8_0 d is fp16; SCB/127 float32 scales are not fp16 values
     ("bnb_nf4_bs64", "gguf"): REFUSE,  # codebook
-    ("minilm_fp16.safetensors", "gguf"): REFUSE,
+    # GGUF takes float sources (convert_hf_to_gguf.py's F32 / F16 output) but needs an architecture: this bare
+    # safetensors file has no config.json
+    ("minilm_fp16.safetensors", "gguf"): NO_ARCH,
     # --- float reference: nothing to repack into a quantized format -------------------------------
     ("minilm_fp16.safetensors", "awq"): REFUSE,
     ("minilm_fp16.safetensors", "compressed-tensors"): REFUSE,
@@ -262,7 +265,7 @@ REASONS = {
     ("mlx_affine_g32_b8", "gguf"): "no affine GGUF legacy type has 8-bit codes",
     ("bnb_int8", "gguf"): "scales are not exactly representable in fp16",
     ("bnb_nf4_bs64", "gguf"): CODEBOOK_GGUF,
-    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx", "gguf",
+    **{("minilm_fp16.safetensors", t): NO_QUANT for t in ("awq", "compressed-tensors", "gptq", "mlx",
                                                            "modelopt", "fp8")},
     **{(s, "awq"): CODEBOOK_AWQ for s in FP8_SAMPLES},
     **{(s, "gptq"): CODEBOOK_GPTQ for s in FP8_SAMPLES},
@@ -310,6 +313,12 @@ def _element_params(t: QuantizedTensor):
 def test_repack(sample, target, sources, tmp_path):
     expected = EXPECTED[(sample, target)]
     dst = tmp_path / "out"
+    if expected == NO_ARCH:
+        with pytest.raises(FormatError, match="no GGUF architecture: source has no general.architecture and "
+                                              "config.json no model_type"):
+            convert_exact(SAMPLES / sample, dst, target)
+        assert not dst.exists() and list(tmp_path.iterdir()) == []
+        return
     if expected == REFUSE:
         with pytest.raises(NotRepresentableError) as info:
             convert_exact(SAMPLES / sample, dst, target)

@@ -248,7 +248,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     """Requantize ``src`` (read as ``source_format``, auto-detected when None) to ``target``, write it as
     format ``to`` at ``dst``; return the error report.
 
-    ``write_options``: keyword options of the target's writer (e.g. GPTQ ``checkpoint_format``).
+    ``write_options``: keyword options of the target's writer (GPTQ ``checkpoint_format``, GGUF ``gguf_metadata``).
 
     Raises
     ------

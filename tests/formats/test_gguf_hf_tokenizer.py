@@ -91,7 +91,10 @@ def test_special_tokens_and_configs():
     assert set(files) == set(TOKENIZER_FILES)
     cfg = json.loads(files["tokenizer_config.json"]())
     assert {k: cfg[k] for k in TF_SPECIAL} == TF_SPECIAL
-    assert cfg["add_bos_token"] is False and cfg["add_eos_token"] is False  # tokenizer.ggml.add_bos_token false
+    assert cfg["add_bos_token"] is False  # tokenizer.ggml.add_bos_token false
+    # the file has no add_eos_token key (written only when it has one) and add_space_prefix false: the fields
+    # convert_hf_to_gguf.py reads back (SpecialVocab, LlamaModel.set_vocab)
+    assert "add_eos_token" not in cfg and cfg["add_prefix_space"] is False
     assert cfg["model_max_length"] == 8192 and cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert cfg["clean_up_tokenization_spaces"] is False  # llama_vocab::load: smollm -> clean_spaces = false
     assert json.loads(files["special_tokens_map.json"]()) == TF_SPECIAL

@@ -91,7 +91,7 @@ from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exac
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
-from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, config_kv, tokenizer_warning
+from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, source_kv, tokenizer_warning
 from converter.formats.ties import resolve_tied_head
 from converter.formats.activations import is_activation_scale
 
@@ -238,7 +238,7 @@ def _encode(t, p: _Plan) -> np.ndarray:
 
 
 def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_type: str | None = None,
-               arch: str | None = None, **_: Any) -> dict:
+               arch: str | None = None, gguf_metadata: str | Path | None = None, **_: Any) -> dict:
     """Write ``ckpt`` as one ``.gguf`` file (atomically; tensors streamed one at a time).
 
     Parameters
@@ -251,6 +251,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         Require every quantized tensor to be exactly this legacy type (``"Q4_0"`` ...).
     arch : str, optional
         ``general.architecture``; default: the source's GGUF value, else config.json ``model_type``.
+    gguf_metadata : path, optional
+        A GGUF whose key/values (tokenizer, hyperparameters) are written instead of those made from the source
+        (:func:`converter.formats.gguf.hf_source.source_kv`).
 
     Returns
     -------
@@ -278,8 +281,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if not isinstance(arch, str) or not arch:
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
                           file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
-    if not src_kv and ckpt.config:
-        src_kv = config_kv(ckpt.config, arch)
+    source_warnings: dict[str, str] = {}
+    if not src_kv or gguf_metadata is not None:  # convert_hf_to_gguf.py's keys, or a given GGUF's
+        src_kv, more_types, source_warnings = source_kv(ckpt, arch, gguf_metadata)
+        src_types.update(more_types)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)
@@ -383,7 +388,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
-    skipped = tokenizer_warning(ckpt, src_kv)
+    skipped = {**tokenizer_warning(ckpt, src_kv), **source_warnings}
     if skipped:
         result["side_files_skipped"] = skipped
     if tie is not None:
@@ -412,4 +417,5 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  validation=ValidationHooks(negative_scales=True, block_scales=fallback_block_scales),
                                  # gguf-py 0.19 gguf.quants.dequantize (numpy float32, llama.cpp's block formulas)
                                  tool_decode=in_float32("gguf.quants.dequantize"),
-                                 output=OutputKind(suffix=".gguf")))
+                                 # a float Hugging Face model is written F32 / F16 / BF16 as convert_hf_to_gguf.py does
+                                 output=OutputKind(suffix=".gguf", dense_source=True)))

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
 
-__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "NO_TOKENIZER", "WIDENED_1D"]
+__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "NO_TOKENIZER", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -33,7 +33,9 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     ``tokenizer.ggml.tokens``, transformers' GGUF loader builds a 32000-row embedding); the MoE keys
     ``{arch}.expert_count`` / ``expert_used_count`` (``num_local_experts`` / ``num_experts_per_tok``),
     ``attention.key_length`` / ``value_length`` (``head_dim``) and ``attention.sliding_window`` when the config
-    has them, and gpt-oss's ``expert_feed_forward_length`` (``GptOssModel.set_gguf_parameters``).
+    has them, and gpt-oss's ``expert_feed_forward_length`` (``GptOssModel.set_gguf_parameters``); for ``llama``,
+    ``rope.dimension_count`` = ``head_dim`` (else ``hidden_size / num_attention_heads``; ``LlamaModel``); a linear
+    or YaRN RoPE's scaling keys.
     """
     pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
              "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
@@ -44,14 +46,56 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
              "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
     values["rope.freq_base"] = rope_theta(config)
+    if arch not in _SLIDING_WINDOW_ARCHS:  # TextModel writes no sliding window (Qwen2's is off by default)
+        values.pop("attention.sliding_window")
     if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: add_expert_feed_forward_length(intermediate_size)
         values["expert_feed_forward_length"] = config.get("intermediate_size")
+    if arch == "phi3":
+        values.update(_phi3(config))
     out = {}
     for k, v in values.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
     out.update(yarn_kv(config, arch))
+    out.update(linear_rope_kv(config, arch))
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if arch == "llama" and isinstance(heads, int) and heads > 0:  # LlamaModel.set_gguf_parameters
+        head_dim = config.get("head_dim")
+        head_dim = head_dim if isinstance(head_dim, int) else (hidden // heads if isinstance(hidden, int) else None)
+        if head_dim is not None:
+            out[f"{arch}.rope.dimension_count"] = int(head_dim)
     return out
+
+
+_SLIDING_WINDOW_ARCHS = ("gpt-oss", "phi3")
+
+
+def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``Phi3MiniModel.set_gguf_parameters`` (which replaces TextModel's): no vocab_size / key_length keys,
+    ``rope.dimension_count = int(partial_rotary_factor * hidden) // heads``, ``rope.scaling.original_context_length``
+    and ``attention.sliding_window`` (0 when the config has none: Phi-4)."""
+    out: dict[str, Any] = {"vocab_size": None, "attention.key_length": None, "attention.value_length": None,
+                           "attention.sliding_window": config.get("sliding_window") or 0}
+    rp = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        out["rope.dimension_count"] = int(float(rp.get("partial_rotary_factor", config.get("partial_rotary_factor",
+                                                                                         1.0))) * hidden) // heads
+    original = rp.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+    out["rope.scaling.original_context_length"] = original
+    return out
+
+
+def linear_rope_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """``rope.scaling.type = "linear"`` and ``rope.scaling.factor`` for a linear RoPE with a factor
+    (``TextModel.set_gguf_parameters``); nothing otherwise."""
+    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    if not isinstance(rp, Mapping) or rp.get("rope_type", rp.get("type")) != "linear":
+        return {}
+    factor = rp.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+        return {}
+    return {f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": float(factor)}
 
 
 #: ``rope_parameters`` field -> GGUF ``{arch}.rope.scaling.*`` key of a YaRN RoPE, with its type.
@@ -83,7 +127,8 @@ NO_TOKENIZER = ("warning: no tokenizer: llama.cpp cannot load this GGUF without 
 """The writer's warning (``side_files_skipped["tokenizer.ggml.*"]``) when the output has no
 ``tokenizer.ggml.tokens``: llama.cpp's ``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
 
-TOKENIZER_FILES_NOT_CONVERTED = " (the source's tokenizer files are not converted: qckpt builds no GGUF vocabulary)"
+TOKENIZER_FILES_NOT_CONVERTED = (" (the source's tokenizer files could not be converted: neither a tokenizer.json "
+                                 "nor a tokenizer.model beside the weights; or pass --gguf-metadata FILE.gguf)")
 
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
@@ -101,3 +146,77 @@ WIDENED_1D = ("F16", "BF16")
 ``ModelBase.prepare_tensors`` sets ``data_qtype = F32`` when ``n_dims <= 1`` ("Most of the codebase that
 takes in 1D tensors or norms only handles F32 tensors"); ggml's CPU ``binary_op`` aborts on an F32 x BF16
 norm multiply."""
+
+
+def _folder(ckpt: Checkpoint) -> Path | None:
+    """The model folder of a Hugging Face source (its path, or the folder of its one file)."""
+    if not ckpt.path:
+        return None
+    p = Path(ckpt.path)
+    return p if p.is_dir() else p.parent
+
+
+def metadata_kv(path: str | Path, arch: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Key/values and GGUF types of an existing GGUF (``--gguf-metadata``: a vocab-only file, or the GGUF the
+    weights came from): every key but the ``GGUF.*`` header fields and ``split.*`` (the writer recomputes
+    ``general.file_type`` / ``quantization_version`` / ``alignment``).
+
+    Raises
+    ------
+    ConfigMismatchError-kind FormatError
+        Its ``general.architecture`` is not ``arch``.
+    FormatError, CorruptFileError
+        Not a readable GGUF.
+    """
+    from converter.errors import ErrorKind, FormatError
+    from converter.formats.gguf.reader import _kv, _open_reader
+    # key/values only (bounded parse, then gguf-py's reader): a vocab-only file as convert_hf_to_gguf.py
+    # --vocab-only writes it ends after its key/values, before any aligned data section
+    reader, _ = _open_reader(Path(path))
+    kv, types = _kv(reader, Path(path))
+    found = kv.get("general.architecture")
+    if found != arch:
+        raise FormatError("--gguf-metadata file is for another architecture", file=path,
+                          field="general.architecture", expected=arch, found=found, kind=ErrorKind.CONFIG_MISMATCH,
+                          hint="pass the GGUF metadata of this model's architecture")
+    keep = {k: v for k, v in kv.items() if not k.startswith(("GGUF.", "split."))}
+    return keep, {k: types[k] for k in keep if k in types}
+
+
+def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Key/values, their GGUF types and warnings (key -> text) for a GGUF written from a non-GGUF source.
+
+    The hyperparameters of :func:`config_kv` from ``ckpt.config``, then either every key of ``gguf_metadata`` (which
+    wins over config.json; an integer hyperparameter both give differently is refused) or the tokenizer of the
+    source folder (:func:`converter.formats.gguf.tokenizer_kv.tokenizer_kv`).
+
+    Raises
+    ------
+    FormatError
+        ``gguf_metadata`` for another architecture, or disagreeing with config.json on an integer hyperparameter.
+    """
+    from converter.errors import ErrorKind, FormatError
+    from converter.formats.gguf.tokenizer_kv import tokenizer_kv
+    kv = config_kv(ckpt.config, arch) if ckpt.config else {}
+    types: dict[str, Any] = {}
+    warnings: dict[str, str] = {}
+    if gguf_metadata is not None:
+        meta, meta_types = metadata_kv(gguf_metadata, arch)
+        for k, v in meta.items():
+            mine = kv.get(k)
+            if isinstance(mine, int) and isinstance(v, int) and not isinstance(v, bool) and mine != v:
+                raise FormatError("--gguf-metadata disagrees with config.json", file=gguf_metadata, field=k,
+                                  expected=mine, found=v, kind=ErrorKind.CONFIG_MISMATCH,
+                                  hint="use the GGUF metadata of this very model")
+        kv.update(meta)
+        types.update(meta_types)
+        return kv, types, warnings
+    folder = _folder(ckpt)
+    tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
+    if tok is not None:
+        kv.update(tok.kv)
+        types.update(tok.types)
+        for i, w in enumerate(tok.warnings):
+            warnings["tokenizer.ggml.pre" if i == 0 and "tokenizer.ggml.pre" in w else f"tokenizer.warning.{i}"] = w
+    return kv, types, warnings

@@ -227,7 +227,14 @@ def tokenizer_config(kv: Mapping[str, Any]) -> dict[str, Any]:
     pre = _pre(kv)
     add_bos, add_eos = _add_flags(kv, pre)
     cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add_bos,
-                           "add_eos_token": add_eos, "clean_up_tokenization_spaces": pre.clean_spaces}
+                           "clean_up_tokenization_spaces": pre.clean_spaces}
+    # add_eos_token only when the file states it (tokenizer.json's post-processor already adds no EOS otherwise),
+    # add_prefix_space from add_space_prefix: the fields convert_hf_to_gguf.py reads back (SpecialVocab,
+    # LlamaModel.set_vocab), so a GGUF -> folder -> GGUF round trip keeps the keys the file had
+    if isinstance(kv.get("tokenizer.ggml.add_eos_token"), bool):
+        cfg["add_eos_token"] = add_eos
+    if isinstance(kv.get("tokenizer.ggml.add_space_prefix"), bool):
+        cfg["add_prefix_space"] = kv["tokenizer.ggml.add_space_prefix"]
     for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
                       ("pad_token", "padding_token_id")):
         text = _special(kv, key)

@@ -74,8 +74,30 @@ _GPT_OSS = (
 writes the experts split into ``<p>.experts.{gate,up,down}_proj.{weight,bias}``, the arrangement of
 :mod:`converter.formats.gpt_oss.stacked`; ``post_attention_layernorm`` is ``ATTN_POST_NORM`` for this arch)."""
 
+_QWEN3 = _LLAMA + (
+    ("blk.{bid}.attn_q_norm", "model.layers.{bid}.self_attn.q_norm"),
+    ("blk.{bid}.attn_k_norm", "model.layers.{bid}.self_attn.k_norm"),
+)
+"""llama.cpp ``qwen3`` (gguf-py ``MODEL_TENSORS[MODEL_ARCH.QWEN3]``): LLaMA's tensors plus per-head RMS norms of q and
+k (``ATTN_Q_NORM`` / ``ATTN_K_NORM``); ``Qwen3Model`` does not permute q/k."""
+
+_PHI3 = (
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+    ("blk.{bid}.attn_norm", "model.layers.{bid}.input_layernorm"),
+    ("blk.{bid}.attn_qkv", "model.layers.{bid}.self_attn.qkv_proj"),
+    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+    ("blk.{bid}.ffn_norm", "model.layers.{bid}.post_attention_layernorm"),
+    ("blk.{bid}.ffn_up", "model.layers.{bid}.mlp.gate_up_proj"),
+    ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
+)
+"""llama.cpp ``phi3`` (``MODEL_TENSORS[MODEL_ARCH.PHI3]``): Phi-3 keeps its fused ``qkv_proj`` (``ATTN_QKV``: q, k, v
+rows stacked) and ``gate_up_proj`` (``FFN_UP`` with ``2 * intermediate_size`` rows, gate first; llama.cpp splits it
+at run time), so the names map one to one and no rows move."""
+
 ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA,
-                                                       "gpt-oss": _GPT_OSS}
+                                                       "qwen3": _QWEN3, "phi3": _PHI3, "gpt-oss": _GPT_OSS}
 """Per architecture: ``(gguf_stem, hf_stem)`` pairs; ``{bid}`` is the block index. Suffixes
 (``.weight``, ``.bias``) are carried over unchanged."""
 
@@ -83,9 +105,9 @@ PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
 """Architectures whose converter row-permutes q/k (``LlamaModel.permute``); Qwen2 does not."""
 
 HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2",
-                                         "gpt_oss": "gpt-oss"}
-"""``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama; gpt-oss is
-``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``)."""
+                                         "qwen3": "qwen3", "phi3": "phi3", "gpt_oss": "gpt-oss"}
+"""``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama, ``LlamaModel`` is
+registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``)."""
 
 WHOLE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "gpt-oss": (("blk.{bid}.attn_sinks.weight", "model.layers.{bid}.self_attn.sinks"),),

@@ -1,0 +1,148 @@
+"""GGUF written from tiny synthetic Hugging Face decoders per architecture (names, shapes, q/k rows, keys).
+
+Expected names: gguf-py 0.19's own tables (``gguf.get_tensor_name_map(arch, n_blocks).get_name(hf_name)`` and
+``MODEL_TENSORS[arch]``), i.e. what ``convert_hf_to_gguf.py`` names them. Expected keys: by hand from the config
+and ``convert_hf_to_gguf.py`` (``TextModel`` / ``LlamaModel`` / ``Qwen2Model`` / ``Phi3MiniModel``
+``set_gguf_parameters``; llama.cpp as vendored by llama-cpp-python 0.3.36). Shapes: GGUF ``ne`` is the reversed
+numpy shape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors.numpy import save_file
+
+from converter.cli import main
+from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
+
+
+def _tensors(model_type: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    out = {"model.embed_tokens.weight": w(VOCAB, HIDDEN), "model.norm.weight": w(HIDDEN),
+           "lm_head.weight": w(VOCAB, HIDDEN)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = w(HIDDEN)
+        out[p + "post_attention_layernorm.weight"] = w(HIDDEN)
+        out[p + "self_attn.o_proj.weight"] = w(HIDDEN, HEADS * HEAD_DIM)
+        out[p + "mlp.down_proj.weight"] = w(HIDDEN, FF)
+        if model_type == "phi3":
+            out[p + "self_attn.qkv_proj.weight"] = w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
+            out[p + "mlp.gate_up_proj.weight"] = w(2 * FF, HIDDEN)
+            continue
+        out[p + "self_attn.q_proj.weight"] = w(HEADS * HEAD_DIM, HIDDEN)
+        out[p + "self_attn.k_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
+        out[p + "self_attn.v_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
+        out[p + "mlp.gate_proj.weight"] = w(FF, HIDDEN)
+        out[p + "mlp.up_proj.weight"] = w(FF, HIDDEN)
+        if model_type == "qwen2":
+            for x, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+                out[p + f"self_attn.{x}_proj.bias"] = w(n * HEAD_DIM)
+        if model_type == "qwen3":
+            out[p + "self_attn.q_norm.weight"] = w(HEAD_DIM)
+            out[p + "self_attn.k_norm.weight"] = w(HEAD_DIM)
+    return out
+
+
+def _config(model_type: str) -> dict:
+    cfg = {"model_type": model_type, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
+           "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "num_hidden_layers": LAYERS,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": VOCAB,
+           "tie_word_embeddings": False, "sliding_window": 4096}
+    if model_type == "qwen3":
+        cfg["head_dim"] = HEAD_DIM
+    if model_type == "phi3":
+        cfg.update(original_max_position_embeddings=256, sliding_window=None)
+    return cfg
+
+
+def _write(tmp_path: Path, model_type: str) -> Path:
+    folder = tmp_path / model_type
+    folder.mkdir()
+    save_file(_tensors(model_type), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(_config(model_type)))
+    return folder
+
+
+def _convert(folder: Path, out: Path) -> gguf.GGUFReader:
+    res = CliRunner().invoke(main, ["convert", str(folder), str(out), "--to", "gguf"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return gguf.GGUFReader(out)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
+def test_names_and_shapes_are_gguf_pys(model_type, tmp_path):
+    arch = HF_MODEL_TYPE_TO_ARCH[model_type]
+    src = _tensors(model_type)
+    reader = _convert(_write(tmp_path, model_type), tmp_path / "out.gguf")
+    assert reader.fields["general.architecture"].contents() == arch
+    arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
+    name_map = gguf.get_tensor_name_map(arch_enum, LAYERS)
+    allowed = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSORS[arch_enum] for i in range(LAYERS)}
+    got = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
+    expected = {}
+    for hf, a in src.items():
+        stem, suffix = hf.rsplit(".", 1)
+        g = name_map.get_name(stem)
+        assert g in allowed, (hf, g)
+        expected[f"{g}.{suffix}"] = list(reversed(a.shape))
+    assert got == expected
+
+
+@pytest.mark.parametrize("model_type, permuted", [("llama", True), ("qwen2", False), ("qwen3", False)])
+def test_q_k_rows(model_type, permuted, tmp_path):
+    """llama: LlamaModel.permute (rows as (heads, 2, head_dim/2), inner axes swapped; k with the kv heads);
+    Qwen2Model / Qwen3Model leave q and k as they are."""
+    src = _tensors(model_type)
+    reader = _convert(_write(tmp_path, model_type), tmp_path / "out.gguf")
+    data = {t.name: np.asarray(t.data) for t in reader.tensors}
+    for x, n in (("q", HEADS), ("k", KV_HEADS)):
+        w = src[f"model.layers.1.self_attn.{x}_proj.weight"]
+        want = w.reshape(n, 2, HEAD_DIM // 2, HIDDEN).swapaxes(1, 2).reshape(w.shape) if permuted else w
+        np.testing.assert_array_equal(data[f"blk.1.attn_{x}.weight"], want)
+
+
+def _kv(reader: gguf.GGUFReader, arch: str) -> dict:
+    return {k[len(arch) + 1:]: f.contents() for k, f in reader.fields.items() if k.startswith(arch + ".")}
+
+
+def test_qwen3_keys(tmp_path):
+    kv = _kv(_convert(_write(tmp_path, "qwen3"), tmp_path / "out.gguf"), "qwen3")
+    assert kv == {"block_count": 2, "context_length": 512, "embedding_length": 64, "feed_forward_length": 96,
+                  "attention.head_count": 4, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon":
+                  pytest.approx(1e-6, rel=1e-7), "vocab_size": 40, "attention.key_length": 16,
+                  "attention.value_length": 16, "rope.freq_base": 1000000.0}  # no sliding window (TextModel)
+
+
+def test_llama_keys(tmp_path):
+    kv = _kv(_convert(_write(tmp_path, "mistral"), tmp_path / "out.gguf"), "llama")
+    assert kv["rope.dimension_count"] == 16 and "attention.sliding_window" not in kv
+    assert "attention.key_length" not in kv  # the config has no head_dim
+
+
+def test_phi3_keys(tmp_path):
+    kv = _kv(_convert(_write(tmp_path, "phi3"), tmp_path / "out.gguf"), "phi3")
+    assert kv == {"block_count": 2, "context_length": 512, "embedding_length": 64, "feed_forward_length": 96,
+                  "attention.head_count": 4, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon":
+                  pytest.approx(1e-6, rel=1e-7), "rope.freq_base": 1000000.0, "attention.sliding_window": 0,
+                  "rope.dimension_count": 16, "rope.scaling.original_context_length": 256}
+
+
+def test_tables_agree_with_gguf_py():
+    """Every (GGUF, Hugging Face) pair of the decoder tables is one gguf-py's TensorNameMap gives."""
+    for arch in ("llama", "qwen2", "qwen3", "phi3"):
+        arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
+        name_map = gguf.get_tensor_name_map(arch_enum, 3)
+        for g, h in ARCH_TABLES[arch]:
+            assert name_map.get_name(h.format(bid=2)) == g.format(bid=2), (arch, h)
