@@ -12,10 +12,10 @@ Each file holds one tensor ``blk.0.ffn_up_exps.weight`` of random block bytes wr
 ``GGUFWriter`` (``raw_dtype``): MXFP4 E8M0 bytes 120..130, NVFP4 UE4M3 bytes 0x20..0x50 and a ``.scale`` of
 0.5, Q4_0 float16 ``d`` near 2^-4 (the values do not change the cost). ``qckpt --workers 1 dequantize SRC DST
 --max-memory B`` runs in a fresh subprocess; its peak RSS is the kernel's peak resident set of that process
-(``os.wait4`` ``ru_maxrss``: the interpreter, the mapped source pages and the working set; the files are built in
-another child so that the parent stays small, since a forked child's peak counts the parent's pages). The bounded and the
-unbounded outputs of each type are checked byte-identical before any figure is printed. Printed: peak RSS and
-wall time per type and budget, and the ratios FP4 / Q4_0 under the same budget.
+(``os.wait4`` ``ru_maxrss``: the interpreter, the mapped source pages and the working set; the files are built
+in another child so that the parent stays small, since a forked child's peak counts the parent's pages). The
+bounded and the unbounded outputs of each type are checked byte-identical before any figure is printed. Printed: peak
+RSS and wall time per type and budget, and the ratios FP4 / Q4_0 under the same budget.
 
 Measured 2026-12-06 on the 2-core dev VM (shared), peak RSS in MB, bounded ``--max-memory 64M`` / unbounded::
 
@@ -124,8 +124,8 @@ def main() -> int:
             shutil.rmtree(work / f"{t}-bounded")
             shutil.rmtree(work / f"{t}-unbounded")
             src.unlink()
-        print(f"checkout {a.root.resolve()}; stack [{a.experts}, {a.out}, {a.inp}]: float32 {4 * n / 1e6:.0f} MB; bounded and unbounded "
-              "outputs byte-identical per type")
+        print(f"checkout {a.root.resolve()}; stack [{a.experts}, {a.out}, {a.inp}]: float32 {4 * n / 1e6:.0f} MB; "
+              "bounded and unbounded outputs byte-identical per type")
         for (t, label), (secs, rss) in results.items():
             budget = a.budget if label == "bounded" else big
             base = results.get(("Q4_0", label))

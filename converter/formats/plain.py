@@ -7,7 +7,7 @@ dtype; dense tensors pass through bit-exact.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Container
 
 
 import numpy as np
@@ -16,6 +16,7 @@ from converter.dtypes import float_dtype
 from converter.errors import FormatError
 from converter.tensor import Checkpoint
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.formats.base import dropped_activation_scales
 from converter.formats.model_dir import write_model_dir
 from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
@@ -23,6 +24,10 @@ from converter.formats.source import Source
 from converter.vocabulary import FLOAT_DTYPE_ALIASES
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+#: Why a static activation scale is not written to a float checkpoint (the summary's ``dropped`` reason).
+ACT_SCALE_DROPPED = ("static activation scale not written: it quantizes a layer's input at run time (ModelOpt / "
+                     "compressed-tensors input_scale), a float model has no such parameter (transformers' float "
+                     "Linear ignores it)")
 
 
 def read_plain(src: Source) -> Checkpoint:
@@ -58,8 +63,8 @@ def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
     return rows_plan(plan, values=True) if perm[0] == 0 else plan
 
 
-def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
-    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through.
+def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ()) -> list[TensorPlan]:
+    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through (but those in ``skip``).
 
     A quantized tensor whose float parameter stores its axes in another order than the logical one
     (``ckpt.metadata["dense_axes"]``: ``{name: [axis, ...]}``, declared by the source's reader; gpt-oss
@@ -68,6 +73,8 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
     orders = (ckpt.metadata or {}).get("dense_axes") or {}
     plans = []
     for spec in ckpt.specs():
+        if spec.name in skip:
+            continue
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
         elif spec.name in orders and sorted(orders[spec.name]) == sorted(spec.axes) \
@@ -129,19 +136,23 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     ``dst`` ending in ``.safetensors`` gives one file; otherwise a model directory (sharded when
     ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed, ``dtype`` the
     dtype written: :func:`written_dtype`), the source directory's other files copied and the source's
-    side files (a GGUF's tokenizer) written.
+    side files (a GGUF's tokenizer) written. Static activation scales (``input_scale`` ...) are not written:
+    the summary's ``dropped`` names each with the reason (:func:`~converter.formats.base.dropped_activation_scales`).
     """
     ckpt.refuse_opaque("plain")
     dtype = FLOAT_DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
-    plans = plain_plans(ckpt, dtype)
+    dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
+    plans = plain_plans(ckpt, dtype, skip=dropped)
     meta = {"format": "pt"}
     dst = Path(dst)
     if dst.suffix == ".safetensors":
-        return write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
-    return write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
-                           extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+        res = write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
+    else:
+        res = write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
+                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    return {**res, **({"dropped": dropped} if dropped else {})}
 
 
 HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",
