@@ -21,6 +21,10 @@ from converter.kernels.dequant import byte_table, dequantize_block, dequantize_b
 from converter.layout import EXPERT, PackedCodes
 from converter.scheme import AMAX_DENOMINATOR, QuantScheme, ZeroPoint
 
+#: Elements per block of :func:`dequantize_parts` (a float32 output, its scales and an int64 codebook index:
+#: about 16 MB of temporaries per block).
+PARTS_ELEMENTS = 1 << 20
+
 if TYPE_CHECKING:  # (annotations only: converter.tensor imports this module)
     from converter.tensor import QuantizedTensor
 
@@ -48,6 +52,13 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     s, gm = t.scheme, t.group_map
     if gm.granularity is Granularity.BLOCK:
         return _dequantize_blocks(t)
+    if len(t.shape) > 2 and _stacked_rows(t):  # (expert, out, in) ...: rows of every leading index, in blocks
+        n = t.shape[-1]
+        flat = t.replace(axes=("out", "in"), codes=np.asarray(t.codes).reshape(-1, n),
+                         scales=t.scales.reshape(-1, t.scales.shape[-1]),
+                         zero_points=None if t.zero_points is None else t.zero_points.reshape(-1, t.scales.shape[-1]),
+                         double_quant=None)
+        return dequantize(flat).reshape(t.shape)
     if len(t.shape) != 2 or not gm.row_local(t.axes):
         return dequantize_parts(t.codes, t.scales, t.zero_points, s, gm, t.axes)
     rows, n = t.shape
@@ -67,6 +78,31 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
                            group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
                            center=center, table=table, codebook=codebook)
+
+
+def _leading_step(shape: Sequence[int], scales, zero_points, group_map: GroupMap, axes: Sequence[str]) -> int | None:
+    """Leading-axis indices per block of :func:`dequantize_parts` when its groups run along another axis (so a
+    block of the leading axis carries its own parameters) and the tensor is larger than one block; else None."""
+    if (group_map.granularity is not Granularity.GROUP or group_map.axis == axes[0] or len(shape) < 2
+            or np.shape(scales)[:1] != tuple(shape[:1])
+            or (zero_points is not None and np.shape(zero_points)[:1] != tuple(shape[:1]))):
+        return None
+    per = int(np.prod(shape[1:], dtype=np.int64))
+    step = max(1, PARTS_ELEMENTS // max(1, per))
+    return step if step < shape[0] else None
+
+
+def _stacked_rows(t: "QuantizedTensor") -> bool:
+    """An N-D tensor (``expert, out, in`` ...) grouped along its last axis ``in`` only (no ``g_idx``), its
+    parameters ``(..., groups)``: every leading index is a row of its own, so the stack decodes as
+    ``(prod(leading), in)`` rows in blocks (:func:`~converter.kernels.dequant.dequantize_rows`), never with
+    its parameters expanded to every element (issue 15: a GGUF MXFP4 ``[8, 2048, 4096]`` stack)."""
+    gm = t.group_map
+    if gm.granularity is not Granularity.GROUP or gm.axis != t.axes[-1] or gm.g_idx is not None:
+        return False
+    groups = -(-t.shape[-1] // gm.group_size)
+    return tuple(t.scales.shape) == (*t.shape[:-1], groups) and (
+        t.zero_points is None or tuple(t.zero_points.shape) == tuple(t.scales.shape))
 
 
 def effective_scales(scales: np.ndarray, global_scale: np.ndarray | None, direction: str | None) -> np.ndarray:
@@ -166,6 +202,14 @@ def dequantize_parts(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndar
     shape = codes.shape
     out = np.empty(shape, dtype=np.float32)
     if out.size == 0:
+        return out
+    step = _leading_step(shape, scales, zero_points, group_map, axes)
+    if step is not None:  # blocks of the leading axis, each with its own parameters expanded: no full-size
+        for r0 in range(0, shape[0], step):  # scale array (nor int64 codebook index); same float32 operations
+            r1 = min(shape[0], r0 + step)
+            out[r0:r1] = dequantize_parts(codes[r0:r1], scales[r0:r1],
+                                          None if zero_points is None else zero_points[r0:r1], scheme,
+                                          group_map, axes, zero_shift)
         return out
     # one block: the whole tensor, parameters expanded (broadcast views) to every element
     scale = group_map.expand(np.asarray(scales).astype(np.float32), shape, axes)

@@ -118,8 +118,9 @@ def test_convert_json(sample, target, tmp_path):
     assert s["changed"] == 0 and s["within_rounding"] and s["tensors"] == len(registry.load(SAMPLES / sample))
     rounded = [r for r in doc["tensors"] if r["mode"] == "exact_up_to_rounding"]
     # all_exact only when every tensor is bit-exact (issue 18: rounded biases made it claim true)
-    dropped = [r for r in doc["tensors"] if r["mode"] == "dropped"]  # activation scales GGUF has no place for
-    assert all(r["name"].endswith("input_scale") and target == "gguf" for r in dropped)
+    # activation scales GGUF and a float model have no place for
+    dropped = [r for r in doc["tensors"] if r["mode"] == "dropped"]
+    assert all(r["name"].endswith("input_scale") and target in ("gguf", "plain") for r in dropped)
     assert s["all_exact"] is (not rounded and not dropped)
     if EXPECTED[(sample, target)] == ROUND:
         assert rounded and s["quantized"]["exact_up_to_rounding"] == len(rounded) == 7

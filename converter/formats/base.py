@@ -55,8 +55,9 @@ from converter.formats.source import Source
 from converter.tensor import Checkpoint, QuantizedTensor, Tensor, TensorSpec
 from converter.write.plan import TensorPlan, dense_plan
 from converter.formats.model_dir import write_model_dir
+from converter.formats.activations import is_activation_scale
 
-__all__ = ["source_checkpoint", "plan_tensors", "write_directory", "define_format"]
+__all__ = ["source_checkpoint", "plan_tensors", "write_directory", "define_format", "dropped_activation_scales"]
 
 
 def source_checkpoint(src: Source, fmt: str, specs: Mapping[str, TensorSpec], decode: Callable[[str], Tensor],
@@ -85,6 +86,15 @@ def source_checkpoint(src: Source, fmt: str, specs: Mapping[str, TensorSpec], de
 
     return Checkpoint(specs, load, format=fmt, path=str(src.path), config=src.config, metadata=dict(metadata),
                       files=[str(f) for f in src.files], extra_files=[str(p) for p in src.extra_files()])
+
+
+def dropped_activation_scales(ckpt: Checkpoint, reason: str) -> dict[str, str]:
+    """Source name -> ``reason`` for every static activation scale of ``ckpt``
+    (:func:`converter.formats.activations.is_activation_scale`: ``input_scale`` ...), for a writer whose target has
+    no place for them. The writer leaves them out of its plans and returns this mapping as ``dropped`` in its
+    summary: the convert proof shows each as mode ``dropped`` with the reason (:func:`converter.ops.convert.proof_row`),
+    the dequantize summary lists them; nothing is left out silently."""
+    return {spec.name: reason for spec in ckpt.specs() if is_activation_scale(spec)}
 
 
 def plan_tensors(ckpt: Checkpoint, encode: Callable[[TensorSpec], TensorPlan],

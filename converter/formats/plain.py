@@ -7,7 +7,7 @@ dtype; dense tensors pass through bit-exact.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Container
 
 
 import numpy as np
@@ -17,6 +17,7 @@ from converter.errors import FormatError
 from converter.tensor import Checkpoint
 from converter.spec import refuse_opaque
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
+from converter.formats.base import dropped_activation_scales
 from converter.formats.model_dir import write_model_dir
 from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
@@ -24,6 +25,10 @@ from converter.formats.source import Source
 from converter.vocabulary import FLOAT_DTYPE_ALIASES
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+#: Why a static activation scale is not written to a float checkpoint (the summary's ``dropped`` reason).
+ACT_SCALE_DROPPED = ("static activation scale not written: it quantizes a layer's input at run time (ModelOpt / "
+                     "compressed-tensors input_scale), a float model has no such parameter (transformers' float "
+                     "Linear ignores it)")
 
 
 def read_plain(src: Source) -> Checkpoint:
@@ -59,8 +64,8 @@ def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
     return rows_plan(plan, values=True) if perm[0] == 0 else plan
 
 
-def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
-    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through.
+def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ()) -> list[TensorPlan]:
+    """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through (but those in ``skip``).
 
     A quantized tensor whose float parameter stores its axes in another order than the logical one
     (``ckpt.metadata["dense_axes"]``: ``{name: [axis, ...]}``, declared by the source's reader; gpt-oss
@@ -69,6 +74,8 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32") -> list[TensorPlan]:
     orders = (ckpt.metadata or {}).get("dense_axes") or {}
     plans = []
     for spec in ckpt.specs():
+        if spec.name in skip:
+            continue
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
         elif spec.decoded_by:  # values decoded by another decoder (GGUF IQ* / TQ*): float32, rounded to dtype
@@ -139,7 +146,8 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     ``dst`` ending in ``.safetensors`` gives one file; otherwise a model directory (sharded when
     ``max_shard_bytes`` is set) with ``config.json`` (its ``quantization_config`` removed, ``dtype`` the
     dtype written: :func:`written_dtype`), the source directory's other files copied and the source's
-    side files (a GGUF's tokenizer) written.
+    side files (a GGUF's tokenizer) written. Static activation scales (``input_scale`` ...) are not written:
+    the summary's ``dropped`` names each with the reason (:func:`~converter.formats.base.dropped_activation_scales`).
     """
     for spec in ckpt.specs():  # float values are what this writer stores: a decoded type's values are enough
         if not spec.decoded_by:
@@ -147,14 +155,15 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
     dtype = FLOAT_DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in ("F32", "F16", "BF16"):
         raise FormatError("plain output dtype must be f32, f16 or bf16", field="dtype", found=dtype)
+    dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
     tools = None
     if match_tool:
         from converter.formats.registry import get
         from converter.formats.tool_decode import tool_plans
         tool_dtype = FLOAT_DTYPE_ALIASES.get(tool_dtype, tool_dtype) if tool_dtype else None
-        plans, tools = tool_plans(ckpt, get(ckpt.format).tool_decode, ckpt.format, tool_dtype)
+        plans, tools = tool_plans(ckpt, get(ckpt.format).tool_decode, ckpt.format, tool_dtype, skip=dropped)
     else:
-        plans = plain_plans(ckpt, dtype)
+        plans = plain_plans(ckpt, dtype, skip=dropped)
     meta = {"format": "pt"}
     dst = Path(dst)
     if dst.suffix == ".safetensors":
@@ -164,7 +173,7 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
                               extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
     if tools is not None:
         res["match_tool"] = tools
-    return res
+    return {**res, **({"dropped": dropped} if dropped else {})}
 
 
 HANDLER = register(FormatHandler("plain", "float safetensors (F32/F16/BF16), single file or sharded",

@@ -20,7 +20,7 @@ an override that differs is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Container, Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -106,9 +106,10 @@ def fixed_dtype(tool: str, dtype: str, runtime: Optional[str], why: str, tensor:
 
 
 def tool_plans(ckpt, hook: Optional[Callable[..., ToolDecode]], fmt: str,
-               runtime: Optional[str] = None) -> tuple[list[TensorPlan], dict[str, str]]:
+               runtime: Optional[str] = None, skip: Container[str] = ()) -> tuple[list[TensorPlan], dict[str, str]]:
     """The plain writer's plans decoding each quantized tensor as its producing tool does; dense tensors
-    pass through as stored (a tool loads them as they are). Returns ``(plans, {tensor: tool})``.
+    pass through as stored (a tool loads them as they are), but those in ``skip`` (static activation
+    scales a float model does not have). Returns ``(plans, {tensor: tool})``.
 
     Raises
     ------
@@ -117,6 +118,8 @@ def tool_plans(ckpt, hook: Optional[Callable[..., ToolDecode]], fmt: str,
     """
     plans, tools = [], {}
     for spec in ckpt.specs():
+        if spec.name in skip:
+            continue
         if spec.kind == "dense":
             plans.append(dense_plan(spec))
             continue

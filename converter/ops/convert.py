@@ -24,6 +24,7 @@ from typing import Any
 
 from converter.errors import ConverterError, NotRepresentableError, UnsupportedError
 from converter.formats import registry
+from converter.formats.activations import activation_scales, owner
 from converter.groups import Granularity
 from converter.layout import IN
 from converter.ops.compare import compare_tensors
@@ -98,7 +99,7 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
         name, reason = problems[0]
         more = f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""
         raise NotRepresentableError(f"not representable in {to}: {reason}{more}", file=ckpt.path, tensor=name,
-                                    field="scheme", hint=requantize_hint(handler, ckpt.spec(name), ckpt.path, to))
+                                    field="scheme", hint=requantize_hint(handler, ckpt.spec(name), ckpt.path, to, ckpt))
     return []
 
 
@@ -108,16 +109,25 @@ FP8_HINT_TARGETS = (("--block 128x128", {"granularity": "block", "block": (128, 
                     ("--per-tensor", {"granularity": "tensor"}))
 
 
-def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any, to: str) -> str:
+def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any, to: str,
+                    ckpt: Checkpoint | None = None) -> str:
     """The hint of a refused repack: :data:`REQUANTIZE_HINT`, or, when the target stores FP8 elements
     but not an 8-bit per-channel integer requantization of ``spec`` (a float-element format: FP8, and
     FP4 by repack), the one ``qckpt convert ... --fp8 e4m3`` command line that works (the FP8
-    granularities it accepts)."""
+    granularities it accepts; with ``ckpt``, not one whose tensor needs a companion the source lacks:
+    ModelOpt per-tensor FP8 is W8A8 and needs the module's static activation scale)."""
+    acts = activation_scales(ckpt) if ckpt is not None else None
+
     def accepts(target: Target) -> bool:
         try:
-            return handler.target_reason(spec_of(target_probe(spec, target))) is None
+            probe = target_probe(spec, target)
+            if handler.target_reason(spec_of(probe)) is not None:
+                return False
         except ConverterError:
             return False
+        if acts is not None and handler.probe_companions is not None:
+            return all(owner(c.name) in acts for c in handler.probe_companions(probe))
+        return True
     if len(spec.shape) != 2 or accepts(Target(bits=8, granularity="channel")):
         return REQUANTIZE_HINT
     ok = [opt for opt, kw in FP8_HINT_TARGETS if accepts(Target(element="e4m3", **kw))]
@@ -248,7 +258,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                                     f"nothing to repack", file=ckpt.path, tensor=first["tensor"], field="--to",
                                     expected=f"a module {to} stores quantized",
                                     found=f"{len(dequantized)} quantized module(s), all kept dense by {to}",
-                                    hint="convert to another format, or requantize the modules it stores quantized")
+                                    hint=f"convert to another format: requantizing does not give this source a module "
+                                         f"{to} stores quantized")
     plan_exact(view, to, options)
     # an output this replaces is deleted while the proof runs (deletion waits on the disk)
     with deferred_removal() as remove_replaced:

@@ -230,6 +230,12 @@ def render_dequantize(doc: dict) -> None:
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
         click.echo(f"  not written: {', '.join(names)}: {reason}")
+    dropped: dict[str, list[str]] = {}
+    for name, reason in doc.get("dropped", {}).items():
+        dropped.setdefault(reason, []).append(name)
+    for reason, names in dropped.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        click.echo(f"  dropped {len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}): {reason}")
 
 
 def render_convert(doc: dict) -> None:

@@ -7,9 +7,13 @@ Both take the JSON document (``schemas/validation-report.schema.json``,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from converter.report.render import console, table
+from converter.report.render import console, fmt, table
+
+#: Tensors shown one per row in the reference table; more: the worst ones by relative error.
+REFERENCE_ROWS = 24
 
 
 def render_validation(doc: dict[str, Any]) -> None:
@@ -31,6 +35,7 @@ def render_validation(doc: dict[str, Any]) -> None:
         c.print(f"checksums: {ok} of {len(sums)} files verified, {bad} mismatched, "
                 f"{len(sums) - ok - bad} without an expected hash"
                 + (f" (expected from: {', '.join(sources)})" if sources else ""))
+    _render_reference(c, doc)
     if not doc["findings"]:
         return
     t = table("severity", "code", "tensor", "message", "evidence")
@@ -38,6 +43,47 @@ def render_validation(doc: dict[str, Any]) -> None:
         ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None and k != "reader_error")
         t.add_row(f["severity"], f["code"], f["tensor"] or "-", f["message"], ev[:240])
     c.print(t)
+
+
+def _sqnr_db(rel: float | None) -> str:
+    """SQNR in dB of a relative RMS error ``||W - W_ref|| / ||W_ref||``: ``-20 log10(rel)`` (``inf``: exact)."""
+    if rel is None:
+        return "-"
+    return "inf" if rel == 0 else ("-inf" if math.isinf(rel) else f"{-20 * math.log10(rel):.1f}")
+
+
+def _render_reference(c, doc: dict[str, Any]) -> None:
+    """``--reference``: per compared tensor the relative RMS error, SQNR, error in quantization steps, max
+    |error|, ``dequant(W) @ x`` relative error and the closest alternative interpretation; a summary line."""
+    rows = [(name, t["reference"]) for name, t in (doc.get("tensors") or {}).items()
+            if isinstance(t, dict) and t.get("reference")]
+    if not rows:
+        return
+    shown = sorted(rows, key=lambda r: -(r[1].get("rel_rms") or 0.0))[:REFERENCE_ROWS] \
+        if len(rows) > REFERENCE_ROWS else rows
+    title = (f"against the reference {doc.get('reference')}" if len(shown) == len(rows) else
+             f"against the reference {doc.get('reference')}: the {len(shown)} largest errors of {len(rows)}")
+    t = table("tensor", "rel. error", "SQNR dB", "RMS steps", "max |error|", "matmul rel. error",
+              "closest alternative (rel. error)", title=title)
+    declared_best = 0
+    for _, r in rows:
+        alts = r.get("alternatives_rel_rms") or {}
+        if not alts or r["rel_rms"] <= min(alts.values()):
+            declared_best += 1
+    for name, r in shown:
+        alts = r.get("alternatives_rel_rms") or {}
+        best = min(alts.items(), key=lambda kv: kv[1]) if alts else None
+        rel = r.get("rel_rms")
+        t.add_row(name, "0 (exact)" if rel == 0 else fmt(rel), _sqnr_db(rel), fmt(r.get("rms_steps")),
+                  fmt(r.get("max_abs_error")), fmt(r.get("matmul_rel_error")),
+                  f"{best[0]} ({fmt(best[1])})" if best else "-")
+    c.print(t)
+    rels = sorted(r["rel_rms"] for _, r in rows)
+    worst = max(rows, key=lambda r: r[1]["rel_rms"])
+    c.print(f"reference: {len(rows)} quantized tensors compared; relative error median {fmt(rels[len(rels) // 2])}, "
+            f"max {fmt(worst[1]['rel_rms'])} ({worst[0]}, SQNR {_sqnr_db(worst[1]['rel_rms'])} dB); the declared "
+            f"decode is closer to the reference than every alternative interpretation for {declared_best} of "
+            f"{len(rows)}")
 
 
 def render_self_test(doc: dict[str, Any]) -> None:

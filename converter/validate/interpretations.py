@@ -30,6 +30,7 @@ be out of range by construction (``z + 1 = 2^b``).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -66,6 +67,11 @@ def _orders(n: int) -> dict[str, tuple[int, ...]]:
 
 def nibble_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     """Codes as another in-word order would read the same words (empty when codes are not packed)."""
+    return {name: codes() for name, codes in lazy_nibble_alternatives(t).items()}
+
+
+def lazy_nibble_alternatives(t: QuantizedTensor) -> dict[str, Callable[[], np.ndarray]]:
+    """:func:`nibble_alternatives` as functions making each one's codes when called (one at a time in memory)."""
     amap: AxisMap | None = (t.stored or {}).get("codes")
     if amap is None or amap.packed_axis is None or set(amap.stored_axes) != set(t.axes):
         return {}
@@ -81,12 +87,16 @@ def nibble_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     except (LayoutError, QuantizationError):  # a layout we cannot repack has no nibble alternative
         return {}
     out = {}
+    dtype = t.codes.dtype
+
+    def read(alt: AxisMap) -> np.ndarray:
+        codes = alt.to_logical(words, t.axes, sizes, signed=t.scheme.signed)
+        return np.ascontiguousarray(codes).astype(dtype, copy=False)
     for label, order in _orders(n).items():
         if order == declared:
             continue
         alt = replace(amap, order=None if order == tuple(range(n)) else order)
-        codes = alt.to_logical(words, t.axes, sizes, signed=t.scheme.signed)
-        out[f"nibble order {label}"] = np.ascontiguousarray(codes).astype(t.codes.dtype, copy=False)
+        out[f"nibble order {label}"] = partial(read, alt)
     return out
 
 
@@ -127,64 +137,81 @@ def alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     """Every alternative decode of ``t`` (float32, logical shape), keyed by a readable name.
 
     Only 2-D ``(out, in)`` tensors get the reshape alternatives; alternatives identical to the
-    declared arrays (a 1-wide scale array "transposed") are dropped.
+    declared arrays (a 1-wide scale array "transposed") are dropped. All of them at once in memory:
+    a caller comparing each with something uses :func:`lazy_alternatives` instead.
     """
-    out: dict[str, np.ndarray] = {}
+    return {name: make() for name, make in lazy_alternatives(t).items()}
+
+
+def lazy_alternatives(t: QuantizedTensor) -> dict[str, Callable[[], np.ndarray]]:
+    """:func:`alternatives` as functions, each making its decode when called: a caller that drops each result
+    before calling the next holds one alternative (and its temporaries) at a time, not a dozen (issue 15:
+    ``validate --reference`` on a 268 MB float32 tensor peaked at 5.1 GB)."""
+    out: dict[str, Callable[[], np.ndarray]] = {}
     q = t.codes
     if q.ndim == 2 and EXPERT not in t.axes:
         O, I = q.shape
         if O == I:
-            out["transposed codes"] = decode(t, codes=np.ascontiguousarray(q.T))
+            out["transposed codes"] = lambda: decode(t, codes=np.ascontiguousarray(q.T))
         else:
-            out["transposed storage"] = decode(t, codes=np.ascontiguousarray(q.T).reshape(O, I))
-            out["reversed dims"] = decode(t, codes=np.ascontiguousarray(q.reshape(I, O).T))
+            out["transposed storage"] = lambda: decode(t, codes=np.ascontiguousarray(q.T).reshape(O, I))
+            out["reversed dims"] = lambda: decode(t, codes=np.ascontiguousarray(q.reshape(I, O).T))
         for name, (sc, zp, gm) in _param_alternatives(t).items():
             if gm is t.group_map and np.array_equal(sc, t.scales):
                 continue
-            out[name] = decode(t, scales=sc, zero_points=zp, group_map=gm)
+            out[name] = partial(decode, t, scales=sc, zero_points=zp, group_map=gm)
     if q.ndim == 3 and t.axes[0] == EXPERT:
-        out.update(expert_alternatives(t))
-    for name, codes in nibble_alternatives(t).items():
-        out[name] = decode(t, codes=codes)
+        out.update(lazy_expert_alternatives(t))
+    for name, codes in lazy_nibble_alternatives(t).items():
+        out[name] = lambda codes=codes: decode(t, codes=codes())
     if t.scheme.codebook is None:
-        out["zero +1"] = decode(t, zero_shift=1.0)
-        out["zero -1"] = decode(t, zero_shift=-1.0)
+        out["zero +1"] = partial(decode, t, zero_shift=1.0)
+        out["zero -1"] = partial(decode, t, zero_shift=-1.0)
     gm = t.group_map
     if gm.granularity is Granularity.GROUP and gm.g_idx is not None:
         seq = GroupMap.per_group(gm.group_size, gm.axis)
         if seq.param_shape(t.shape, t.axes) == tuple(t.scales.shape):
-            out["sequential groups (g_idx ignored)"] = decode(t, group_map=seq)
+            out["sequential groups (g_idx ignored)"] = partial(decode, t, group_map=seq)
     if float_element(t) is not None:
-        out.update(float_alternatives(t))
+        out.update(lazy_float_alternatives(t))
     return out
 
 
 def expert_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     """Alternative decodes of a stacked ``(expert, out, in)`` tensor (see the module docstring)."""
-    out: dict[str, np.ndarray] = {}
+    return {name: make() for name, make in lazy_expert_alternatives(t).items()}
+
+
+def lazy_expert_alternatives(t: QuantizedTensor) -> dict[str, Callable[[], np.ndarray]]:
+    """:func:`expert_alternatives` as functions making each decode when called."""
+    out: dict[str, Callable[[], np.ndarray]] = {}
     q, s, z, gm = t.codes, t.scales, t.zero_points, t.group_map
     E, O, I = q.shape
 
     def flip(a):
         return None if a is None else np.ascontiguousarray(a[::-1])
     if E > 1:
-        out["expert order reversed"] = decode(t, codes=flip(q), scales=flip(s), zero_points=flip(z))
+        out["expert order reversed"] = lambda: decode(t, codes=flip(q), scales=flip(s), zero_points=flip(z))
         if s.shape[0] == E:
-            out["scales of the neighbouring expert"] = decode(
+            out["scales of the neighbouring expert"] = lambda: decode(
                 t, scales=np.roll(s, 1, axis=0), zero_points=None if z is None else np.roll(z, 1, axis=0))
-    moved = np.ascontiguousarray(q.transpose(0, 2, 1))  # square: transposed; else the buffer read [E, out, in]
-    out["each expert stored transposed ([E, in, out])"] = decode(t, codes=moved if O == I else moved.reshape(E, O, I))
+
+    def moved() -> np.ndarray:  # square: transposed; else the buffer read [E, out, in]
+        m = np.ascontiguousarray(q.transpose(0, 2, 1))
+        return m if O == I else m.reshape(E, O, I)
+    out["each expert stored transposed ([E, in, out])"] = lambda: decode(t, codes=moved())
     if O % 2 == 0 and O > 2:
         perm = np.r_[0:O:2, 1:O:2]
 
         def rows(a):
             return None if a is None else (np.ascontiguousarray(a[:, perm]) if a.shape[1] == O else a)
-        out["out rows de-interleaved (0::2 then 1::2)"] = decode(t, codes=rows(q), scales=rows(s), zero_points=rows(z))
+        out["out rows de-interleaved (0::2 then 1::2)"] = lambda: decode(t, codes=rows(q), scales=rows(s),
+                                                                         zero_points=rows(z))
     if gm.granularity is Granularity.GROUP and gm.axis == "in" and s.shape[2] > 1:
-        out["scales shifted one group forward"] = decode(t, scales=np.roll(s, 1, axis=2),
-                                                         zero_points=None if z is None else np.roll(z, 1, axis=2))
-        out["scales shifted one group back"] = decode(t, scales=np.roll(s, -1, axis=2),
-                                                      zero_points=None if z is None else np.roll(z, -1, axis=2))
+        out["scales shifted one group forward"] = lambda: decode(
+            t, scales=np.roll(s, 1, axis=2), zero_points=None if z is None else np.roll(z, 1, axis=2))
+        out["scales shifted one group back"] = lambda: decode(
+            t, scales=np.roll(s, -1, axis=2), zero_points=None if z is None else np.roll(z, -1, axis=2))
     return out
 
 
@@ -210,20 +237,25 @@ def _reblocked(t: QuantizedTensor, factor: float) -> np.ndarray:
 
 def float_alternatives(t: QuantizedTensor) -> dict[str, np.ndarray]:
     """The float-element (FP8 / FP4) alternatives of a 2-D or stacked tensor (see the module docstring)."""
-    out: dict[str, np.ndarray] = {}
+    return {name: make() for name, make in lazy_float_alternatives(t).items()}
+
+
+def lazy_float_alternatives(t: QuantizedTensor) -> dict[str, Callable[[], np.ndarray]]:
+    """:func:`float_alternatives` as functions making each decode when called."""
+    out: dict[str, Callable[[], np.ndarray]] = {}
     s = np.asarray(t.scales, dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale stays 0 (its block decodes to 0 either way)
         recip = np.where(s != 0, np.float32(1.0) / s, np.float32(0.0)).astype(np.float32)
-    out["scales as divisors (codebook[q] / s)"] = decode(t, scales=recip)
+    out["scales as divisors (codebook[q] / s)"] = partial(decode, t, scales=recip)
     gm, q = t.group_map, t.codes
     if gm.granularity is not Granularity.BLOCK or q.ndim != 2 or EXPERT in t.axes:
         return out
     O, I = q.shape
     bo, bi = gm.extent("out"), gm.extent("in")
     if O == I and bo == bi:
-        out["transposed blocks (codes and scales)"] = decode(t, codes=np.ascontiguousarray(q.T),
-                                                             scales=np.ascontiguousarray(s.T))
+        out["transposed blocks (codes and scales)"] = lambda: decode(t, codes=np.ascontiguousarray(q.T),
+                                                                     scales=np.ascontiguousarray(s.T))
     for factor, word in ((2.0, "twice"), (0.5, "half")):
         ext = " x ".join(f"{a} {max(1, int(b * factor))}" for a, b in gm.block)
-        out[f"block {ext} (the scale grid read with {word} the block size)"] = _reblocked(t, factor)
+        out[f"block {ext} (the scale grid read with {word} the block size)"] = partial(_reblocked, t, factor)
     return out

@@ -29,7 +29,7 @@ from converter.tensor import QuantizedTensor
 from converter.values import with_effective_scales
 from converter.validate.findings import Finding, finding
 from converter.validate.float_checks import float_element
-from converter.validate.interpretations import alternatives
+from converter.validate.interpretations import lazy_alternatives
 
 STEP_LIMIT = 0.5
 ALT_RATIO = 0.5
@@ -73,16 +73,59 @@ def step_rms(t: QuantizedTensor) -> float:
     return float(np.sqrt(np.mean(s * s))) if s.size else 0.0
 
 
+#: Elements per chunk of the sums below (float64 temporaries of about 8 MB).
+CHUNK = 1 << 20
+
+
+def _chunks(*arrays: np.ndarray):
+    """Aligned flat chunks of :data:`CHUNK` elements of same-shaped arrays (views where the arrays are contiguous)."""
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    n = flat[0].size
+    for i in range(0, n, CHUNK):
+        yield tuple(f[i:i + CHUNK] for f in flat)
+
+
+def _sumsq(x: np.ndarray) -> float:
+    """``sum(x^2)`` in float64, chunk by chunk."""
+    total = 0.0
+    for (c,) in _chunks(x):
+        c64 = c.astype(np.float64)
+        total += float(np.dot(c64, c64))
+    return total
+
+
 def _norm(x: np.ndarray) -> float:
-    v = np.ascontiguousarray(x).reshape(-1)
-    return float(np.sqrt(np.dot(v.astype(np.float64, copy=False), v.astype(np.float64, copy=False)))) if v.size else 0.0
+    return float(np.sqrt(_sumsq(x))) if np.size(x) else 0.0
+
+
+def _diff_sumsq(a: np.ndarray, ref: np.ndarray) -> float:
+    """``sum((a - ref)^2)``: the difference in float32, squares summed in float64, chunk by chunk (no full-size
+    difference array)."""
+    total = 0.0
+    for ca, cr in _chunks(a, ref):
+        d = np.subtract(ca, cr, dtype=np.float32).astype(np.float64)
+        total += float(np.dot(d, d))
+    return total
 
 
 def _rel(a: np.ndarray, ref: np.ndarray, ref_norm: float | None = None) -> float:
     """``||a - ref|| / ||ref||`` (float32 difference, float64 accumulation)."""
-    d = _norm(np.subtract(a, ref, dtype=np.float32))
+    d = float(np.sqrt(_diff_sumsq(a, ref))) if np.size(a) else 0.0
     n = _norm(ref) if ref_norm is None else ref_norm
     return d / n if n else (0.0 if d == 0 else float("inf"))
+
+
+def _error_stats(deq: np.ndarray, ref32: np.ndarray) -> tuple[float, float, float]:
+    """``(rms, max |error|, mean square of ref)`` of ``deq - ref`` (differences in float64), chunk by chunk."""
+    sq = mx = rsq = 0.0
+    for cd, cr in _chunks(deq, ref32):
+        r64 = cr.astype(np.float64)
+        e = cd.astype(np.float64) - r64
+        sq += float(np.dot(e, e))
+        mx = max(mx, float(np.max(np.abs(e))))
+        rsq += float(np.dot(r64, r64))
+    n = deq.size
+    return (float(np.sqrt(sq / n)), mx, rsq / n) if n else (0.0, 0.0, 0.0)
 
 
 def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[str, Any]]:
@@ -93,30 +136,30 @@ def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[st
     """
     t = with_effective_scales(t)
     ref32 = np.asarray(ref, dtype=np.float32)
-    ref64 = ref32.astype(np.float64)
     ref_norm = _norm(ref32)
     deq = t.dequantize()
-    err = deq.astype(np.float64) - ref64
-    rms = float(np.sqrt(np.mean(err * err))) if err.size else 0.0
+    rms, max_err, ref_ms = _error_stats(deq, ref32)  # chunked: no float64 copy of the tensor
     step = step_rms(t)
     steps = rms / step if step else (0.0 if rms == 0 else float("inf"))
     rel = _rel(deq, ref32, ref_norm)
-    stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps,
-                             "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0}
+    stats: dict[str, Any] = {"rel_rms": rel, "rms_steps": steps, "max_abs_error": max_err}
     findings: list[Finding] = []
     if t.codes.ndim == 2:
         rng = np.random.default_rng(SEED)
         x = rng.standard_normal((t.shape[1], BATCH)).astype(np.float32)
-        y, y_ref = deq @ x, (ref64 @ x.astype(np.float64))
-        mm = _rel(y, y_ref)
+        x64 = x.astype(np.float64)
+        rows = max(1, CHUNK // max(1, t.shape[1]))
+        y_ref = np.concatenate([ref32[r:r + rows].astype(np.float64) @ x64 for r in range(0, t.shape[0], rows)]) \
+            if t.shape[0] else np.zeros((0, BATCH))
+        mm = _rel(deq @ x, y_ref)
         stats["matmul_rel_error"] = mm
-        ref_rms = float(np.sqrt(np.mean(ref64 * ref64))) if ref64.size else 0.0
+        ref_rms = float(np.sqrt(ref_ms))
         predicted = (step / np.sqrt(12.0)) / ref_rms if ref_rms else 0.0
         stats["matmul_predicted"] = predicted
         mm_limit = max(MATMUL_FLOOR, MATMUL_FACTOR * predicted)
     else:
         mm, mm_limit = None, None
-    alts = {name: _rel(a, ref32, ref_norm) for name, a in alternatives(t).items()}
+    alts = {name: _rel(make(), ref32, ref_norm) for name, make in lazy_alternatives(t).items()}  # one at a time
     stats["alternatives_rel_rms"] = {k: round(v, 4) for k, v in alts.items()}
     best = min(alts.items(), key=lambda kv: kv[1]) if alts else None
     if best is not None and best[1] < ALT_RATIO * rel:

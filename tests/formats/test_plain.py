@@ -79,3 +79,27 @@ from tests.formats.conformance import ModelDirConformance  # noqa: E402
 
 class TestPlainConformance(ModelDirConformance):
     FORMAT = "plain"
+
+
+def test_dequantize_drops_static_activation_scales_and_says_so(tmp_path):
+    """Issue 15: ``qckpt dequantize`` of the real ModelOpt NVFP4 sample leaves its ``input_scale`` tensors out of
+    the float model (transformers' float Linear has no such parameter) and reports each one as dropped."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+
+    src = SAMPLES / "modelopt_nvfp4_smollm2tiny"
+    with open(src / "model.safetensors", "rb") as f:  # the header only (F8 dtypes: no numpy loader)
+        stored = set(json.loads(f.read(int.from_bytes(f.read(8), "little")))) - {"__metadata__"}
+    act = {n for n in stored if n.endswith(".input_scale")}
+    assert len(act) == 7  # q, k, v, o, gate, up, down of the one layer (the file as ModelOpt wrote it)
+    r = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "out"), "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert set(doc["dropped"]) == act and all("activation scale" in v for v in doc["dropped"].values())
+    written = set(load_file(str(tmp_path / "out" / "model.safetensors")))
+    # every weight as one float tensor (ModelOpt's weight_scale / weight_scale_2 folded in), nothing else
+    assert written == {n for n in stored if not n.endswith(("_scale", "_scale_2"))}
+    assert doc["tensors"] == len(written)
+    human = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "out2"), "--quiet"])
+    assert human.exit_code == 0 and "dropped 7 tensors" in human.output

@@ -80,3 +80,36 @@ def test_hand_computed_values(axes):
         bias = make([[0, 3, 15, 1], [0, 0, 1, 1]], [0.5, 1.0], QuantScheme(4, False, ZeroPoint.FLOAT, "F16"),
                     zps=[-1.0, 0.5], packed=packed)
         assert bias.dequantize().reshape(2, 4).tolist() == [[-1.0, 0.5, 6.5, -0.5], [0.5, 0.5, 1.5, 1.5]]
+
+
+def test_stacked_and_blocked_decodes_equal_the_formula_per_element(monkeypatch):
+    """Issue 15: an ``(expert, out, in)`` E2M1 stack decodes as rows in blocks, and ``dequantize_parts`` in blocks
+    of its leading axis; both bit-identical with ``E2M1[q] * s`` written out per element (float32), partial final
+    group and a Q4-style integer stack included."""
+    import ml_dtypes
+
+    import converter.values as values
+    from converter.codebooks import E2M1_VALUES
+    from converter.layout import EXPERT
+
+    monkeypatch.setattr(values, "PARTS_ELEMENTS", 200)  # many blocks even on a small tensor
+    rng = np.random.default_rng(15)
+    E, O, I, G = 3, 5, 72, 32  # 72 = 2 whole groups + a partial group of 8
+    e2m1 = np.array(E2M1_VALUES, dtype=np.float32)
+    codes = rng.integers(0, 16, size=(E, O, I)).astype(np.uint8)
+    sbytes = rng.integers(120, 131, size=(E, O, 3)).astype(np.uint8)
+    scales = sbytes.view(ml_dtypes.float8_e8m0fnu)
+    s32 = np.exp2(sbytes.astype(np.float64) - 127).astype(np.float32)  # E8M0 by hand: 2^(e - 127)
+    expected = e2m1[codes] * np.repeat(s32, G, axis=-1)[..., :I]
+    scheme = QuantScheme(4, False, scale_dtype="F8_E8M0", codebook=E2M1_VALUES)
+    t = QuantizedTensor("w", (EXPERT, OUT, IN), codes, scales, scheme, GroupMap.per_group(G, IN))
+    assert values._stacked_rows(t)
+    assert np.array_equal(t.dequantize().view(np.uint32), expected.view(np.uint32))
+    got = dequantize_parts(codes, scales, None, scheme, GroupMap.per_group(G, IN), (EXPERT, OUT, IN))
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    # integer codes, symmetric centre 8 (GGUF Q4_0-like), float16 scales
+    q4 = QuantScheme(4, False, ZeroPoint.NONE, "F16")
+    s16 = (rng.random((E, O, 3)) + 0.01).astype(np.float16)
+    want = (codes.astype(np.float32) - np.float32(q4.center)) * np.repeat(s16.astype(np.float32), G, axis=-1)[..., :I]
+    t4 = QuantizedTensor("w", (EXPERT, OUT, IN), codes, s16, q4, GroupMap.per_group(G, IN))
+    assert np.array_equal(t4.dequantize().view(np.uint32), want.view(np.uint32))

@@ -83,3 +83,41 @@ def test_self_test_passes_for_every_writable_format():
         want = "skipped (no quantized writer)" if name in dense_only else "pass"
         assert doc["formats"][name] == want, (name, doc["formats"][name])
     assert run("validate", "--self-test").exit_code == 0
+
+
+def test_reference_figures_are_rendered_from_the_json(monkeypatch):
+    """Issue 15: the human output of ``validate --reference`` shows the comparison's figures (relative error, SQNR,
+    RMS steps, max |error|, matmul error, the closest alternative), the ones ``--json`` holds."""
+    import math
+
+    monkeypatch.setenv("COLUMNS", "250")
+    doc = json.loads(run("validate", SAMPLES / "gptq_w4_g128_sym", "--reference", FP16, "--json").output)
+    human = run("validate", SAMPLES / "gptq_w4_g128_sym", "--reference", FP16)
+    assert human.exit_code == 0
+    ref = doc["tensors"][QUERY]["reference"]
+    line = next(ln for ln in human.output.splitlines() if QUERY in ln)
+    best = min(ref["alternatives_rel_rms"].items(), key=lambda kv: kv[1])
+    for figure in (f"{ref['rel_rms']:.4g}", f"{-20 * math.log10(ref['rel_rms']):.1f}", f"{ref['rms_steps']:.4g}",
+                   f"{ref['max_abs_error']:.4g}", f"{ref['matmul_rel_error']:.4g}", best[0]):
+        assert figure in line, (figure, line)
+    n = sum(1 for t in doc["tensors"].values() if t.get("reference"))
+    assert f"reference: {n} quantized tensors compared" in human.output
+    assert f"for {n} of {n}" in human.output  # the clean sample: the declared decode is the closest everywhere
+
+
+def test_reference_sqnr_by_hand(capsys, monkeypatch):
+    """SQNR = -20 log10(relative RMS error): 0.1 -> 20.0 dB, 0.01 -> 40.0 dB; an exact decode is 'inf'."""
+    from converter.report.validation import render_validation
+
+    monkeypatch.setenv("COLUMNS", "250")
+    summary = {"verdict": "clean", "tensors_checked": 3, "tensors_unchecked": 0, "error": 0, "warning": 0, "info": 0}
+    stats = {"a.weight": 0.1, "b.weight": 0.01, "c.weight": 0.0}
+    tensors = {k: {"reference": {"rel_rms": v, "rms_steps": 0.29, "max_abs_error": 0.5,
+                                 "alternatives_rel_rms": {"zero +1": 0.05}}} for k, v in stats.items()}
+    render_validation({"path": "p", "format": "gptq", "checks": ["reference"], "summary": summary, "findings": [],
+                       "reference": "r", "tensors": tensors})
+    out = capsys.readouterr().out
+    rows = {k: next(ln for ln in out.splitlines() if k in ln and "│" in ln) for k in stats}
+    assert "20.0" in rows["a.weight"] and "40.0" in rows["b.weight"] and "inf" in rows["c.weight"]
+    # declared closer than 'zero +1' (0.05) for b and c only; the worst is a at 20.0 dB
+    assert "for 2 of 3" in out and "max 0.1 (a.weight, SQNR 20.0 dB)" in out

@@ -25,6 +25,7 @@ from converter.formats.compressed_tensors.config import (FP4_GROUP, FP4_SCALE_DT
                                                          NVFP4_FORMAT, WeightArgs)
 from converter.formats.compressed_tensors.e8m0_rule import LEGACY, LEGACY_OFFSET, rule_for_version
 from converter.formats.compressed_tensors.fp4_layout import AXES, CODES_MAP
+from converter.formats.global_scale_routes import exact_targets_text, global_scales_of
 
 #: First release with ``mxfp4-pack-quantized`` (PR #502 / #509).
 MXFP4_SINCE = (0, 13)
@@ -108,8 +109,9 @@ def divisor_global_scale(ckpt: Checkpoint, spec: TensorSpec) -> np.ndarray | Non
             f"for every E4M3 group scale: compressed-tensors weight_global_scale divides", tensor=spec.name,
             field="global_scale", expected="a divisor g' with s / g' == effective scale for all 256 E4M3 scales",
             found=f"{float(g)!r} ({s.global_scale})",
-            hint="requantize (qckpt convert with requantize options) or write a format whose global scale "
-                 f"is a {s.global_scale}")
+            hint="".join(f"{x}; or " for x in [exact_targets_text(s.global_scale, s.scale_dtype, global_scales_of(ckpt),
+                                                                  exclude="compressed-tensors")] if x)
+            + "requantize to compressed-tensors FP8: --fp8 e4m3 --block 128x128 (or --per-channel)")
     return eq
 
 

@@ -299,7 +299,9 @@ def _fp4_divisors(ckpt: Checkpoint, fp4_mods: set[str], static: dict, options: "
             raise NotRepresentableError("FP4 activation scale in another convention: compressed-tensors stores "
                                         "input_global_scale, a divisor", tensor=act.name, field="name",
                                         expected=f"{mod}.input_global_scale", found=act.name,
-                                        hint="drop the activation scale (weight-only NVFP4A16) or requantize")
+                                        hint="--to gguf drops the static activation scale (llama.cpp quantizes "
+                                             "activations at run time); or requantize to compressed-tensors FP8: "
+                                             "--fp8 e4m3 --block 128x128")
     return out
 
 

@@ -93,7 +93,7 @@ from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
 from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, source_kv, tokenizer_warning
 from converter.formats.ties import resolve_tied_head
-from converter.formats.activations import is_activation_scale
+from converter.formats.base import dropped_activation_scales
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
@@ -291,7 +291,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     drop, _, tie = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
     plans = []
     # static activation scales (input_scale): llama.cpp has no tensor for them (ACT_SCALE_DROPPED)
-    dropped = {spec.name: ACT_SCALE_DROPPED for spec in ckpt.specs() if is_activation_scale(spec)}
+    dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
     for spec in ckpt.specs():
         if spec.name not in drop and spec.name not in dropped:
             plans.append(_plan(ckpt, spec, arch, gguf_type, names, src_kv))

@@ -29,6 +29,7 @@ from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT, IN, OUT
 from converter.scheme import QuantScheme
 from converter.tensor import QuantizedTensor, TensorSpec
+from converter.formats.global_scale_routes import exact_targets_text
 from converter.formats.gguf.block_fields import BlockFields
 from converter.formats.gguf.block_fp4 import FP4_CODECS, NIBBLE_ORDER, check_scale_bytes
 
@@ -122,8 +123,9 @@ def gguf_multiplier(t: QuantizedTensor) -> np.ndarray | None:
             "effective scales: GGUF NVFP4's <name>.scale multiplies (llama.cpp ggml_mul)", tensor=t.name,
             field="global_scale", expected="a global scale exactly re-expressible as a multiplier (a power-of-two "
             "divisor, any multiplier or amax)", found=found,
-            hint="requantize with --quant-type NVFP4 (llama.cpp's quantizer, no global scale) or write ModelOpt "
-                 "/ compressed-tensors")
+            hint="requantize with --quant-type NVFP4 (llama.cpp's quantizer, no global scale)" + "".join(
+                f"; {x}" for x in [exact_targets_text(t.scheme.global_scale, t.scheme.scale_dtype, exclude="gguf")]
+                if x))
     return g
 
 

@@ -33,6 +33,7 @@ from converter.layout import EXPERT, IN, OUT
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
 from converter.write.plan import TensorPlan
 from converter.formats.source import module_prefix
+from converter.formats.global_scale_routes import exact_targets_text, global_scales_of
 
 from converter.formats.mlx.config import MODES
 from converter.formats.mlx.reader import codes_map
@@ -89,7 +90,7 @@ def amax_global_scale(t: QuantizedTensor) -> np.ndarray | None:
     return equivalent_global_scale(t.global_scale, t.scheme.global_scale, DIRECTION, t.scheme.scale_dtype)
 
 
-def refuse_global_scale(name: str, g, direction: str) -> NotRepresentableError:
+def refuse_global_scale(name: str, g, direction: str, ckpt: Checkpoint | None = None) -> NotRepresentableError:
     """The typed refusal of a global scale with no exact MLX amax (names tensor, direction and value)."""
     value = float(np.float32(g))
     return NotRepresentableError(
@@ -97,7 +98,10 @@ def refuse_global_scale(name: str, g, direction: str) -> NotRepresentableError:
         f"source's effective scale for every E4M3 s: MLX nvfp4's global_scale is the tensor amax",
         tensor=name, field="global_scale", expected="a global scale exactly re-expressible as an amax",
         found=f"{direction} {value!r}",
-        hint="requantize to MLX nvfp4, or keep the source's format (ModelOpt multiplies, compressed-tensors divides)")
+        hint="requantize to MLX affine (--bits 4 --group-size 32), or to NVFP4 without a global scale for GGUF "
+             "(--to gguf --quant-type NVFP4)" + "".join(
+                 f"; {x}" for x in [exact_targets_text(
+                     direction, "F8_E4M3", global_scales_of(ckpt) if ckpt is not None else (), exclude="mlx")] if x))
 
 
 def check_global_scales(ckpt: Checkpoint) -> Checkpoint:
@@ -118,7 +122,7 @@ def check_global_scales(ckpt: Checkpoint) -> Checkpoint:
         if spec.kind == "quantized" and is_fp4(spec) and spec.scheme.global_scale is not None:
             t = ckpt[spec.name]
             if spec.scheme.global_scale != DIRECTION and amax_global_scale(t) is None:
-                raise refuse_global_scale(spec.name, t.global_scale, spec.scheme.global_scale)
+                raise refuse_global_scale(spec.name, t.global_scale, spec.scheme.global_scale, ckpt)
             if is_identity_global_scale(t):
                 identity.add(spec.name)
     return without_global_scales(ckpt, identity) if identity else ckpt

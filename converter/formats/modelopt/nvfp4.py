@@ -34,9 +34,12 @@ from converter.layout import IN, OUT, AxisMap, PackedCodes
 from converter.scheme import QuantScheme
 from converter.tensor import QuantizedTensor, StoredArray, TensorSpec
 from converter.formats.source import Source
+from converter.formats.global_scale_routes import exact_targets_text
 from converter.formats.modelopt.config import NVFP4, NVFP4_GROUP, ModelOptConfig
 
 AXES = (OUT, IN)
+#: What a refused ModelOpt NVFP4 write can be requantized to instead (ModelOpt FP8 without an input_scale).
+FP8_HINT = "requantize to ModelOpt FP8 instead: --fp8 e4m3 --per-channel (or --block 128x128)"
 #: ``<p>.weight``: E2M1 codes packed two per byte along ``in``, low nibble first.
 CODES_MAP = AxisMap(AXES, packed_axis=IN, bits=4, container="U8", packing="stream")
 PARAM_MAP = AxisMap(AXES)
@@ -159,7 +162,7 @@ def refuse_global_scale(name: str, g, direction: str) -> NotRepresentableError:
         "scales: ModelOpt weight_scale_2 multiplies", tensor=name, field="global_scale",
         expected="a global scale exactly re-expressible as a multiplier (a power-of-two divisor, any amax)",
         found=float(np.float32(g)),
-        hint="requantize to ModelOpt NVFP4, or write compressed-tensors (its weight_global_scale divides)")
+        hint=FP8_HINT + "".join(f"; weight-only NVFP4: {x}" for x in [exact_targets_text(direction, "F8_E4M3")] if x))
 
 
 def encode(t: QuantizedTensor, prefix: str) -> dict:

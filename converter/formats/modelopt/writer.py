@@ -36,6 +36,7 @@ from converter.formats.modules import dense_linear_modules, token_embedding_name
 from converter.formats.source import module_prefix
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.modelopt import nvfp4
+from converter.formats.global_scale_routes import exact_targets_text, global_scales_of
 from converter.formats.modelopt.config import (DEFAULT_VERSION, FP8, FP8_PB_WO, FP8_PC_PT, HF_QUANT_CONFIG, MIXED,
                                                NVFP4, NVFP4_GROUP, PB_WO_BLOCK, QUANT_METHOD, WRITTEN_NAME)
 
@@ -198,11 +199,13 @@ def _check_nvfp4(ckpt: Checkpoint, spec: TensorSpec, act: TensorSpec | None) -> 
     multiplier can hold exactly (the value is read from the source tensor)."""
     prefix = module_prefix(spec.name)
     if act is None or int(np.prod(act.shape, dtype=np.int64)) != 1:
+        # the global scales' values decide which weight-only targets hold them exactly
+        exact = exact_targets_text(spec.scheme.global_scale, spec.scheme.scale_dtype, global_scales_of(ckpt))
         raise NotRepresentableError(
             "ModelOpt NVFP4 is W4A4 with a static activation global scale (input_scale); the source has none",
             tensor=spec.name, field="input_scale", expected=prefix + ".input_scale (one value)",
             found="absent" if act is None else list(act.shape),
-            hint="a weight-only NVFP4 source (compressed-tensors NVFP4A16, MLX nvfp4) is written to compressed-tensors")
+            hint=nvfp4.FP8_HINT + (f"; weight-only NVFP4: {exact}" if exact else ""))
     if spec.scheme.global_scale not in (None, nvfp4.DIRECTION):
         t = ckpt[spec.name]
         if nvfp4.multiplier(t) is None:
@@ -233,8 +236,7 @@ def write_modelopt(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, max_
         reason = check_target(spec)
         if reason:
             raise NotRepresentableError(f"cannot write as modelopt: {reason}", tensor=spec.name, field="scheme",
-                                        hint="requantize to FP8 E4M3 (per tensor, per channel or 128 x 128 blocks) "
-                                             "or NVFP4 (E2M1, E4M3 scales per 16)")
+                                        hint="requantize to FP8: --fp8 e4m3 --per-channel (or --block 128x128)")
         if not spec.name.endswith(".weight"):
             raise NotRepresentableError("ModelOpt stores quantized weights as <module>.weight", tensor=spec.name,
                                         field="name", expected="<module>.weight", found=spec.name)
