@@ -34,11 +34,20 @@ GREEDY_TOKENS = 20
 MANIFEST_GREEDY_TEXT = " Paris.\n\nThe answer is: 2018-01-22 "
 
 
-def _c(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "smollm2", "out": out, "cmd": cmd, "loader": loader, "expect": expect,
-         "quick": quick}
+def _case(group, lossy_top1_pct, cid, out, cmd, loader, expect, quick=False, **kw):
+    """One whole-model case of ``group``: ``cmd`` (qckpt arguments after SRC DST; None: the source itself),
+    ``out`` (the output's name), ``loader`` (worker action), ``expect`` (verdict.model_verdict); a "lossy"
+    case gets ``lossy_top1_pct`` (the group's top-1 agreement bar; None: the ' Paris' rule); ``kw``: any
+    other case key (``dtype``, ``needs``, ``limit_match``, ``accept_refusal`` ...)."""
+    d = {"id": cid, "group": group, "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
+    if expect == "lossy" and lossy_top1_pct is not None:
+        d["lossy_top1_pct"] = lossy_top1_pct
     d.update(kw)
     return d
+
+
+def _c(*args, **kw):
+    return _case("smollm2", None, *args, **kw)
 
 
 def smollm2_cases() -> list[dict]:
@@ -186,12 +195,8 @@ TF_FP8_PARTIAL_BLOCKS = ["not divisible by scale grid"]
 FP8_LOSSY_TOP1_PCT = 90.0
 
 
-def _f(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "fp8", "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
-    if expect == "lossy":
-        d["lossy_top1_pct"] = FP8_LOSSY_TOP1_PCT
-    d.update(kw)
-    return d
+def _f(*args, **kw):
+    return _case("fp8", FP8_LOSSY_TOP1_PCT, *args, **kw)
 
 
 def fp8_cases() -> list[dict]:
@@ -292,12 +297,8 @@ TF_CT_FP4_FLOAT32 = ["expected m1 and m2 to have the same dtype"]
 TF_MODELOPT = ["size mismatch"]
 
 
-def _p(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "fp4", "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
-    if expect == "lossy":
-        d["lossy_top1_pct"] = FP4_LOSSY_TOP1_PCT
-    d.update(kw)
-    return d
+def _p(*args, **kw):
+    return _case("fp4", FP4_LOSSY_TOP1_PCT, *args, **kw)
 
 
 def fp4_cases() -> list[dict]:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE))
 import cases as C  # noqa: E402
 import fp4_group  # noqa: E402
 import fp8_group  # noqa: E402
+import model_rows as M  # noqa: E402
 import verdict as V  # noqa: E402
 
 WORKER = HERE / "worker.py"
@@ -58,6 +59,7 @@ class Runner:
         self.work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="qckpt-interop-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.converted: dict[str, dict] = {}
+        self._modules: dict[str, bool] = {}
         self.source = Path(args.smollm2)
 
     # -------------------------------------------------------------- subprocesses
@@ -105,9 +107,12 @@ class Runner:
                 "seconds": round(time.time() - t, 1)}
 
     def has_module(self, mod: str) -> bool:
-        p = subprocess.run([self.py, "-c",
-                            f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
-        return p.returncode == 0
+        """Whether the interop venv can import ``mod`` (asked once per run)."""
+        if mod not in self._modules:
+            p = subprocess.run([self.py, "-c",
+                                f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
+            self._modules[mod] = p.returncode == 0
+        return self._modules[mod]
 
     def convert_once(self, src: Path, out_name: str, cmd: list[str], timeout: float) -> tuple[dict, Path]:
         key = json.dumps([str(src), out_name, cmd])
@@ -197,8 +202,7 @@ class Runner:
             row = {"group": "smollm2", "id": case["id"], "source": C.SMOLLM2, "loader": case["loader"],
                    "expect": case["expect"]}
             if case.get("needs") == "llama_cpp" and not have_llama:
-                row.update(verdict="SKIP", reason="llama-cpp-python not installed (setup.sh --with-llama)",
-                           command=None)
+                row.update(verdict="SKIP", reason=M.NO_LLAMA, command=None)
                 rows.append(row)
                 continue
             conv = None
@@ -428,20 +432,7 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
             if r["group"] != "smollm2":
                 continue
             res = r.get("result") or {}
-            if res.get("ok"):
-                load = "ok"
-                for key, what in (("missing_keys", "left at random init"), ("unexpected_keys", "ignored")):
-                    k = res.get(key) or {}
-                    if k.get("count"):
-                        load += f"; {k['count']} tensors {what} ({', '.join(k['first'][:2])}...)"
-                if res.get("tokenizer_error"):
-                    load += f"; tokenizer: {res['tokenizer_error']}"
-            elif res:
-                load = f"{res.get('stage')}: {res.get('error')}"
-            elif r.get("convert", {}).get("rc"):
-                load = "(not written)"
-            else:
-                load = "-"
+            load = M.load_cell(r)
             m = res.get("vs_loader_source") or {}
             mx = fmt(res.get("max_abs_logit_diff"))
             if m:
