@@ -227,8 +227,8 @@ def fp8_cases() -> list[dict]:
            refuse_match=["power"]),
         _f("mlx-w8g32/mlx_lm", "mlx8", ["convert", "--to", "mlx", "--bits", "8"] + G32, "mlx_lm", "lossy"),
         _f("mlx-w4g32/mlx_lm", "mlx4", ["convert", "--to", "mlx", "--bits", "4"] + G32, "mlx_lm", "lossy"),
-        # transformers' GGUF loader reads the model from the file (vocab_size, rope freq_base); llama.cpp needs
-        # tokenizer.ggml.* keys, which a source without a tokenizer cannot give (the report warns)
+        # transformers' GGUF loader reads the model from the file (vocab_size, rope freq_base); a source without a
+        # tokenizer gives tokenizer.ggml.model 'none' (llama.cpp's model without a vocabulary; the report warns)
         _f("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8", "--sym"] + G32,
            "transformers", "lossy"),
         _f("gptq-w4g32-asym/transformers", "gptq", ["convert", "--to", "gptq", "--bits", "4", "--asym"] + G32,
@@ -330,6 +330,10 @@ def fp4_cases() -> list[dict]:
            accept_refusal=FP4_REFUSAL, limit_match=TF_GGUF_NVFP4_SCALE, dequant_dtype="bfloat16"),
         _p("gguf (FP4)/llama.cpp", "fp4.gguf", ["convert", "--to", "gguf"], "llama_cpp", "lossy",
            accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+        # llama.cpp's own decode of the same file (ggml's C to_float x the <name>.scale it multiplies by): every
+        # weight must equal qckpt's float32 decode of the source (llama.cpp's logits differ by its Q8 activations)
+        _p("gguf (FP4)/ggml decode", "fp4.gguf", ["convert", "--to", "gguf"], "ggml_decode", "decode_exact",
+           accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
         _p("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "transformers", "lossy"),
         _p("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",
@@ -356,5 +360,10 @@ def fp4_quantize_cases() -> list[dict]:
                accept_refusal=FP4_REFUSAL),
             _p(f"quantize {fp} -> gguf/transformers-gguf", f"q_{fp}.gguf", q + ["gguf"], "transformers", "lossy",
                accept_refusal=FP4_REFUSAL),
+            _p(f"quantize {fp} -> gguf/llama.cpp", f"q_{fp}.gguf", q + ["gguf"], "llama_cpp", "lossy",
+               accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+            # llama.cpp's decode of the written file equals qckpt's float32 decode of it
+            _p(f"quantize {fp} -> gguf/ggml decode", f"q_{fp}.gguf", q + ["gguf"], "ggml_decode", "decode_exact",
+               accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
         ]
     return out

@@ -139,7 +139,15 @@ def run_fp4(run, log, selected, summary) -> list[dict]:
         decoded = sample / C.FP4_REFERENCE if info else None
         refs = {}
 
-        def spec_for(case, row, name=name, info=info, sample=sample, decoded=decoded, refs=refs):
+        def spec_for(case, row, path, name=name, info=info, sample=sample, src=src, decoded=decoded, refs=refs):
+            if case["loader"] == "ggml_decode":  # compared with qckpt's float32 decode of the source (exact
+                # repack) or of the written file (quantize rows)
+                of, label = (src, name) if info else (path, f"{name}-{case['out']}")
+                conv, deq = run.convert_once(of, f"fp4-{label}-deq_f32", ["dequantize", "--dtype", "f32"],
+                                             run.args.timeout)
+                if conv["rc"] != 0:
+                    return f"qckpt dequantize --dtype f32 of {of.name}: {conv.get('error')}"
+                return {"source_f32": str(deq / "model.safetensors")}
             dtype = row["ref_dtype"] = case.get("dtype", "float32")
             if dtype not in refs:
                 refs[dtype] = reference(run, name, bf16, dtype, sample if info else None, decoded)

@@ -44,7 +44,7 @@ def run_fp8(run, log, selected, summary) -> list[dict]:
         for case in cases:
             src = Path(run.args.fp8_sources) / case["source"] if case.get("source") else folder
             rows.append(M.run_case(run, log, summary, case, group="fp8", name=name, source=case.get("source", name),
-                                   src=src, spec_for=lambda case, row, base=base: base))
+                                   src=src, spec_for=lambda case, row, path, base=base: base))
     return rows
 
 

@@ -45,12 +45,13 @@ def cached_reference(run, key: str, action: str, spec: dict, worker_name: str) -
 
 
 def run_case(run, log, summary, case: dict, *, group: str, name: str, source: str, src: Path,
-             spec_for: Callable[[dict, dict], dict | str]) -> dict:
+             spec_for: Callable[[dict, dict, Path], dict | str]) -> dict:
     """The row of one case of source ``name`` (shown as ``source``; the qckpt input is ``src``).
 
-    ``spec_for(case, row)`` gives the loader's spec without ``path`` (a str instead: why the loader cannot
-    run, a FAIL row). A case ``needs`` "llama_cpp" is SKIP without llama-cpp-python; ``cmd`` None runs the
-    loader on ``src`` itself; ``dequant_dtype`` is copied into a loaded result (verdict.exact_tolerance).
+    ``spec_for(case, row, path)`` gives the loader's spec for the output ``path`` (``path`` is added; a str
+    instead: why the loader cannot run, a FAIL row). A case that ``needs`` "llama_cpp" is SKIP without
+    llama-cpp-python; ``cmd`` None runs the loader on ``src`` itself; ``dequant_dtype`` is copied into a
+    loaded result (verdict.exact_tolerance).
     """
     log(f"[{group}] {name}: {case['id']}")
     row = {"group": group, "id": case["id"], "source": source, "loader": case["loader"], "expect": case["expect"]}
@@ -65,7 +66,7 @@ def run_case(run, log, summary, case: dict, *, group: str, name: str, source: st
         row["command"], row["convert"] = conv["command"], conv
     result = None
     if case["loader"] and (conv is None or conv["rc"] == 0):
-        spec = spec_for(case, row)
+        spec = spec_for(case, row, path)
         if isinstance(spec, str):
             row.update(verdict="FAIL", reason=spec, result=None)
             log(f"    -> FAIL {row['reason']}")

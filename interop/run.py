@@ -378,6 +378,7 @@ LOADER_NAMES = {
     "mlx_lm": "mlx_lm.load",
     "llama_cpp": "llama_cpp.Llama(logits_all=True)",
     "llama_quantize": "llama_cpp.llama_model_quantize of the source (same ftype), tensor bytes compared",
+    "ggml_decode": "ggml to_float (llama-cpp-python's libggml-base) x <name>.scale, vs qckpt's f32 decode",
     None: "-",
 }
 
