@@ -334,6 +334,11 @@ def fp4_cases() -> list[dict]:
         # weight must equal qckpt's float32 decode of the source (llama.cpp's logits differ by its Q8 activations)
         _p("gguf (FP4)/ggml decode", "fp4.gguf", ["convert", "--to", "gguf"], "ggml_decode", "decode_exact",
            accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+        # llama.cpp's own convert_hf_to_gguf.py of the ModelOpt source (it reads ModelOpt NVFP4 natively): every
+        # tensor byte-identical; it also writes each <name>.input_scale, which qckpt leaves out (llama.cpp loads
+        # them and never computes with them; transformers' GGUF loader fails on them)
+        _p("gguf (FP4)/llama.cpp convert_hf_to_gguf", "fp4.gguf", ["convert", "--to", "gguf"], "llama_convert",
+           "same_as_tool", kinds=["modelopt"], needs="llama_cpp_src", tool_extra_ok=[".input_scale"]),
         _p("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "transformers", "lossy"),
         _p("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",

@@ -140,6 +140,9 @@ def run_fp4(run, log, selected, summary) -> list[dict]:
         refs = {}
 
         def spec_for(case, row, path, name=name, info=info, sample=sample, src=src, decoded=decoded, refs=refs):
+            if case["loader"] == "llama_convert":  # llama.cpp's own converter on the same source
+                return {"source": str(src), "llama_cpp_src": str(Path(M.llama_cpp_src(run)).resolve()),
+                        "tool_extra_ok": case.get("tool_extra_ok", [])}
             if case["loader"] == "ggml_decode":  # compared with qckpt's float32 decode of the source (exact
                 # repack) or of the written file (quantize rows)
                 of, label = (src, name) if info else (path, f"{name}-{case['out']}")

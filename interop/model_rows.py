@@ -17,6 +17,7 @@ import cases as C
 import verdict as V
 
 NO_LLAMA = "llama-cpp-python not installed (setup.sh --with-llama)"
+NO_LLAMA_SRC = "no llama.cpp source tree with convert_hf_to_gguf.py (--llama-cpp-src / $QCKPT_LLAMA_CPP_SRC)"
 
 
 def digest(files: list[Path]) -> str:
@@ -50,13 +51,15 @@ def run_case(run, log, summary, case: dict, *, group: str, name: str, source: st
 
     ``spec_for(case, row, path)`` gives the loader's spec for the output ``path`` (``path`` is added; a str
     instead: why the loader cannot run, a FAIL row). A case that ``needs`` "llama_cpp" is SKIP without
-    llama-cpp-python; ``cmd`` None runs the loader on ``src`` itself; ``dequant_dtype`` is copied into a
-    loaded result (verdict.exact_tolerance).
+    llama-cpp-python ("llama_cpp_src": without a llama.cpp source tree); ``cmd`` None runs the loader on
+    ``src`` itself; ``dequant_dtype`` is copied into a loaded result (verdict.exact_tolerance).
     """
     log(f"[{group}] {name}: {case['id']}")
     row = {"group": group, "id": case["id"], "source": source, "loader": case["loader"], "expect": case["expect"]}
-    if case.get("needs") == "llama_cpp" and not run.has_module("llama_cpp"):
-        row.update(verdict="SKIP", reason=NO_LLAMA, command=None)
+    missing = {"llama_cpp": lambda: NO_LLAMA if not run.has_module("llama_cpp") else None,
+               "llama_cpp_src": lambda: NO_LLAMA_SRC if not llama_cpp_src(run) else None}.get(case.get("needs"))
+    if missing and missing():
+        row.update(verdict="SKIP", reason=missing(), command=None)
         return row
     if case["cmd"] is None:
         conv, path = None, src
@@ -79,6 +82,12 @@ def run_case(run, log, summary, case: dict, *, group: str, name: str, source: st
     row.update(verdict=v, reason=reason, result=result)
     log(f"    -> {v} {reason}" + (f" | {summary(result)}" if result and result.get("ok") else ""))
     return row
+
+
+def llama_cpp_src(run) -> str | None:
+    """The llama.cpp source tree of ``--llama-cpp-src`` when it holds ``convert_hf_to_gguf.py``, else None."""
+    d = getattr(run.args, "llama_cpp_src", None)
+    return d if d and (Path(d) / "convert_hf_to_gguf.py").exists() else None
 
 
 def load_cell(r: dict) -> str:

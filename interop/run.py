@@ -378,6 +378,7 @@ LOADER_NAMES = {
     "mlx_lm": "mlx_lm.load",
     "llama_cpp": "llama_cpp.Llama(logits_all=True)",
     "llama_quantize": "llama_cpp.llama_model_quantize of the source (same ftype), tensor bytes compared",
+    "llama_convert": "llama.cpp convert_hf_to_gguf.py of the source, tensor bytes compared",
     "ggml_decode": "ggml to_float (llama-cpp-python's libggml-base) x <name>.scale, vs qckpt's f32 decode",
     None: "-",
 }
@@ -514,6 +515,10 @@ def main(argv=None) -> int:
                     help="the bf16 source of the FP4 samples (default: $QCKPT_FP4_BF16, else "
                          "shared/real/fp_sources/smollm2_tiny1L beside the repo, else /work/shared/..., else the "
                          "copy in interop/data/)")
+    ap.add_argument("--llama-cpp-src", default=os.environ.get("QCKPT_LLAMA_CPP_SRC"),
+                    help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/), e.g. "
+                         "vendor/llama.cpp of the llama-cpp-python sdist, for the rows that run llama.cpp's own "
+                         "converter")
     ap.add_argument("--group", choices=["all", "smollm2", "fp8", "fp4", "minilm"], default="all")
     ap.add_argument("--only", help="run the cases whose id contains one of these comma-separated texts")
     ap.add_argument("--work", help="working folder (default: a new temporary folder, removed unless --keep)")

@@ -83,7 +83,11 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         return "FAIL", f"{result.get('stage', 'load')}: {result.get('error', 'no result')}"
     if expect == "same_as_tool":  # every tensor byte-identical with the real tool's own output
         if result["identical"] == result["tensors"]:
-            return "PASS", f"all {result['tensors']} tensors byte-identical with llama.cpp's requantization"
+            tool = f"{result['tool']}'s output" if result.get("tool") else "llama.cpp's requantization"
+            extra = result.get("tool_only_allowed") or []
+            return "PASS", (f"all {result['tensors']} tensors byte-identical with {tool}"
+                            + (f"; the tool also writes {len(extra)} tensors qckpt leaves out ({extra[0]} ...)"
+                               if extra else ""))
         return "FAIL", f"{result['tensors'] - result['identical']} of {result['tensors']} tensors differ: " \
                        f"{result['differing'][:3]}"
     if expect == "decode_exact":  # the loader's own decode of every quantized tensor equals qckpt's, value for value

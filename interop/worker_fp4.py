@@ -187,4 +187,54 @@ def act_ggml_decode(spec: dict) -> dict:
             "max_abs_weight_diff": max((r.get("max_abs_weight_diff", 0.0) for r in rows), default=0.0)}
 
 
-ACTIONS = {"fp4_reference": act_fp4_reference, "ggml_decode": act_ggml_decode}
+# llama.cpp's converter on a source without tokenizer files: its vocabulary step replaced by its own
+# _set_vocab_none (tokenizer.ggml.model "none"), the rest of convert_hf_to_gguf.py unchanged.
+_CONVERT = """
+import os, runpy, sys
+root = sys.argv[1]
+sys.path[:0] = [root, os.path.join(root, "gguf-py")]
+if not any(os.path.exists(os.path.join(sys.argv[2], f)) for f in ("tokenizer.json", "tokenizer.model")):
+    import conversion.base as base
+    import conversion.llama as llama
+    llama.LlamaModel.set_vocab = base.TextModel._set_vocab_none
+sys.argv = [os.path.join(root, "convert_hf_to_gguf.py")] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def act_llama_convert(spec: dict) -> dict:
+    """llama.cpp's own ``convert_hf_to_gguf.py`` (from the llama.cpp tree ``spec["llama_cpp_src"]``, e.g. the one
+    vendored in the llama-cpp-python sdist) on the source, compared tensor by tensor with qckpt's GGUF
+    ``spec["path"]``: same ggml type and the same bytes. Tensors only the tool writes whose names end with one of
+    ``spec["tool_extra_ok"]`` are listed (``tool_only_allowed``), not counted."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    dst = spec["path"] + ".llama-convert.gguf"
+    p = subprocess.run([sys.executable, "-c", _CONVERT, spec["llama_cpp_src"], spec["source"], "--outfile", dst],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"ok": False, "stage": "convert_hf_to_gguf", "error": (p.stderr.strip().splitlines() or [""])[-1][:400]}
+    ours = {t.name: t for t in gguf.GGUFReader(spec["path"]).tensors}
+    reader = gguf.GGUFReader(dst)
+    theirs = {t.name: t for t in reader.tensors}
+    allowed = sorted(n for n in set(theirs) - set(ours) if n.endswith(tuple(spec.get("tool_extra_ok", []))))
+    differing = []
+    for name in sorted((set(ours) | set(theirs)) - set(allowed)):
+        a, b = ours.get(name), theirs.get(name)
+        if a is None or b is None or a.tensor_type != b.tensor_type or \
+                np.asarray(a.data).tobytes() != np.asarray(b.data).tobytes():
+            differing.append({"tensor": name, "ours": a.tensor_type.name if a is not None else None,
+                              "llama.cpp": b.tensor_type.name if b is not None else None})
+    kv = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.file_type"}
+    del reader, theirs
+    os.remove(dst)
+    n = len(set(ours) | {d["tensor"] for d in differing})
+    return {"ok": True, "tool": "llama.cpp convert_hf_to_gguf.py", "tensors": n, "identical": n - len(differing),
+            "differing": differing[:10], "tool_only_allowed": allowed, "tool_kv": kv}
+
+
+ACTIONS = {"fp4_reference": act_fp4_reference, "ggml_decode": act_ggml_decode, "llama_convert": act_llama_convert}
+
