@@ -34,11 +34,20 @@ GREEDY_TOKENS = 20
 MANIFEST_GREEDY_TEXT = " Paris.\n\nThe answer is: 2018-01-22 "
 
 
-def _c(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "smollm2", "out": out, "cmd": cmd, "loader": loader, "expect": expect,
-         "quick": quick}
+def _case(group, lossy_top1_pct, cid, out, cmd, loader, expect, quick=False, **kw):
+    """One whole-model case of ``group``: ``cmd`` (qckpt arguments after SRC DST; None: the source itself),
+    ``out`` (the output's name), ``loader`` (worker action), ``expect`` (verdict.model_verdict); a "lossy"
+    case gets ``lossy_top1_pct`` (the group's top-1 agreement bar; None: the ' Paris' rule); ``kw``: any
+    other case key (``dtype``, ``needs``, ``limit_match``, ``accept_refusal`` ...)."""
+    d = {"id": cid, "group": group, "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
+    if expect == "lossy" and lossy_top1_pct is not None:
+        d["lossy_top1_pct"] = lossy_top1_pct
     d.update(kw)
     return d
+
+
+def _c(*args, **kw):
+    return _case("smollm2", None, *args, **kw)
 
 
 def smollm2_cases() -> list[dict]:
@@ -186,12 +195,8 @@ TF_FP8_PARTIAL_BLOCKS = ["not divisible by scale grid"]
 FP8_LOSSY_TOP1_PCT = 90.0
 
 
-def _f(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "fp8", "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
-    if expect == "lossy":
-        d["lossy_top1_pct"] = FP8_LOSSY_TOP1_PCT
-    d.update(kw)
-    return d
+def _f(*args, **kw):
+    return _case("fp8", FP8_LOSSY_TOP1_PCT, *args, **kw)
 
 
 def fp8_cases() -> list[dict]:
@@ -222,8 +227,8 @@ def fp8_cases() -> list[dict]:
            refuse_match=["power"]),
         _f("mlx-w8g32/mlx_lm", "mlx8", ["convert", "--to", "mlx", "--bits", "8"] + G32, "mlx_lm", "lossy"),
         _f("mlx-w4g32/mlx_lm", "mlx4", ["convert", "--to", "mlx", "--bits", "4"] + G32, "mlx_lm", "lossy"),
-        # transformers' GGUF loader reads the model from the file (vocab_size, rope freq_base); llama.cpp needs
-        # tokenizer.ggml.* keys, which a source without a tokenizer cannot give (the report warns)
+        # transformers' GGUF loader reads the model from the file (vocab_size, rope freq_base); a source without a
+        # tokenizer gives tokenizer.ggml.model 'none' (llama.cpp's model without a vocabulary; the report warns)
         _f("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8", "--sym"] + G32,
            "transformers", "lossy"),
         _f("gptq-w4g32-asym/transformers", "gptq", ["convert", "--to", "gptq", "--bits", "4", "--asym"] + G32,
@@ -292,12 +297,8 @@ TF_CT_FP4_FLOAT32 = ["expected m1 and m2 to have the same dtype"]
 TF_MODELOPT = ["size mismatch"]
 
 
-def _p(cid, out, cmd, loader, expect, quick=False, **kw):
-    d = {"id": cid, "group": "fp4", "out": out, "cmd": cmd, "loader": loader, "expect": expect, "quick": quick}
-    if expect == "lossy":
-        d["lossy_top1_pct"] = FP4_LOSSY_TOP1_PCT
-    d.update(kw)
-    return d
+def _p(*args, **kw):
+    return _case("fp4", FP4_LOSSY_TOP1_PCT, *args, **kw)
 
 
 def fp4_cases() -> list[dict]:
@@ -329,6 +330,15 @@ def fp4_cases() -> list[dict]:
            accept_refusal=FP4_REFUSAL, limit_match=TF_GGUF_NVFP4_SCALE, dequant_dtype="bfloat16"),
         _p("gguf (FP4)/llama.cpp", "fp4.gguf", ["convert", "--to", "gguf"], "llama_cpp", "lossy",
            accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+        # llama.cpp's own decode of the same file (ggml's C to_float x the <name>.scale it multiplies by): every
+        # weight must equal qckpt's float32 decode of the source (llama.cpp's logits differ by its Q8 activations)
+        _p("gguf (FP4)/ggml decode", "fp4.gguf", ["convert", "--to", "gguf"], "ggml_decode", "decode_exact",
+           accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+        # llama.cpp's own convert_hf_to_gguf.py of the ModelOpt source (it reads ModelOpt NVFP4 natively): every
+        # tensor byte-identical; it also writes each <name>.input_scale, which qckpt leaves out (llama.cpp loads
+        # them and never computes with them; transformers' GGUF loader fails on them)
+        _p("gguf (FP4)/llama.cpp convert_hf_to_gguf", "fp4.gguf", ["convert", "--to", "gguf"], "llama_convert",
+           "same_as_tool", kinds=["modelopt"], needs="llama_cpp_src", tool_extra_ok=[".input_scale"]),
         _p("gguf-Q8_0/transformers-gguf", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S,
            "transformers", "lossy"),
         _p("gguf-Q8_0/llama.cpp", "q8_0.gguf", ["convert", "--to", "gguf", "--bits", "8"] + G32S, "llama_cpp",
@@ -355,5 +365,10 @@ def fp4_quantize_cases() -> list[dict]:
                accept_refusal=FP4_REFUSAL),
             _p(f"quantize {fp} -> gguf/transformers-gguf", f"q_{fp}.gguf", q + ["gguf"], "transformers", "lossy",
                accept_refusal=FP4_REFUSAL),
+            _p(f"quantize {fp} -> gguf/llama.cpp", f"q_{fp}.gguf", q + ["gguf"], "llama_cpp", "lossy",
+               accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
+            # llama.cpp's decode of the written file equals qckpt's float32 decode of it
+            _p(f"quantize {fp} -> gguf/ggml decode", f"q_{fp}.gguf", q + ["gguf"], "ggml_decode", "decode_exact",
+               accept_refusal=FP4_REFUSAL, needs="llama_cpp"),
         ]
     return out

@@ -11,12 +11,12 @@ every row.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from pathlib import Path
 
 import cases as C
+import model_rows as M
 import verdict as V
 
 REF_VERSION = "1"  # bump when FP8_PROMPTS or the reference method change
@@ -79,14 +79,6 @@ def complete(src: Path, bf16: Path, dest: Path) -> dict:
     return {"from_fp4_file": len(qnames), "from_bf16_source": len(added), "ignore": qc["ignore"]}
 
 
-def _digest(*files: Path) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def default_bf16(repo: Path) -> str:
     """shared/real/fp_sources/<FP4_BF16> beside the repo, else /work/shared/real/..., else the copy in
     interop/data/ (byte-identical, PROVENANCE.json)."""
@@ -103,24 +95,17 @@ def default_bf16(repo: Path) -> str:
 
 # ------------------------------------------------------------------ references
 def reference(run, name: str, bf16: Path, dtype: str, source: Path | None, decoded: Path | None) -> dict:
-    """The reference of one source in ``dtype`` (cached by the digest of its inputs)."""
+    """The reference of one source in ``dtype`` (cached by the digest of its inputs; a failed one is
+    returned: every row that needs it fails, naming this, and the run goes on)."""
     files = [bf16 / "config.json", bf16 / "model.safetensors"]
     if source is not None:
         files += [source / "model.safetensors", decoded]
-    cache = Path(run.args.cache) / f"fp4-{name}-{dtype}-{_digest(*files)}-v{REF_VERSION}"
-    meta_p, npz = cache / "reference.json", cache / "reference.npz"
-    if meta_p.exists() and npz.exists() and not run.args.no_cache:
-        return dict(json.loads(meta_p.read_text()), npz=str(npz))
-    cache.mkdir(parents=True, exist_ok=True)
     spec = {"bf16_source": str(bf16), "source": str(source) if source else None,
             "reference": str(decoded) if decoded else None, "dtype": dtype,
-            "dest": str(run.work / f"ref-fp4-{name}-{dtype}"), "reference_npz": str(npz), "prompts": C.FP8_PROMPTS,
+            "dest": str(run.work / f"ref-fp4-{name}-{dtype}"), "prompts": C.FP8_PROMPTS,
             "france_index": 0, "greedy_tokens": C.FP8_GREEDY_TOKENS, "pad_id": 2}
-    r = run.worker("fp4_reference", spec, C.slug(f"fp4-reference-{name}-{dtype}"), run.args.timeout)
-    if not r.get("ok"):  # every row that needs it fails, naming this (the run goes on)
-        return r
-    meta_p.write_text(json.dumps(r, indent=1))
-    return dict(r, npz=str(npz))
+    return M.cached_reference(run, f"fp4-{name}-{dtype}-{M.digest(files)}-v{REF_VERSION}", "fp4_reference", spec,
+                              C.slug(f"fp4-reference-{name}-{dtype}"))
 
 
 # ------------------------------------------------------------------ the group
@@ -132,7 +117,6 @@ def _sources(run) -> list[tuple[str, dict | None]]:
 def run_fp4(run, log, selected, summary) -> list[dict]:
     rows = []
     bf16 = Path(run.args.fp4_bf16).resolve()  # the workers run in the work folder
-    have_llama = None
     for name, info in _sources(run):
         all_cases = C.fp4_cases() if info else C.fp4_quantize_cases()
         quick_ok = name in C.FP4_QUICK_SOURCES
@@ -154,48 +138,32 @@ def run_fp4(run, log, selected, summary) -> list[dict]:
             log(f"[fp4] {name}: completed into {src} ({done})")
         decoded = sample / C.FP4_REFERENCE if info else None
         refs = {}
+
+        def spec_for(case, row, path, name=name, info=info, sample=sample, src=src, decoded=decoded, refs=refs):
+            if case["loader"] == "llama_convert":  # llama.cpp's own converter on the same source
+                return {"source": str(src), "llama_cpp_src": str(Path(M.llama_cpp_src(run)).resolve()),
+                        "tool_extra_ok": case.get("tool_extra_ok", [])}
+            if case["loader"] == "ggml_decode":  # compared with qckpt's float32 decode of the source (exact
+                # repack) or of the written file (quantize rows)
+                of, label = (src, name) if info else (path, f"{name}-{case['out']}")
+                conv, deq = run.convert_once(of, f"fp4-{label}-deq_f32", ["dequantize", "--dtype", "f32"],
+                                             run.args.timeout)
+                if conv["rc"] != 0:
+                    return f"qckpt dequantize --dtype f32 of {of.name}: {conv.get('error')}"
+                return {"source_f32": str(deq / "model.safetensors")}
+            dtype = row["ref_dtype"] = case.get("dtype", "float32")
+            if dtype not in refs:
+                refs[dtype] = reference(run, name, bf16, dtype, sample if info else None, decoded)
+            ref = refs[dtype]
+            if not ref.get("ok"):  # every row that needs it fails, naming this (the run goes on)
+                return f"the {dtype} reference failed: {ref.get('stage')}: {ref.get('error')}"
+            return {"reference_npz": ref["npz"], "prompts": ref["prompts"], "france_index": 0,
+                    "paris_id": ref["paris_ids"][0], "greedy_tokens": C.FP8_GREEDY_TOKENS,
+                    "reference_greedy_ids": ref["greedy_ids"], "tokenizer": False, "pad_id": 2, "dtype": dtype}
+
         for case in cases:
-            log(f"[fp4] {name}: {case['id']}")
-            row = {"group": "fp4", "id": case["id"], "source": name, "loader": case["loader"],
-                   "expect": case["expect"]}
-            if case.get("needs") == "llama_cpp":
-                if have_llama is None:
-                    have_llama = run.has_module("llama_cpp")
-                if not have_llama:
-                    row.update(verdict="SKIP", reason="llama-cpp-python not installed (setup.sh --with-llama)",
-                               command=None)
-                    rows.append(row)
-                    continue
-            if case["cmd"] is None:
-                conv, path = None, src
-                row["command"] = "(the source itself)"
-            else:
-                conv, path = run.convert_once(src, f"fp4-{name}-{case['out']}", case["cmd"], run.args.timeout)
-                row["command"], row["convert"] = conv["command"], conv
-            result = None
-            if case["loader"] and (conv is None or conv["rc"] == 0):
-                dtype = row["ref_dtype"] = case.get("dtype", "float32")
-                if dtype not in refs:
-                    refs[dtype] = reference(run, name, bf16, dtype, sample if info else None, decoded)
-                ref = refs[dtype]
-                if not ref.get("ok"):
-                    row.update(verdict="FAIL", reason=f"the {dtype} reference failed: {ref.get('stage')}: "
-                                                      f"{ref.get('error')}", result=None)
-                    log(f"    -> FAIL {row['reason']}")
-                    rows.append(row)
-                    continue
-                spec = {"reference_npz": ref["npz"], "prompts": ref["prompts"], "france_index": 0,
-                        "paris_id": ref["paris_ids"][0], "greedy_tokens": C.FP8_GREEDY_TOKENS,
-                        "reference_greedy_ids": ref["greedy_ids"], "tokenizer": False, "pad_id": 2,
-                        "path": str(path), "dtype": dtype}
-                result = run.worker(case["loader"], spec, C.slug(f"fp4-{name}-{case['id']}"), run.args.timeout)
-                if result.get("ok"):
-                    if case.get("dequant_dtype"):
-                        result["dequant_dtype"] = case["dequant_dtype"]
-            v, reason = V.model_verdict(case, conv, result)
-            row.update(verdict=v, reason=reason, result=result)
-            log(f"    -> {v} {reason}" + (f" | {summary(result)}" if result and result.get("ok") else ""))
-            rows.append(row)
+            rows.append(M.run_case(run, log, summary, case, group="fp4", name=name, source=name, src=src,
+                                   spec_for=spec_for))
     return rows
 
 
@@ -221,28 +189,5 @@ def section(rows: list[dict], fmt, md_escape, loader_names) -> list[str]:
          f"reference, and for MLX). Lossy rows: top-1 agreement >= {C.FP4_LOSSY_TOP1_PCT:g}%. REFUSED: qckpt "
          "declines at plan time, naming why (the target cannot hold the source, or has no FP4 writer yet: "
          "once one lands the row loads its output and is judged). TOOL-LIMIT: the pinned loader refuses a "
-         "file with the documented message.", "",
-         "| source | target (case) | command | loader | ref dtype | load | max \\|dlogit\\| | mean \\|dlogit\\| "
-         "| top-1 % | greedy equal | verdict |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        res = r.get("result") or {}
-        if res.get("ok"):
-            load = "ok"
-            for key, what in (("missing_keys", "left at random init"), ("unexpected_keys", "ignored")):
-                k = res.get(key) or {}
-                if k.get("count"):
-                    load += f"; {k['count']} tensors {what} ({', '.join(k['first'][:2])}...)"
-        elif res:
-            load = f"{res.get('stage')}: {res.get('error')}"
-        elif (r.get("convert") or {}).get("rc"):
-            load = "(not written)"
-        else:
-            load = "-"
-        reason = f"**{r['verdict']}**" + (f": {md_escape(r['reason'])}" if r.get("reason") else "")
-        L.append(f"| {r['source']} | {r['id']} | `{md_escape(r.get('command') or '-')}` "
-                 f"| {loader_names.get(r['loader'], r['loader'])} | {r.get('ref_dtype', '-')} "
-                 f"| {md_escape(load)} | {fmt(res.get('max_abs_logit_diff'))} | {fmt(res.get('mean_abs_logit_diff'))} "
-                 f"| {fmt(res.get('top1_agree_pct'), '.1f')} | {fmt(res.get('greedy_equal'), '')} | {reason} |")
-    L.append("")
-    return L
+         "file with the documented message.", ""]
+    return L + M.table(rows, fmt, md_escape, loader_names, ref_dtype=True)

@@ -5,41 +5,25 @@ transformers running the producing tool's own decode of the source (worker_fp8.a
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import cases as C
+import model_rows as M
 import verdict as V
 
 REF_VERSION = "1"  # bump when FP8_PROMPTS or the reference method change
 
 
-def _digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file():
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def reference(run, name: str, folder: Path) -> dict:
-    """The float32 reference of one source (cached by the source's digest)."""
+    """The float32 reference of one source (cached by the digest of the source folder's files)."""
     info = C.FP8_SOURCES[name]
-    cache = Path(run.args.cache) / f"fp8-{name}-{_digest(folder)}-v{REF_VERSION}"
-    meta_p, npz = cache / "reference.json", cache / "reference.npz"
-    if meta_p.exists() and npz.exists() and not run.args.no_cache:
-        return dict(json.loads(meta_p.read_text()), npz=str(npz))
-    cache.mkdir(parents=True, exist_ok=True)
+    key = f"fp8-{name}-{M.digest(sorted(f for f in folder.iterdir() if f.is_file()))}-v{REF_VERSION}"
     spec = {"source": str(folder), "reference": info["reference"], "dest": str(run.work / f"ref-{name}"),
-            "reference_npz": str(npz), "prompts": C.FP8_PROMPTS, "france_index": 0,
-            "greedy_tokens": C.FP8_GREEDY_TOKENS, "pad_id": 2}
-    r = run.worker("fp8_reference", spec, f"fp8-reference-{name}", run.args.timeout)
+            "prompts": C.FP8_PROMPTS, "france_index": 0, "greedy_tokens": C.FP8_GREEDY_TOKENS, "pad_id": 2}
+    r = M.cached_reference(run, key, "fp8_reference", spec, f"fp8-reference-{name}")
     if not r.get("ok"):
         raise SystemExit(f"fp8 reference of {name} failed: {r}")
-    meta_p.write_text(json.dumps(r, indent=1))
-    return dict(r, npz=str(npz))
+    return r
 
 
 def run_fp8(run, log, selected, summary) -> list[dict]:
@@ -58,23 +42,9 @@ def run_fp8(run, log, selected, summary) -> list[dict]:
                 "paris_id": ref["paris_ids"][0], "greedy_tokens": C.FP8_GREEDY_TOKENS,
                 "reference_greedy_ids": ref["greedy_ids"], "tokenizer": False, "pad_id": 2}
         for case in cases:
-            log(f"[fp8] {name}: {case['id']}")
-            row = {"group": "fp8", "id": case["id"], "source": case.get("source", name), "loader": case["loader"],
-                   "expect": case["expect"]}
             src = Path(run.args.fp8_sources) / case["source"] if case.get("source") else folder
-            conv, path = run.convert_once(src, f"fp8-{name}-{case['out']}", case["cmd"], run.args.timeout)
-            row["command"] = conv["command"]
-            row["convert"] = conv
-            result = None
-            if case["loader"] and conv["rc"] == 0:
-                result = run.worker(case["loader"], dict(base, path=str(path)), C.slug(f"fp8-{name}-{case['id']}"),
-                                    run.args.timeout)
-                if result.get("ok") and case.get("dequant_dtype"):
-                    result["dequant_dtype"] = case["dequant_dtype"]
-            v, reason = V.model_verdict(case, conv, result)
-            row.update(verdict=v, reason=reason, result=result)
-            log(f"    -> {v} {reason}" + (f" | {summary(result)}" if result and result.get("ok") else ""))
-            rows.append(row)
+            rows.append(M.run_case(run, log, summary, case, group="fp8", name=name, source=case.get("source", name),
+                                   src=src, spec_for=lambda case, row, path, base=base: base))
     return rows
 
 
@@ -94,28 +64,5 @@ def section(rows: list[dict], fmt, md_escape, loader_names) -> list[str]:
          "weights are decoded in float32 (qckpt's float32 dequantize, transformers' compressed-tensors path): "
          "they keep the float32 products the bf16 reference rounds). Lossy rows: top-1 agreement over every "
          f"position >= {C.FP8_LOSSY_TOP1_PCT:g}%. TOOL-LIMIT: a correct file the pinned loader refuses with a "
-         "documented message.", "",
-         "| source | target (case) | command | loader | load | max \\|dlogit\\| | mean \\|dlogit\\| | top-1 % "
-         "| greedy equal | verdict |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        res = r.get("result") or {}
-        if res.get("ok"):
-            load = "ok"
-            for key, what in (("missing_keys", "left at random init"), ("unexpected_keys", "ignored")):
-                k = res.get(key) or {}
-                if k.get("count"):
-                    load += f"; {k['count']} tensors {what} ({', '.join(k['first'][:2])}...)"
-        elif res:
-            load = f"{res.get('stage')}: {res.get('error')}"
-        elif r.get("convert", {}).get("rc"):
-            load = "(not written)"
-        else:
-            load = "-"
-        reason = f"**{r['verdict']}**" + (f": {md_escape(r['reason'])}" if r.get("reason") else "")
-        L.append(f"| {r['source']} | {r['id']} | `{md_escape(r.get('command') or '-')}` "
-                 f"| {loader_names.get(r['loader'], r['loader'])} | {md_escape(load)} "
-                 f"| {fmt(res.get('max_abs_logit_diff'))} | {fmt(res.get('mean_abs_logit_diff'))} "
-                 f"| {fmt(res.get('top1_agree_pct'), '.1f')} | {fmt(res.get('greedy_equal'), '')} | {reason} |")
-    L.append("")
-    return L
+         "documented message.", ""]
+    return L + M.table(rows, fmt, md_escape, loader_names)

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+from gpt_oss_common import FIXTURE, TOKENS, logit_stats, qckpt_convert, store_section
 from transformers import GptOssForCausalLM
-
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "data" / "gpt_oss" / "tiny_mxfp4"
-TOKENS = [[1, 5, 9, 17, 33, 65, 100, 127, 2, 64, 77, 3]]
 
 
 def main() -> int:
@@ -34,12 +30,10 @@ def main() -> int:
     ap.add_argument("--qckpt-python", required=True)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as tmp:
         g, back = Path(tmp) / "t.gguf", Path(tmp) / "back"
         for a, b, to in ((FIXTURE, g, "gguf"), (g, back, "gpt-oss")):
-            subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(a), str(b), "--to", to],
-                           check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+            qckpt_convert(args.qckpt_python, a, b, to)
         ids = torch.tensor(TOKENS)
         src = GptOssForCausalLM.from_pretrained(str(FIXTURE), dtype=torch.bfloat16).eval()
         rt = GptOssForCausalLM.from_pretrained(str(back), dtype=torch.bfloat16).eval()
@@ -49,13 +43,10 @@ def main() -> int:
         param_diff = max(float((ps[k].float() - pr[k].float()).abs().max()) for k in ps)
     out = {"transformers": transformers.__version__, "torch": torch.__version__, "tokens": TOKENS,
            "same_parameter_names": sorted(ps) == sorted(pr), "max_abs_parameter_diff": param_diff,
-           "max_abs_logit_diff_round_trip_vs_source": float((ls - lr).abs().max())}
+           "max_abs_logit_diff_round_trip_vs_source": logit_stats(lr.numpy(), ls.numpy())[0]}
     print(json.dumps(out, indent=1))
     if args.write:
-        path = FIXTURE.parent / "interop.json"
-        doc = json.loads(path.read_text())
-        doc["gguf_round_trip"] = out
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        store_section("gguf_round_trip", out)
     ok = out["same_parameter_names"] and param_diff == 0 and out["max_abs_logit_diff_round_trip_vs_source"] == 0
     return 0 if ok else 1
 

@@ -30,12 +30,10 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm
 import numpy as np
+from gpt_oss_common import FIXTURE, ROOT, TOKENS, logit_stats, qckpt_convert, store_section
 from mlx_lm.utils import load_model
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "data" / "gpt_oss" / "tiny_mxfp4"
 REFERENCE = FIXTURE.parent / "reference_transformers.safetensors"
-TOKENS = [[1, 5, 9, 17, 33, 65, 100, 127, 2, 64, 77, 3]]
 
 TORCH_LOGITS = """
 import sys, numpy as np, torch, transformers
@@ -54,11 +52,9 @@ def main() -> int:
     ap.add_argument("--torch-python", required=True)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / "mlx"
-        subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(FIXTURE), str(dst), "--to", "mlx"],
-                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        qckpt_convert(args.qckpt_python, FIXTURE, dst, "mlx")
         model, _ = load_model(dst)
         ref = mx.load(str(REFERENCE))
         classes, decode_diff = set(), 0.0
@@ -82,18 +78,12 @@ def main() -> int:
     out = {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "reference": "transformers " + res.stdout.strip(),
            "tokens": TOKENS, "expert_modules": sorted(classes),
            "max_abs_mx_dequantize_minus_convert_moe_packed_tensors": decode_diff,
-           "bf16": {"max_abs_logit_diff_mlx_lm_vs_transformers": float(np.abs(lm - lt).max()),
-                    "mean_abs_logit_transformers": float(np.abs(lt).mean()),
-                    "argmax_agreement": float((lm.argmax(-1) == lt.argmax(-1)).mean())},
-           "f32": {"max_abs_logit_diff_mlx_lm_vs_transformers": float(np.abs(lm32 - lt32).max()),
-                   "mean_abs_logit_transformers": float(np.abs(lt32).mean()),
-                   "argmax_agreement": float((lm32.argmax(-1) == lt32.argmax(-1)).mean())}}
+           **{dt: dict(zip(("max_abs_logit_diff_mlx_lm_vs_transformers", "mean_abs_logit_transformers",
+                            "argmax_agreement"), logit_stats(got, want)))
+              for dt, got, want in (("bf16", lm, lt), ("f32", lm32, lt32))}}
     print(json.dumps(out, indent=1))
     if args.write:
-        path = FIXTURE.parent / "interop.json"
-        doc = json.loads(path.read_text())
-        doc["mlx_lm"] = out
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        store_section("mlx_lm", out)
     # BF16 logits differ by the frameworks' own BF16 kernels; in float32 they must agree closely
     ok = decode_diff == 0 and classes == {"QuantizedSwitchLinear:mxfp4"} and out["f32"]["argmax_agreement"] == 1.0 \
         and out["f32"]["max_abs_logit_diff_mlx_lm_vs_transformers"] < 1e-2

@@ -29,13 +29,10 @@ from pathlib import Path
 
 import torch
 import transformers
+from gpt_oss_common import FIXTURE, QCKPT_ENV, ROOT, TOKENS, qckpt_convert
 from safetensors.torch import load_file, save_file
 from transformers import GptOssForCausalLM
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "data" / "gpt_oss" / "tiny_mxfp4"
-TOKENS = [[1, 5, 9, 17, 33, 65, 100, 127, 2, 64, 77, 3]]
 
 DUMP = """
 import sys, numpy as np
@@ -56,14 +53,12 @@ def main() -> int:
     ap.add_argument("--qckpt-python", default=sys.executable)
     ap.add_argument("--write-reference", action="store_true")
     args = ap.parse_args()
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     ref = reference(FIXTURE)
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / "written"
-        subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(FIXTURE), str(dst), "--to", "gpt-oss"],
-                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        subprocess.run([args.qckpt_python, "-c", DUMP, str(dst), str(Path(tmp) / "decode.npz")], check=True, env=env,
-                       cwd=ROOT)
+        qckpt_convert(args.qckpt_python, FIXTURE, dst, "gpt-oss")
+        subprocess.run([args.qckpt_python, "-c", DUMP, str(dst), str(Path(tmp) / "decode.npz")], check=True,
+                       env=QCKPT_ENV, cwd=ROOT)
         import numpy as np
         ours = {k: torch.from_numpy(v) for k, v in np.load(Path(tmp) / "decode.npz").items()}
         ids = torch.tensor(TOKENS)
@@ -81,8 +76,7 @@ def main() -> int:
         loaded = {k for k, _ in bf.named_parameters()}
         missing, unexpected = sorted(loaded - set(sd)), sorted(set(sd) - loaded)
         plain = Path(tmp) / "plain"  # qckpt's own float export (experts written [E, in, out]: metadata dense_axes)
-        subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(FIXTURE), str(plain), "--to", "plain"],
-                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        qckpt_convert(args.qckpt_python, FIXTURE, plain, "plain")
         pl = GptOssForCausalLM.from_pretrained(str(plain), dtype=torch.bfloat16).eval()
         with torch.no_grad():
             lm, lb, lp = mx(ids).logits.float(), bf(ids).logits.float(), pl(ids).logits.float()

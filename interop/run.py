@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE))
 import cases as C  # noqa: E402
 import fp4_group  # noqa: E402
 import fp8_group  # noqa: E402
+import model_rows as M  # noqa: E402
 import verdict as V  # noqa: E402
 
 WORKER = HERE / "worker.py"
@@ -58,6 +59,7 @@ class Runner:
         self.work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="qckpt-interop-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.converted: dict[str, dict] = {}
+        self._modules: dict[str, bool] = {}
         self.source = Path(args.smollm2)
 
     # -------------------------------------------------------------- subprocesses
@@ -105,9 +107,12 @@ class Runner:
                 "seconds": round(time.time() - t, 1)}
 
     def has_module(self, mod: str) -> bool:
-        p = subprocess.run([self.py, "-c",
-                            f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
-        return p.returncode == 0
+        """Whether the interop venv can import ``mod`` (asked once per run)."""
+        if mod not in self._modules:
+            p = subprocess.run([self.py, "-c",
+                                f"import importlib.util,sys; sys.exit(importlib.util.find_spec('{mod}') is None)"])
+            self._modules[mod] = p.returncode == 0
+        return self._modules[mod]
 
     def convert_once(self, src: Path, out_name: str, cmd: list[str], timeout: float) -> tuple[dict, Path]:
         key = json.dumps([str(src), out_name, cmd])
@@ -197,8 +202,7 @@ class Runner:
             row = {"group": "smollm2", "id": case["id"], "source": C.SMOLLM2, "loader": case["loader"],
                    "expect": case["expect"]}
             if case.get("needs") == "llama_cpp" and not have_llama:
-                row.update(verdict="SKIP", reason="llama-cpp-python not installed (setup.sh --with-llama)",
-                           command=None)
+                row.update(verdict="SKIP", reason=M.NO_LLAMA, command=None)
                 rows.append(row)
                 continue
             conv = None
@@ -375,6 +379,8 @@ LOADER_NAMES = {
     "mlx_lm": "mlx_lm.load",
     "llama_cpp": "llama_cpp.Llama(logits_all=True)",
     "llama_quantize": "llama_cpp.llama_model_quantize of the source (same ftype), tensor bytes compared",
+    "llama_convert": "llama.cpp convert_hf_to_gguf.py of the source, tensor bytes compared",
+    "ggml_decode": "ggml to_float (llama-cpp-python's libggml-base) x <name>.scale, vs qckpt's f32 decode",
     None: "-",
 }
 
@@ -429,20 +435,7 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
             if r["group"] != "smollm2":
                 continue
             res = r.get("result") or {}
-            if res.get("ok"):
-                load = "ok"
-                for key, what in (("missing_keys", "left at random init"), ("unexpected_keys", "ignored")):
-                    k = res.get(key) or {}
-                    if k.get("count"):
-                        load += f"; {k['count']} tensors {what} ({', '.join(k['first'][:2])}...)"
-                if res.get("tokenizer_error"):
-                    load += f"; tokenizer: {res['tokenizer_error']}"
-            elif res:
-                load = f"{res.get('stage')}: {res.get('error')}"
-            elif r.get("convert", {}).get("rc"):
-                load = "(not written)"
-            else:
-                load = "-"
+            load = M.load_cell(r)
             m = res.get("vs_loader_source") or {}
             mx = fmt(res.get("max_abs_logit_diff"))
             if m:
@@ -523,6 +516,10 @@ def main(argv=None) -> int:
                     help="the bf16 source of the FP4 samples (default: $QCKPT_FP4_BF16, else "
                          "shared/real/fp_sources/smollm2_tiny1L beside the repo, else /work/shared/..., else the "
                          "copy in interop/data/)")
+    ap.add_argument("--llama-cpp-src", default=os.environ.get("QCKPT_LLAMA_CPP_SRC"),
+                    help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/), e.g. "
+                         "vendor/llama.cpp of the llama-cpp-python sdist, for the rows that run llama.cpp's own "
+                         "converter")
     ap.add_argument("--group", choices=["all", "smollm2", "fp8", "fp4", "minilm"], default="all")
     ap.add_argument("--only", help="run the cases whose id contains one of these comma-separated texts")
     ap.add_argument("--work", help="working folder (default: a new temporary folder, removed unless --keep)")

@@ -59,6 +59,17 @@ check("same as tool", V.model_verdict(same, ok, {"ok": True, "tensors": 3, "iden
       "PASS")
 check("not same as tool", V.model_verdict(same, ok, {"ok": True, "tensors": 3, "identical": 2,
                                                      "differing": [{"tensor": "x"}]})[0], "FAIL")
+dec = {"expect": "decode_exact"}
+dres = {"ok": True, "types": ["nvfp4"], "elements": 8, "signed_zeros": 1,
+        "tensors": [{"tensor": "a", "elements": 4, "values_differ": 0, "max_abs_weight_diff": 0.0},
+                    {"tensor": "b", "elements": 4, "values_differ": 0, "max_abs_weight_diff": 0.0}]}
+check("decode exact", V.model_verdict(dec, ok, dres),
+      ("PASS", "8 weights of 2 tensors (nvfp4) match qckpt's decode; 1 zeros of opposite sign"))
+check("decode differs", V.model_verdict(dec, ok, dict(dres, tensors=[dict(dres["tensors"][0], values_differ=1,
+                                                                          max_abs_weight_diff=0.5)]))[0], "FAIL")
+check("decode unmapped tensor", V.model_verdict(dec, ok, dict(dres, tensors=[{"tensor": "x", "error": "no"}]))[0],
+      "FAIL")
+check("decode nothing", V.model_verdict(dec, ok, dict(dres, tensors=[]))[0], "FAIL")
 check("garbage beats exact", V.model_verdict(exact, ok, model_result(top1_agree_pct=10.0))[0], "GARBAGE")
 check("lossy not paris", V.model_verdict(lossy, ok, model_result(france_last_is_paris=False))[0], "FAIL")
 check("lossy pass despite greedy", V.model_verdict(lossy, ok, model_result(greedy_equal=False,

@@ -83,9 +83,27 @@ def model_verdict(case: dict, convert: dict | None, result: dict | None) -> tupl
         return "FAIL", f"{result.get('stage', 'load')}: {result.get('error', 'no result')}"
     if expect == "same_as_tool":  # every tensor byte-identical with the real tool's own output
         if result["identical"] == result["tensors"]:
-            return "PASS", f"all {result['tensors']} tensors byte-identical with llama.cpp's requantization"
+            tool = f"{result['tool']}'s output" if result.get("tool") else "llama.cpp's requantization"
+            extra = result.get("tool_only_allowed") or []
+            return "PASS", (f"all {result['tensors']} tensors byte-identical with {tool}"
+                            + (f"; the tool also writes {len(extra)} tensors qckpt leaves out ({extra[0]} ...)"
+                               if extra else ""))
         return "FAIL", f"{result['tensors'] - result['identical']} of {result['tensors']} tensors differ: " \
                        f"{result['differing'][:3]}"
+    if expect == "decode_exact":  # the loader's own decode of every quantized tensor equals qckpt's, value for value
+        bad = [t for t in result["tensors"] if "error" in t or t.get("values_differ")]
+        if not result["tensors"]:
+            return "FAIL", "no quantized tensor decoded"
+        if bad:
+            t = bad[0]
+            return "FAIL", (f"{len(bad)} of {len(result['tensors'])} tensors differ; {t['tensor']}: "
+                            + (t.get("error") or f"{t['values_differ']} of {t['elements']} values, "
+                               f"max |diff| {t['max_abs_weight_diff']:.3g}"))
+        return "PASS", (f"{result['elements']} weights of {len(result['tensors'])} tensors "
+                        f"({', '.join(result['types'])}) match qckpt's decode"
+                        + "".join(f"; {result[k]} {what}" for k, what in (
+                            ("one_ulp", "of them one float32 ulp apart (the .scale multiplied in another order)"),
+                            ("signed_zeros", "zeros of opposite sign")) if result.get(k)))
     if result["top1_agree_pct"] < GARBAGE_TOP1_PCT:
         return "GARBAGE", f"top-1 agreement {result['top1_agree_pct']:.1f}% < {GARBAGE_TOP1_PCT:.0f}%"
     problems = []

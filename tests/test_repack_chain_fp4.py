@@ -68,7 +68,8 @@ REFUSED = {
     ("ct_nvfp4_smollm2", (CT, MLX)): ("global_scale", "936.0 has no float32 amax"),
     ("ct_nvfp4_smollm2", (MO,)): ("input_scale", "ModelOpt NVFP4 is W4A4"),
     ("modelopt_nvfp4_smollm2tiny", (GGUF, CT)): ("global_scale", "has no float32 divisor"),
-    # GGUF has no input-scale tensor (llama.cpp), so ModelOpt's W4A4 cannot be rebuilt from it
+    # qckpt's GGUF leaves the input scales out (llama.cpp does not compute with them), so ModelOpt's W4A4
+    # cannot be rebuilt from it
     ("modelopt_nvfp4_smollm2tiny", (GGUF, MO)): ("input_scale", "the source has none"),
     ("modelopt_nvfp4_smollm2tiny", (MLX, CT)): ("global_scale", "has no float32 divisor"),
     ("mlx_nvfp4_global_smollm2", (GGUF, CT)): ("global_scale", "has no float32 divisor"),

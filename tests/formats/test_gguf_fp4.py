@@ -389,8 +389,9 @@ def test_stacked_experts_mxfp4_round_trip(tmp_path):
 def test_activation_scales_are_not_written_to_gguf_and_the_report_says_so(tmp_path):
     """Regression (interop fp4 group): ModelOpt's 7 static input_scale tensors were written to GGUF as
     F32 [1] tensors, which transformers' GGUF loader cannot load ("cannot reshape array of size 1");
-    llama.cpp has no input-scale tensor (it quantizes activations itself). They are left out, each
-    row says so, and the weights stay exact."""
+    llama.cpp quantizes activations itself (its convert_hf_to_gguf.py writes <name>.input_scale, which
+    llama.cpp 0.3.36 loads and never computes with). They are left out, each row says so, and the
+    weights stay exact."""
     import gguf
     from click.testing import CliRunner
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from converter.cli import main
 from converter.formats.gguf.format import write_gguf
-from converter.formats.gguf.hf_source import NO_TOKENIZER, config_kv
+from converter.formats.gguf.hf_source import NO_TOKENIZER, NO_VOCAB_WARNING, config_kv
 from converter.formats.registry import load
 from converter.ops.compare import compare_tensors
 from converter.ops.convert import convert_exact
@@ -60,9 +60,12 @@ def test_real_fp8_source_to_gguf_keys_types_and_warning(tmp_path):
     assert kv["llama.rope.freq_base"] == 100000.0
     # 2. {arch}.vocab_size (gguf-py Keys.LLM.VOCAB_SIZE) from config vocab_size
     assert kv["llama.vocab_size"] == 256
-    assert not any(k.startswith("tokenizer.ggml.") for k in kv)
-    assert doc["side_files_skipped"] == {"tokenizer.ggml.*": NO_TOKENIZER}
-    assert NO_TOKENIZER.startswith("warning: no tokenizer: llama.cpp cannot load this GGUF without tokenizer.ggml.*")
+    # no vocabulary: declared as llama.cpp's converter declares one (convert_hf_to_gguf.py _set_vocab_none writes
+    # tokenizer.ggml.model "none"; without the key llama.cpp 0.3.36 refuses the file: "key not found in model:
+    # tokenizer.ggml.model", interop/results/RESULTS_FP4.md), and nothing else of a vocabulary
+    assert {k: v for k, v in kv.items() if k.startswith("tokenizer.ggml.")} == {"tokenizer.ggml.model": "none"}
+    assert doc["side_files_skipped"] == {"tokenizer.ggml.*": NO_VOCAB_WARNING}
+    assert NO_VOCAB_WARNING.startswith("warning: no tokenizer: written as tokenizer.ggml.model 'none'")
     # 3. 1-D tensors F32, values the source's bf16 values exactly
     tensors = {t.name: t for t in r.tensors}
     for hf, g in NORMS.items():
@@ -77,7 +80,7 @@ def test_real_fp8_source_cli_text_warns_about_the_tokenizer(tmp_path):
     r = CliRunner().invoke(main, ["convert", str(SRC), str(tmp_path / "o.gguf"), "--to", "gguf", "--bits", "8",
                                   "--group-size", "32", "--sym", "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    assert "warning: no tokenizer: llama.cpp cannot load this GGUF" in " ".join(r.output.split())
+    assert "warning: no tokenizer: written as tokenizer.ggml.model 'none'" in " ".join(r.output.split())
 
 
 def test_config_kv_rope_theta_flat_nested_and_vocab_size():
@@ -96,8 +99,16 @@ def test_tokenizer_warning_only_without_tokenizer_keys(tmp_path):
                                                                   "tokenizer.ggml.model": "llama",
                                                                   "tokenizer.ggml.tokens": ["a", "b"]}})
     assert "side_files_skipped" not in write_gguf(with_tok, tmp_path / "a.gguf")
+    # no vocabulary size either: nothing to declare a placeholder vocabulary with, no key written
     res = write_gguf(Checkpoint.from_tensors([t]), tmp_path / "b.gguf", arch="llama")
     assert res["side_files_skipped"] == {"tokenizer.ggml.*": NO_TOKENIZER}
+    assert not any(k.startswith("tokenizer.") for k in gguf.GGUFReader(tmp_path / "b.gguf").fields)
+    # a vocabulary size without a vocabulary (a GGUF source without tokenizer keys): declared 'none'
+    no_vocab = Checkpoint.from_tensors([t], metadata={"gguf_kv": {"general.architecture": "llama",
+                                                                  "llama.vocab_size": 4}})
+    res = write_gguf(no_vocab, tmp_path / "c.gguf")
+    assert res["side_files_skipped"] == {"tokenizer.ggml.*": NO_VOCAB_WARNING}
+    assert gguf.GGUFReader(tmp_path / "c.gguf").fields["tokenizer.ggml.model"].contents() == "none"
 
 
 def test_1d_f16_bf16_widened_2d_kept_and_notes(tmp_path):

@@ -43,8 +43,11 @@ never from that derived config.
 
 From a Hugging Face source (no GGUF key/values), :mod:`converter.formats.gguf.hf_source` gives the
 hyperparameters llama.cpp's ``convert_hf_to_gguf.py`` writes (``rope_theta`` or transformers 5's
-``rope_parameters.rope_theta``, ``{arch}.vocab_size``); no ``tokenizer.ggml.*`` keys are made, and the
-result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever the file written has none.
+``rope_parameters.rope_theta``, ``{arch}.vocab_size``); no vocabulary is made: a file without
+``tokenizer.ggml.model`` gets ``"none"`` (``NO_VOCAB_KV``, llama.cpp's own key for a model without a
+vocabulary, which llama.cpp loads; without the key it refuses the file), and the result's
+``side_files_skipped`` carries a warning (``NO_VOCAB_WARNING`` / ``NO_TOKENIZER``) whenever the file
+written has no ``tokenizer.ggml.tokens``.
 1-D F16 / BF16 tensors (norm weights, biases) are written F32, an exact widening, as
 ``convert_hf_to_gguf.py`` does (``WIDENED_1D``; the read-back proof calls them ``exact`` with
 ``widened``, not ``passthrough``).
@@ -91,7 +94,8 @@ from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exac
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
-from converter.formats.gguf.hf_source import NO_TOKENIZER, WIDENED_1D, source_kv, tokenizer_warning
+from converter.formats.gguf.hf_source import (NO_TOKENIZER, WIDENED_1D, no_vocab_kv, source_kv,  # noqa: E402
+                                             tokenizer_warning)
 from converter.formats.ties import resolve_tied_head
 from converter.formats.base import dropped_activation_scales
 
@@ -260,7 +264,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     dict
         ``files``, ``tensors``, ``types`` (logical name -> ggml type), ``architecture``, ``file_type``,
         ``notes`` (tensor or key name -> list of str: widened 1-D tensors, key/values not written),
-        ``side_files_skipped`` (``{"tokenizer.ggml.*": NO_TOKENIZER}`` when no vocabulary is written).
+        ``side_files_skipped`` (``{"tokenizer.ggml.*": warning}`` when no vocabulary is written).
 
     Raises
     ------
@@ -285,6 +289,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if not src_kv or gguf_metadata is not None:  # convert_hf_to_gguf.py's keys, or a given GGUF's
         src_kv, more_types, source_warnings = source_kv(ckpt, arch, gguf_metadata)
         src_types.update(more_types)
+    src_kv.update(no_vocab_kv(src_kv, arch))  # no vocabulary: declared 'none', as llama.cpp's converter does
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     # tied embeddings (CASES.md B32/B33): an lm_head identical to the embedding is left out (llama.cpp
     # then uses token_embd); a different one is kept (GGUF has no tie flag: output.weight wins)

@@ -9,7 +9,8 @@ from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
 
-__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "NO_TOKENIZER", "WIDENED_1D"]
+__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "no_vocab_kv", "NO_TOKENIZER",
+           "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -125,7 +126,21 @@ NO_TOKENIZER = ("warning: no tokenizer: llama.cpp cannot load this GGUF without 
                 "a GGUF that has them, or make one from a model folder with tokenizer files (llama.cpp "
                 "convert_hf_to_gguf.py)")
 """The writer's warning (``side_files_skipped["tokenizer.ggml.*"]``) when the output has no
-``tokenizer.ggml.tokens``: llama.cpp's ``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
+``tokenizer.ggml.tokens`` and no vocabulary size to declare it vocabulary-less: llama.cpp's
+``llm_load_vocab`` needs ``tokenizer.ggml.model``."""
+
+NO_VOCAB_KV = {"tokenizer.ggml.model": "none"}
+"""What llama.cpp writes for a model without a vocabulary: ``convert_hf_to_gguf.py`` ``_set_vocab_none``
+(``add_tokenizer_model("none")``). ``llama-vocab.cpp`` (llama-cpp-python 0.3.36's) loads ``"none"`` (or
+``"no_vocab"``) as ``LLAMA_VOCAB_TYPE_NONE`` with ``{arch}.vocab_size`` placeholder tokens; with no
+``tokenizer.ggml.model`` key at all it refuses the file ("error loading model vocabulary: key not found in
+model: tokenizer.ggml.model")."""
+
+NO_VOCAB_WARNING = ("warning: no tokenizer: written as tokenizer.ggml.model 'none' (llama.cpp's model without a "
+                    "vocabulary, as convert_hf_to_gguf.py writes one): llama.cpp loads it and runs token ids, but "
+                    "cannot tokenize text; for text, convert a GGUF that has a vocabulary, or make one from a model "
+                    "folder with tokenizer files (llama.cpp convert_hf_to_gguf.py)")
+"""The writer's warning when it declared the output vocabulary-less (:data:`NO_VOCAB_KV`)."""
 
 TOKENIZER_FILES_NOT_CONVERTED = (" (the source's tokenizer files could not be converted: neither a tokenizer.json "
                                  "nor a tokenizer.model beside the weights; or pass --gguf-metadata FILE.gguf)")
@@ -133,12 +148,21 @@ TOKENIZER_FILES_NOT_CONVERTED = (" (the source's tokenizer files could not be co
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
+def no_vocab_kv(kv: Mapping[str, Any], arch: str) -> dict[str, str]:
+    """:data:`NO_VOCAB_KV` when ``kv`` has no ``tokenizer.ggml.model`` but declares ``{arch}.vocab_size`` (what
+    llama.cpp sizes the placeholder vocabulary and the logits by), else ``{}``."""
+    if "tokenizer.ggml.model" in kv or not isinstance(kv.get(f"{arch}.vocab_size"), int):
+        return {}
+    return dict(NO_VOCAB_KV)
+
+
 def tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any]) -> dict[str, str]:
     """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``."""
     if "tokenizer.ggml.tokens" in kv:
         return {}
     has_files = any(Path(str(f)).name in _HF_TOKENIZER_FILES for f in ckpt.extra_files)
-    return {"tokenizer.ggml.*": NO_TOKENIZER + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
+    text = NO_VOCAB_WARNING if kv.get("tokenizer.ggml.model") == NO_VOCAB_KV["tokenizer.ggml.model"] else NO_TOKENIZER
+    return {"tokenizer.ggml.*": text + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
 
 
 WIDENED_1D = ("F16", "BF16")

@@ -89,7 +89,8 @@ def _pre(kv: Mapping[str, Any]) -> PreTokenizer:
     if model != "gpt2":
         reason = {"llama": "SentencePiece vocabularies are not converted (merges must be rebuilt from scores, and "
                            "llama.cpp's space prefix after special tokens has no tokenizers equivalent)",
-                  None: "the file has no tokenizer (no tokenizer.ggml.model key)"}.get(
+                  None: "the file has no tokenizer (no tokenizer.ggml.model key)",
+                  "none": "the file declares no vocabulary (tokenizer.ggml.model 'none')"}.get(
             model, "only byte-level BPE ('gpt2') vocabularies are converted")
         raise UnsupportedError(f"no Hugging Face tokenizer written: {reason}", field="tokenizer.ggml.model",
                                expected="gpt2", found=model)

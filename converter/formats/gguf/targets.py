@@ -23,8 +23,9 @@ from converter.tensor import TensorSpec, opaque_reason
 __all__ = ["check_target", "legacy_match", "kquant_match", "exact_type"]
 
 #: Why a static activation scale is not written to GGUF (the convert report's ``dropped`` reason).
-ACT_SCALE_DROPPED = ("activation scale not written: llama.cpp quantizes activations at run time and GGUF has "
-                     "no input-scale tensor (transformers' GGUF loader fails on one)")
+ACT_SCALE_DROPPED = ("activation scale not written: llama.cpp quantizes activations at run time (its "
+                     "convert_hf_to_gguf.py writes <name>.input_scale, which llama.cpp loads but does not compute "
+                     "with; transformers' GGUF loader fails on one)")
 
 
 def kquant_match(spec: TensorSpec) -> str | None:
