@@ -11,6 +11,9 @@ tests a format's name.
 
 from __future__ import annotations
 
+import sys
+import types
+
 from converter.validate.findings import CODES, Finding
 from converter.validate.report import ValidationReport
 
@@ -29,3 +32,16 @@ def self_test(**kwargs):
     from converter.validate.probes import self_test as _self_test  # lazy: pulls in every format (as above)
     return _self_test(**kwargs)
 
+
+
+class _CallableValidate(types.ModuleType):
+    """``converter.validate(path, ...)``: this package is also the ``qckpt validate`` one-call function
+    (``converter.validate`` names the package once any of its modules is imported, so the package itself
+    is the callable; see :func:`converter.api.validate`)."""
+
+    def __call__(self, path, *, reference=None, strict: bool = False, checksums: bool = False,
+                 format: str | None = None):
+        return validate(path, reference=reference, strict=strict, checksums=checksums, fmt=format)
+
+
+sys.modules[__name__].__class__ = _CallableValidate
