@@ -33,7 +33,7 @@ from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
-from converter.tensor import Checkpoint, TensorSpec, spec_of
+from converter.tensor import Checkpoint, TensorSpec, opaque_reason, spec_of
 from converter.write.atomic import check_not_inside, deferred_removal
 from converter.write.engine import run_tasks
 
@@ -41,11 +41,19 @@ REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | 
                    "--bits B, --sym | --asym, --scale-dtype")
 
 
-def refuse_undecodable(ckpt: Checkpoint, to: str) -> None:
+def refuse_undecodable(ckpt: Checkpoint, to: str, *, exact: bool = True) -> None:
     """Raise UnsupportedError when ``ckpt`` lists tensors in a storage type qckpt cannot decode (``opaque``
     specs: quantized types without a decoder): they are quantized, not dense, and no option converts them.
-    The message counts them by type."""
-    opaque = [s for s in ckpt.specs() if s.kind == "opaque"]
+    The message counts them by type. With ``exact`` (a repack), also for tensors known by their values
+    only (``decoded_by``: GGUF IQ* / TQ* through gguf-py): no codes or scales to carry, so only a
+    requantization converts them."""
+    if exact:
+        decoded = [s for s in ckpt.specs() if s.kind == "opaque" and s.decoded_by]
+        if decoded:
+            raise UnsupportedError(f"cannot convert to {to} exactly: {opaque_reason(decoded[0])}", file=ckpt.path,
+                                   tensor=decoded[0].name, field="dtype", expected="codes and scales qckpt decodes",
+                                   found=decoded[0].dtype)
+    opaque = [s for s in ckpt.specs() if s.kind == "opaque" and not s.decoded_by]
     if not opaque:
         return
     by_type: dict[str, int] = {}

@@ -261,7 +261,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     source = registry.load(src, format=source_format)
     to = to or source.format
     handler = registry.check_writable(to)
-    refuse_undecodable(source, to)  # quantized in a type without a decoder: no target helps
+    refuse_undecodable(source, to, exact=False)  # quantized in a type without a decoder: no target helps
     if handler.arrange is not None:  # the tensors as the target's loaders name and split them (exact)
         source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
