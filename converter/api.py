@@ -54,16 +54,9 @@ def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrit
     """``qckpt dequantize``: plain float safetensors (a file when ``dst`` ends in ``.safetensors``, else a
     model directory), ``dtype`` ``"f32"`` / ``"f16"`` / ``"bf16"``; ``match_tool``: each tensor as its
     producing tool decodes it. Returns ``schemas/dequantize-report.schema.json``."""
-    from converter.formats.plain import write_plain
-    from converter.formats.registry import load
-    from converter.write.atomic import check_not_inside, refuse_existing
-    check_not_inside(src, dst)
-    refuse_existing(dst, overwrite)
-    ckpt = load(src, format=format)
-    res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite, match_tool=match_tool,
-                      tool_dtype=tool_dtype)
-    return {"source": str(src), "source_format": ckpt.format, "destination": str(dst),
-            "dtype": "tool" if match_tool else dtype, **res}
+    from converter.ops.dequantize import dequantize as do_dequantize
+    return do_dequantize(src, dst, dtype=dtype, overwrite=overwrite, source_format=format, match_tool=match_tool,
+                         tool_dtype=tool_dtype)
 
 
 def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granularity: str | None = None,
@@ -118,6 +111,8 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     notes: dict = {}
     stats = quantize_model(load(src, format=format), dst, opts, overwrite=overwrite, notes=notes,
                            write_options=writer_options, **kw)
+    if stats.get("dry_run") is True:  # run_options(dry_run=True): the plan
+        return stats
     return summarize(stats, opts, str(src), Path(dst), notes=notes, **kw)
 
 

@@ -94,15 +94,31 @@ def shard_size_flag(fn):
     @click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
                   help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
                        "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors.")
+    @click.option("--dry-run", "dry_run", is_flag=True,
+                  help="Print the plan (per tensor: exact or lossy and why, target scheme; output files and sizes; "
+                       "config changes) and write nothing.")
     @functools.wraps(fn)
-    def wrapper(*args, max_shard_size="5GB", **kwargs):
+    def wrapper(*args, max_shard_size="5GB", dry_run=False, **kwargs):
         try:
             size = parse_shard_size(max_shard_size)
         except ConverterError as exc:
             raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
-        with run_options(max_shard_size=size):
+        if dry_run:
+            for option in ("report", "csv_path", "plot"):
+                if kwargs.get(option) is not None:
+                    raise click.UsageError(f"--dry-run writes nothing: drop --{option.replace('_path', '')}")
+        with run_options(max_shard_size=size, dry_run=dry_run or None):
             return fn(*args, **kwargs)
     return wrapper
+
+
+def _emit_or_plan(doc: dict, as_json: bool, renderer, schema: str) -> None:
+    """The command's report, or under ``--dry-run`` its plan (``schemas/plan.schema.json``)."""
+    if doc.get("dry_run"):
+        from converter.report.plan import render_plan  # lazy: rich
+        _emit(doc, as_json, render_plan, "plan")
+    else:
+        _emit(doc, as_json, renderer, schema)
 
 
 def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None:
@@ -263,7 +279,8 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
     check_format_option(fmt)
     stats = quantize_model(load(src, format=fmt), dst, opts, overwrite=overwrite, notes=notes,
                            write_options=_gptq_options(gptq_format, to or "native"), **kw)
-    _emit(summarize(stats, opts, str(src), dst, notes=notes, **kw), as_json, render.render_quantize, "quantize-report")
+    doc = stats if stats.get("dry_run") is True else summarize(stats, opts, str(src), dst, notes=notes, **kw)
+    _emit_or_plan(doc, as_json, render.render_quantize, "quantize-report")
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -303,22 +320,16 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
-    from converter.formats.plain import write_plain  # lazy: a format module (see the top)
-    from converter.formats.registry import load  # lazy: the formats layer (see the top)
+    from converter.ops.dequantize import dequantize as do_dequantize  # lazy: the formats layer (see the top)
     if match_tool and dtype is not None:
         raise click.UsageError("--match-tool writes each tensor in its tool's dtype: leave --dtype out "
                                "(--tool-dtype sets a tool's run-time dtype)")
     if tool_dtype is not None and not match_tool:
         raise click.UsageError("--tool-dtype needs --match-tool")
-    dtype = "tool" if match_tool else (dtype or "f32")
-    check_not_inside(src, dst)
-    refuse_existing(dst, overwrite)
     check_format_option(fmt)
-    ckpt = load(src, format=fmt)
-    res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
-                      match_tool=match_tool, tool_dtype=tool_dtype)
-    doc = {"source": str(src), "source_format": ckpt.format, "destination": str(dst), "dtype": dtype, **res}
-    _emit(doc, as_json, render.render_dequantize, "dequantize-report")
+    doc = do_dequantize(src, dst, dtype=dtype or "f32", overwrite=overwrite, source_format=fmt, match_tool=match_tool,
+                        tool_dtype=tool_dtype)
+    _emit_or_plan(doc, as_json, render.render_dequantize, "dequantize-report")
 
 
 def table_options(f):
@@ -463,7 +474,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             Path(tmp).write_text(render.dumps(doc) + "\n")
     _export_tables(doc, csv_path, top, sort_key, plot, overwrite,
                    f"{doc['source_format']} -> {doc['target_format']}: {Path(dst).name}")
-    _emit(doc, as_json, renderer, schema)
+    _emit_or_plan(doc, as_json, renderer, schema)
 
 
 @main.command(epilog="Exit status: 0 identical within --tolerance, 1 not, 2 usage error, 3 unreadable input.")

@@ -68,12 +68,15 @@ class RunOptions:
         Bytes per output shard of a model directory (tensor data; a tensor is never split), the
         writers' default when a call gives none; 0 writes one ``model.safetensors`` whatever its size.
         Default :data:`DEFAULT_MAX_SHARD_SIZE` (5 GB, the Hugging Face convention).
+    dry_run : bool
+        Plan every write but write nothing (:mod:`converter.write.dry_run`): ``--dry-run``.
     """
 
     workers: int | None = None
     max_memory: int | None = None
     quiet: bool = True
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+    dry_run: bool = False
 
     @property
     def n_workers(self) -> int:

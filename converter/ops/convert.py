@@ -33,7 +33,9 @@ from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
+from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.tensor import Checkpoint, TensorSpec, opaque_reason, spec_of
+from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside, deferred_removal
 from converter.write.engine import run_tasks
 
@@ -273,6 +275,11 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     with deferred_removal() as remove_replaced:
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
+        except DryRunPlanned as planned:  # --dry-run: the writer's plan, nothing written
+            return plan_document("convert", source=str(src), source_format=ckpt.format, destination=str(dst),
+                                 target_format=to, rows=tensor_rows(view, {d["tensor"]: ("dequantized", d["reason"])
+                                                                          for d in dequantized}),
+                                 outputs=planned.outputs, modules=modules)
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
             point_at_stored(ckpt, exc)  # the file and stored array the offending value came from
             if not exc.hint or "requantize" not in exc.hint:

@@ -34,6 +34,8 @@ from converter.errors import FormatError, NotRepresentableError, UnsupportedErro
 from converter.formats import registry
 from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
+from converter.ops.plan_doc import plan_document, tensor_rows
+from converter.write.dry_run import DryRunPlanned
 from converter.write.engine import collect_results, task_result
 from converter.layout import IN, OUT
 from converter.kernels.metrics import error_stats
@@ -235,7 +237,7 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
                    overwrite: bool = False, to: str = NATIVE, notes: dict | None = None,
                    write_options: dict[str, Any] | None = None) -> dict[str, dict]:
     """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
-    per-tensor statistics rows. ``notes``, when given, receives the writer's notes by tensor (the
+    per-tensor statistics rows (under ``run_options(dry_run=True)``: the plan document, ``"dry_run": True``). ``notes``, when given, receives the writer's notes by tensor (the
     ``warning: `` ones name a loader that will refuse what was written: :func:`write_warnings`).
 
     Raises
@@ -263,6 +265,12 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
             summary = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {}))
         if notes is not None and isinstance(summary, dict):
             notes.update(summary.get("notes") or {})
+    except DryRunPlanned as planned:  # --dry-run: the plan (schemas/plan.schema.json), nothing quantized or written
+        why = f"quantized to {opts.scheme().describe()}"
+        rows = tensor_rows(view, {s.name: ("lossy", why) for s in view.specs() if s.kind == "quantized"},
+                           dense_why="kept dense (--exclude / not a 2-D weight)")
+        return plan_document("quantize", source=str(src.path), source_format=src.format, destination=str(dst),
+                             target_format=to, rows=rows, outputs=planned.outputs)
     except NotRepresentableError as exc:
         # a refusal only the data decides (an FP4 global scale the target cannot hold): the target's reason
         # stays the message, with the source named and the quantize way out

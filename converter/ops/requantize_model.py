@@ -34,8 +34,10 @@ from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers
+from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
+from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
 from converter.ops.value_source import point_at_stored
 
@@ -291,6 +293,12 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     with collect_results() as got:
         try:
             written = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {})) or {}
+        except DryRunPlanned as planned:  # --dry-run: the writer's plan, nothing written (nothing requantized)
+            modes = {**{d["tensor"]: ("dequantized", d["reason"]) for d in modules if d["decision"] == "dequantized"},
+                     **plans}
+            return plan_document("convert", source=str(src), source_format=source.format, destination=str(dst),
+                                 target_format=to, rows=tensor_rows(view, modes), outputs=planned.outputs,
+                                 modules=modules)
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
             if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
                 point_at_stored(ckpt, exc)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from converter.errors import ConverterError, OutputExistsError
+from converter.runtime import current
+from converter.write.dry_run import DryRunPlanned
 
 __all__ = ["atomic_output", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
            "clean_stale_siblings", "deferred_removal"]
@@ -196,6 +198,9 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
 
     Raises
     ------
+    DryRunPlanned
+        Under ``run_options(dry_run=True)``, before anything is created (the last guard: writers that
+        know their byte counts raise it earlier with them, see :mod:`converter.write.dry_run`).
     OutputExistsError
         ``dst`` exists and ``overwrite`` is false (checked before and again at commit).
     ConverterError
@@ -207,6 +212,8 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
     a ConverterError that names the temporary path (or a file inside it) is rewritten to name ``dst``.
     Stale siblings of dead processes are removed on entry.
     """
+    if current().dry_run:
+        raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": None, "tensors": None}], "config": None})
     dst = Path(dst)
     if _exists(dst) and not overwrite:
         raise _refuse_existing(dst)

@@ -24,6 +24,7 @@ from converter.runtime import auto_workers, current, drop_pages
 from converter import tensor
 from converter.write.atomic import atomic_output
 from converter.write.background import BackgroundWriter
+from converter.write.dry_run import DryRunPlanned
 from converter.write.engine import run_tasks
 from converter.write.plan import TensorPlan, block_rows, shard_plans
 from converter.write.progress import Progress
@@ -155,6 +156,13 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
     if max_shard_bytes is None:  # the run's option (qckpt --max-shard-size; default 5 GB, 0: one file)
         max_shard_bytes = current().max_shard_size or None
     shards = shard_plans(plans, max_shard_bytes)
+    if current().dry_run:  # the plan, to the byte count of tensor data; nothing created
+        names = ["model.safetensors"] if len(shards) == 1 else [shard_name(i, len(shards))
+                                                               for i in range(1, len(shards) + 1)]
+        raise DryRunPlanned({"files": [{"name": n, "bytes": sum(p.nbytes for p in sh), "tensors": len(sh)}
+                                       for n, sh in zip(names, shards)]
+                             + ([{"name": INDEX_NAME, "bytes": None, "tensors": 0}] if len(shards) > 1 else []),
+                             "config": dict(config) if config is not None else None})
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp, \
             Progress("writing", len(plans), sum(p.nbytes for p in plans)) as progress:
@@ -212,6 +220,9 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
 def write_single_file(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: Mapping[str, str] | None,
                       overwrite: bool = False) -> dict:
     """Write one safetensors file atomically."""
+    if current().dry_run:
+        raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": sum(p.nbytes for p in plans),
+                                        "tensors": len(plans)}], "config": None})
     with atomic_output(dst, overwrite=overwrite) as tmp:
         write_plans(tmp, plans, ckpt, metadata)
     return {"files": [Path(dst).name], "tensors": len(plans)}

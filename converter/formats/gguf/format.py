@@ -78,7 +78,9 @@ import numpy as np
 
 from converter.quant.recode import as_groups, exact_cast
 from converter.errors import ErrorKind, ConverterError, FormatError, NotRepresentableError, UnsupportedError
+from converter.runtime import current
 from converter.write.atomic import atomic_output
+from converter.write.dry_run import DryRunPlanned
 from converter.write.files import write_at_offsets
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.formats.gguf.blocks import BlockFields, codec_for
@@ -331,6 +333,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         if ckpt.format == "gguf" else 32
     notes = {p.name: [f"{p.widened_from} widened to F32 (values exact; convert_hf_to_gguf.py writes 1-D tensors F32)"]
              for p in plans if p.widened_from}
+    if current().dry_run:  # the plan: one file, its tensor data (key/values and alignment padding not counted)
+        raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": sum(p.nbytes for p in plans),
+                                        "tensors": len(plans)}], "config": None,
+                             "gguf": {"architecture": arch, "file_type": file_type, "types": types}})
     with atomic_output(dst, overwrite=overwrite) as tmp:
         writer = gguf.GGUFWriter(None, arch)
         try:

@@ -1,0 +1,43 @@
+"""``qckpt dequantize``: any checkpoint -> plain float safetensors, and its report (or its ``--dry-run`` plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from converter.formats import registry
+from converter.formats.plain import write_plain
+from converter.ops.plan_doc import plan_document, tensor_rows
+from converter.write.atomic import check_not_inside, refuse_existing
+from converter.write.dry_run import DryRunPlanned
+
+__all__ = ["dequantize"]
+
+
+def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrite: bool = False,
+               source_format: str | None = None, match_tool: bool = False,
+               tool_dtype: str | None = None) -> dict[str, Any]:
+    """Write ``src`` as plain float safetensors at ``dst`` (a file when it ends in ``.safetensors``, else a
+    model directory); ``dtype`` ``f32`` / ``f16`` / ``bf16``, or with ``match_tool`` each tensor as its
+    producing tool decodes it. Returns ``schemas/dequantize-report.schema.json``, or under
+    ``run_options(dry_run=True)`` the plan (``schemas/plan.schema.json``).
+
+    Raises
+    ------
+    ConverterError
+        Unreadable input, an undecodable tensor, an existing ``dst`` without ``overwrite``.
+    """
+    check_not_inside(src, dst)
+    refuse_existing(dst, overwrite)
+    ckpt = registry.load(src, format=source_format)
+    try:
+        res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
+                          match_tool=match_tool, tool_dtype=tool_dtype)
+    except DryRunPlanned as planned:
+        written_dtype = "each tool's dtype" if match_tool else dtype
+        rows = tensor_rows(ckpt, {s.name: ("dequantized", f"decoded to {written_dtype}") for s in ckpt.specs()
+                                  if s.kind != "dense"})
+        return plan_document("dequantize", source=str(src), source_format=ckpt.format, destination=str(dst),
+                             target_format="plain", rows=rows, outputs=planned.outputs)
+    return {"source": str(src), "source_format": ckpt.format, "destination": str(dst),
+            "dtype": "tool" if match_tool else dtype, **res}
