@@ -237,7 +237,8 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
                    overwrite: bool = False, to: str = NATIVE, notes: dict | None = None,
                    write_options: dict[str, Any] | None = None) -> dict[str, dict]:
     """Quantize ``src`` and write it as format ``to`` (default native) at ``dst``; return the
-    per-tensor statistics rows (under ``run_options(dry_run=True)``: the plan document, ``"dry_run": True``). ``notes``, when given, receives the writer's notes by tensor (the
+    per-tensor statistics rows (under ``run_options(dry_run=True)``: the plan document, ``"dry_run": True``).
+    ``notes``, when given, receives the writer's notes by tensor (the
     ``warning: `` ones name a loader that will refuse what was written: :func:`write_warnings`).
 
     Raises
