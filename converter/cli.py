@@ -57,14 +57,22 @@ def _validate_epilog() -> str:
     return exit_codes.epilog() + "\n\n" + codes_help()
 
 
-def run_options_flags(fn):
+_MEMORY_HELP = "Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
+#: how each kind of command keeps to the budget, by the run_options_flags ``budget`` word
+_BUDGET_HELP = {"rows": "larger tensors go in row blocks.",
+                "tensors": "tensors are checked whole, as many side by side as fit (at least one)."}
+
+
+def run_options_flags(fn=None, *, budget: str = "rows"):
     """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
-    writes tensor data (see :mod:`converter.write.engine`)."""
+    writes tensor data (see :mod:`converter.write.engine`). ``budget`` says in ``--help`` how the command keeps
+    to the memory budget: ``"rows"`` (writes: row blocks) or ``"tensors"`` (validate: workers that fit)."""
+    if fn is None:
+        return functools.partial(run_options_flags, budget=budget)
+
     @click.option("--workers", type=click.IntRange(1), default=None,
                   help="Worker processes (default: the number of cores); output is identical for any N.")
-    @click.option("--max-memory", default=None, metavar="SIZE",
-                  help="Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
-                       "larger tensors go in row blocks.")
+    @click.option("--max-memory", default=None, metavar="SIZE", help=_MEMORY_HELP + _BUDGET_HELP[budget])
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
     @functools.wraps(fn)
     def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
@@ -360,7 +368,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
 @click.option("--strict", is_flag=True, help="Warnings also give exit status 1.")
 @click.option("--self-test", "self_test", is_flag=True, help="Run the axis probes on every writable format instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
-@run_options_flags
+@run_options_flags(budget="tensors")
 @handle_errors
 def validate(path, reference, strict, self_test, as_json):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""
