@@ -23,10 +23,11 @@ from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENT
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # Start-up (issue 18): at module level this file imports only click and modules without numpy (exit codes,
-# errors, run options, the vocabulary and its format names, atomic paths); `qckpt --help` / `--version` then
-# start in ~0.1 s instead of ~1 s (ml_dtypes alone takes 0.5-0.7 s to import here; benchmarks/bench_startup.py,
-# tests/test_startup.py). Each command imports what it uses inside its body: the formats layer, ops/,
-# validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
+# errors, run options, the vocabulary and its format names, atomic paths): `qckpt --help` took 2.38 s before and
+# 0.21 s after, at load average 7 on the 2-core VM (ml_dtypes alone takes 0.5 s idle, 2.5 s at that load, to
+# import; benchmarks/bench_startup.py). tests/test_startup.py keeps numpy, ml_dtypes, rich, jsonschema and the
+# formats layer out of `import converter.cli`. Each command imports what it uses inside its body: the formats
+# layer, ops/, validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
 
 
 class _LazyModule:
@@ -56,14 +57,22 @@ def _validate_epilog() -> str:
     return exit_codes.epilog() + "\n\n" + codes_help()
 
 
-def run_options_flags(fn):
+_MEMORY_HELP = "Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
+#: how each kind of command keeps to the budget, by the run_options_flags ``budget`` word
+_BUDGET_HELP = {"rows": "larger tensors go in row blocks.",
+                "tensors": "tensors are checked whole, as many side by side as fit (at least one)."}
+
+
+def run_options_flags(fn=None, *, budget: str = "rows"):
     """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
-    writes tensor data (see :mod:`converter.write.engine`)."""
+    writes tensor data (see :mod:`converter.write.engine`). ``budget`` says in ``--help`` how the command keeps
+    to the memory budget: ``"rows"`` (writes: row blocks) or ``"tensors"`` (validate: workers that fit)."""
+    if fn is None:
+        return functools.partial(run_options_flags, budget=budget)
+
     @click.option("--workers", type=click.IntRange(1), default=None,
                   help="Worker processes (default: the number of cores); output is identical for any N.")
-    @click.option("--max-memory", default=None, metavar="SIZE",
-                  help="Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
-                       "larger tensors go in row blocks.")
+    @click.option("--max-memory", default=None, metavar="SIZE", help=_MEMORY_HELP + _BUDGET_HELP[budget])
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
     @functools.wraps(fn)
     def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
@@ -509,7 +518,7 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schemas/validation-report.schema.json).")
 @table_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --csv / --plot file.")
-@run_options_flags
+@run_options_flags(budget="tensors")
 @handle_errors
 def validate(path, reference, strict, checksums, self_test, fmt, as_json, csv_path, top, sort_key, plot, overwrite):
     """Check PATH before deployment: structure, axis/zero/nibble layout from the data, optional reference."""

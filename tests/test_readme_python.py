@@ -36,6 +36,7 @@ def test_readme_python_api_example(tmp_path, monkeypatch):
     back = converter.load(tmp_path / "query-w4.safetensors")
     assert back.names() == ["encoder.layer.0.attention.self.query.weight", "query.asym.weight"]
 
+    assert ns["g"]["blk.0.attn_q.weight"].name == "encoder.layer.0.attention.self.query.weight"
     w, qa = ns["w"], ns["qa"]
     assert qa.scheme.zero_point is ZeroPoint.INTEGER and not qa.scheme.signed
     assert qa.codes.shape == (384, 384) and qa.scales.shape == qa.zero_points.shape == (384, 3)

@@ -106,3 +106,9 @@ def test_json_stdout_stays_json_with_progress_forced_and_quiet_silences_it():
     assert json.loads(out.stdout)["summary"]["verdict"] == "clean"
     quiet = subprocess.run(cmd + ["--quiet"], env=env, capture_output=True, text=True, check=True)
     assert quiet.stderr == "" and json.loads(quiet.stdout) == json.loads(out.stdout)
+
+
+def test_help_says_how_validate_keeps_to_the_budget():
+    text = " ".join(CliRunner().invoke(main, ["validate", "--help"]).output.split())
+    assert "--workers" in text and "--quiet" in text and "tensors are checked whole" in text
+    assert "row blocks" not in text  # (convert's way, not validate's)
