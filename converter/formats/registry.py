@@ -173,10 +173,11 @@ class FormatHandler:
         (gpt-oss fused experts split into stacked gate / up for GGUF and MLX, into per-expert Linear
         weights for compressed-tensors, and fused back for gpt-oss); exact (whole rows move), returning the
         checkpoint unchanged when it has nothing to rearrange. None: tensors are written as the source names them.
-    prove_written : callable(Checkpoint, Path) -> dict, optional
-        A check of the written file against the source's logical tensors that does not go through the
-        format's reader: ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against
-        llama.cpp's permute of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
+    prove_written : callable(Checkpoint, Path, Checkpoint) -> dict, optional
+        ``(source, written path, written checkpoint as read back)``: a check of the written file against the
+        source's logical tensors that does not go through the format's reader for the tensors' values:
+        ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against llama.cpp's permute
+        of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
     """
 
     name: str
@@ -197,7 +198,7 @@ class FormatHandler:
     output: OutputKind = field(default_factory=OutputKind)
     probe_companions: Optional[Callable[[Any], list]] = None
     arrange: Optional[Callable[[Any], Any]] = None
-    prove_written: Optional[Callable[[Any, Path], dict]] = None
+    prove_written: Optional[Callable[[Any, Path, Any], dict]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands
