@@ -212,7 +212,10 @@ def test_real_smollm2_k_rows_unchanged():
     r = gguf.GGUFReader(REAL)
     t = next(t for t in r.tensors if t.name == "blk.3.attn_k.weight")
     want = _llamacpp_unpermute(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), 3)
-    assert np.array_equal(load(REAL)["model.layers.3.self_attn.k_proj.weight"].dequantize(), want)
+    ck = load(REAL)
+    assert np.array_equal(ck["model.layers.3.self_attn.k_proj.weight"].dequantize(), want)
+    from converter.formats.gguf.qk_proof import prove_qk_rows
+    assert prove_qk_rows(ck, REAL, ck) == {}  # all 30 layers' q (9 heads) and k (3 heads) rows
 
 
 def test_gguf_without_head_count_kv_written_with_it(tmp_path):
