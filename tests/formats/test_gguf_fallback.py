@@ -9,6 +9,7 @@ cannot quantize) from random block bytes with a finite fp16 ``d``; values are ch
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -19,6 +20,8 @@ from converter.errors import UnsupportedError
 from converter.formats.gguf.fallback import FALLBACK, fallback_types
 from converter.formats.registry import load
 from converter.ops.audit import audit
+from converter.ops.inspect import inspect
+from converter.schemas import validate_document
 from converter.validate.run import validate
 
 KVALUES_IQ4NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
@@ -116,6 +119,7 @@ def _mixed(tmp_path: Path, bad_d: bool = False) -> Path:
 
 def test_validate_checks_every_fallback_tensor(tmp_path):
     rep = validate(_mixed(tmp_path)).to_json()
+    validate_document(json.loads(json.dumps(rep)), "validation-report")
     s = rep["summary"]
     assert s["verdict"] == "clean" and s["tensors_checked"] == 3 and s["tensors_unchecked"] == 0
 
@@ -128,7 +132,10 @@ def test_validate_finds_a_nonfinite_block_scale(tmp_path):
 
 
 def test_audit_bytes_by_role(tmp_path):
-    doc = audit(load(_mixed(tmp_path)))
+    ck = load(_mixed(tmp_path))
+    doc = audit(ck)
+    validate_document(json.loads(json.dumps(doc)), "audit")
+    validate_document(json.loads(json.dumps(inspect(ck))), "inspect")
     by = {t["name"]: t["bytes"] for t in doc["tensors"]}
     up = by["model.layers.0.mlp.up_proj.weight"]  # IQ4_XS: 4 blocks x (128 code + 8 scale bytes)
     assert (up["codes"], up["scales"], up.get("codes+scales", 0)) == (4 * 128, 4 * 8, 0)
