@@ -51,7 +51,7 @@ def _write(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
     w.add_uint32("llama.attention.head_count", 2)
     w.add_uint32("llama.embedding_length", 256)
     for name, (type_name, raw) in tensors.items():
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+        w.add_tensor(name, raw, raw_dtype=None if type_name == "F32" else gguf.GGMLQuantizationType[type_name])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -196,3 +196,20 @@ def test_dequantize_writes_gguf_py_values(tmp_path):
     doc = audit(load(src))
     up = next(t for t in doc["tensors"] if t["name"] == "model.layers.0.mlp.up_proj.weight")
     assert up["bits_per_weight"] == 8 * 136 / 256  # IQ4_XS: 136 bytes per 256 weights = 4.25 bits
+
+
+def test_quant_type_mix_from_decoded_types_equals_from_their_float_values(tmp_path):
+    """--quant-type Q4_K_M on IQ4_XS / TQ2_0 / IQ1_M tensors gives the bytes (and types) it gives on an F32 GGUF of
+    their decoded values: the decoded tensors enter llama-quantize's type choice and quantizer as float weights."""
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    src = _mixed(tmp_path)
+    floats = tmp_path / "floats.gguf"
+    raw = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    _write(floats, {n: ("F32", gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)) for n, t in raw.items()})
+    for s, d in ((src, "a.gguf"), (floats, "b.gguf")):
+        rep = requantize_model(s, tmp_path / d, Target(quant_type="Q4_K_M"), to="gguf")
+        assert all(r["readback_bit_exact"] for r in rep["tensors"]) and len(rep["tensors"]) == 3
+    a = {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(tmp_path / "a.gguf").tensors}
+    b = {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(tmp_path / "b.gguf").tensors}
+    assert a == b and {v[0] for v in a.values()} <= {"Q4_K", "Q6_K"}
