@@ -210,6 +210,7 @@ def test_quant_type_mix_from_decoded_types_equals_from_their_float_values(tmp_pa
     for s, d in ((src, "a.gguf"), (floats, "b.gguf")):
         rep = requantize_model(s, tmp_path / d, Target(quant_type="Q4_K_M"), to="gguf")
         assert all(r["readback_bit_exact"] for r in rep["tensors"]) and len(rep["tensors"]) == 3
-    a = {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(tmp_path / "a.gguf").tensors}
-    b = {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(tmp_path / "b.gguf").tensors}
+    def typed_bytes(path):
+        return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
+    a, b = typed_bytes(tmp_path / "a.gguf"), typed_bytes(tmp_path / "b.gguf")
     assert a == b and {v[0] for v in a.values()} <= {"Q4_K", "Q6_K"}
