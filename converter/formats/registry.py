@@ -178,10 +178,11 @@ class FormatHandler:
         How the format's producing tool dequantizes a quantized tensor (its arithmetic and output dtype;
         the third argument is ``--tool-dtype`` or None): ``qckpt dequantize --match-tool``
         (:mod:`converter.formats.tool_decode`). None: no tool decode is declared (refused).
-    prove_written : callable(Checkpoint, Path) -> dict, optional
-        A check of the written file against the source's logical tensors that does not go through the
-        format's reader: ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against
-        llama.cpp's permute of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
+    prove_written : callable(Checkpoint, Path, Checkpoint) -> dict, optional
+        ``(source, written path, written checkpoint as read back)``: a check of the written file against the
+        source's logical tensors that does not go through the format's reader for the tensors' values:
+        ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against llama.cpp's permute
+        of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
     """
 
     name: str
@@ -203,7 +204,7 @@ class FormatHandler:
     probe_companions: Optional[Callable[[Any], list]] = None
     arrange: Optional[Callable[[Any], Any]] = None
     tool_decode: Optional[Callable[[Any, Any, Optional[str]], Any]] = None
-    prove_written: Optional[Callable[[Any, Path], dict]] = None
+    prove_written: Optional[Callable[[Any, Path, Any], dict]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

@@ -290,7 +290,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
                              renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"))
     if handler.prove_written is not None:  # the format's check that does not go through its reader
-        failed = handler.prove_written(view, Path(dst))
+        failed = handler.prove_written(view, Path(dst), out)
         for r in rows:
             if r["name"] in failed:
                 r.update(mode="changed", bit_exact=False, reason=failed[r["name"]])

@@ -313,7 +313,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         out = registry.load(dst, format=to)
         verify_readback(out, rows, digests)
         if handler.prove_written is not None:  # the format's check that does not go through its reader
-            for name in handler.prove_written(view, Path(dst)):
+            for name in handler.prove_written(view, Path(dst), out):
                 if name in rows:
                     rows[name]["readback_bit_exact"] = False
         verify_dequantized(source, out, modules)

@@ -70,8 +70,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                                      "the exact re-blocking (B38)"),
     "group-skip": ("info", "groups", "a Linear weight left unquantized whose width the model's group size does "
                                      "not divide (B15)"),
-    "opaque": ("info", "structure", "a tensor stored in a type qckpt lists but cannot decode (GGUF IQ*/TQ*): "
-                                    "not checked, and no writer accepts it"),
+    "opaque": ("info", "structure", "a tensor stored in a type neither qckpt nor gguf-py decodes (GGUF Q8_1, "
+                                    "Q8_K): not checked, and no writer accepts it"),
     "activation-scale": ("info", "structure", "static activation (input) scales stored beside weights: runtime "
                                               "metadata, never applied to the weights"),
     "tied-embeddings": ("error", "structure", "tie_word_embeddings contradicts the tensor set, or a kept head "

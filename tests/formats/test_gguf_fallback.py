@@ -9,6 +9,7 @@ cannot quantize) from random block bytes with a finite fp16 ``d``; values are ch
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -19,6 +20,8 @@ from converter.errors import UnsupportedError
 from converter.formats.gguf.fallback import FALLBACK, fallback_types
 from converter.formats.registry import load
 from converter.ops.audit import audit
+from converter.ops.inspect import inspect
+from converter.schemas import validate_document
 from converter.validate.run import validate
 
 KVALUES_IQ4NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
@@ -48,7 +51,7 @@ def _write(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
     w.add_uint32("llama.attention.head_count", 2)
     w.add_uint32("llama.embedding_length", 256)
     for name, (type_name, raw) in tensors.items():
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+        w.add_tensor(name, raw, raw_dtype=None if type_name == "F32" else gguf.GGMLQuantizationType[type_name])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -116,6 +119,7 @@ def _mixed(tmp_path: Path, bad_d: bool = False) -> Path:
 
 def test_validate_checks_every_fallback_tensor(tmp_path):
     rep = validate(_mixed(tmp_path)).to_json()
+    validate_document(json.loads(json.dumps(rep)), "validation-report")
     s = rep["summary"]
     assert s["verdict"] == "clean" and s["tensors_checked"] == 3 and s["tensors_unchecked"] == 0
 
@@ -128,7 +132,10 @@ def test_validate_finds_a_nonfinite_block_scale(tmp_path):
 
 
 def test_audit_bytes_by_role(tmp_path):
-    doc = audit(load(_mixed(tmp_path)))
+    ck = load(_mixed(tmp_path))
+    doc = audit(ck)
+    validate_document(json.loads(json.dumps(doc)), "audit")
+    validate_document(json.loads(json.dumps(inspect(ck))), "inspect")
     by = {t["name"]: t["bytes"] for t in doc["tensors"]}
     up = by["model.layers.0.mlp.up_proj.weight"]  # IQ4_XS: 4 blocks x (128 code + 8 scale bytes)
     assert (up["codes"], up["scales"], up.get("codes+scales", 0)) == (4 * 128, 4 * 8, 0)
@@ -189,3 +196,21 @@ def test_dequantize_writes_gguf_py_values(tmp_path):
     doc = audit(load(src))
     up = next(t for t in doc["tensors"] if t["name"] == "model.layers.0.mlp.up_proj.weight")
     assert up["bits_per_weight"] == 8 * 136 / 256  # IQ4_XS: 136 bytes per 256 weights = 4.25 bits
+
+
+def test_quant_type_mix_from_decoded_types_equals_from_their_float_values(tmp_path):
+    """--quant-type Q4_K_M on IQ4_XS / TQ2_0 / IQ1_M tensors gives the bytes (and types) it gives on an F32 GGUF of
+    their decoded values: the decoded tensors enter llama-quantize's type choice and quantizer as float weights."""
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    src = _mixed(tmp_path)
+    floats = tmp_path / "floats.gguf"
+    raw = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    _write(floats, {n: ("F32", gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)) for n, t in raw.items()})
+    for s, d in ((src, "a.gguf"), (floats, "b.gguf")):
+        rep = requantize_model(s, tmp_path / d, Target(quant_type="Q4_K_M"), to="gguf")
+        assert all(r["readback_bit_exact"] for r in rep["tensors"]) and len(rep["tensors"]) == 3
+    def typed_bytes(path):
+        return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
+    a, b = typed_bytes(tmp_path / "a.gguf"), typed_bytes(tmp_path / "b.gguf")
+    assert a == b and {v[0] for v in a.values()} <= {"Q4_K", "Q6_K"}

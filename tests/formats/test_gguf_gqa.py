@@ -212,4 +212,37 @@ def test_real_smollm2_k_rows_unchanged():
     r = gguf.GGUFReader(REAL)
     t = next(t for t in r.tensors if t.name == "blk.3.attn_k.weight")
     want = _llamacpp_unpermute(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), 3)
-    assert np.array_equal(load(REAL)["model.layers.3.self_attn.k_proj.weight"].dequantize(), want)
+    ck = load(REAL)
+    assert np.array_equal(ck["model.layers.3.self_attn.k_proj.weight"].dequantize(), want)
+    from converter.formats.gguf.qk_proof import prove_qk_rows
+    assert prove_qk_rows(ck, REAL, ck) == {}  # all 30 layers' q (9 heads) and k (3 heads) rows
+
+
+def test_gguf_without_head_count_kv_written_with_it(tmp_path):
+    """GGUF -> GGUF: the count derived on read (2, not head_count 4) is recorded; the k bytes are unchanged and
+    the independent proof agrees (fast path: architecture from the read-back checkpoint)."""
+    from converter.formats.gguf.qk_proof import prove_qk_rows
+    src = tmp_path / "nokv.gguf"
+    _llama_gguf(src, kv_heads=None)
+    out = tmp_path / "out.gguf"
+    gguf_format.write_gguf(load(src), out)
+    r = gguf.GGUFReader(out)
+    assert r.fields["llama.attention.head_count_kv"].contents() == 2
+    raw = {t.name: np.asarray(t.data) for t in r.tensors}
+    assert np.array_equal(raw["blk.0.attn_k.weight"], _rows(8)[K_ORDER])
+    assert prove_qk_rows(load(src), out, load(out)) == {}
+    # an MHA file (k rows = head_count heads) is copied as it is: no key added
+    mha = tmp_path / "mha.gguf"
+    w = gguf.GGUFWriter(mha, "llama")
+    w.add_uint32("llama.embedding_length", 16)
+    w.add_uint32("llama.attention.head_count", 4)
+    w.add_tensor("blk.0.attn_k.weight", _rows(16)[Q_ORDER])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out2 = tmp_path / "mha_out.gguf"
+    gguf_format.write_gguf(load(mha), out2)
+    r2 = gguf.GGUFReader(out2)
+    assert "llama.attention.head_count_kv" not in r2.fields
+    assert np.array_equal(np.asarray(r2.tensors[0].data), _rows(16)[Q_ORDER])

@@ -128,7 +128,7 @@ def with_head_count_kv(kv: Mapping[str, Any], config: Mapping[str, Any], arch: s
         From :func:`kv_head_count` (k rows not a whole number of heads).
     """
     a = f"{arch}.attention."
-    if a + "head_count" not in kv or a + "head_count_kv" in kv:
+    if _int(kv.get(a + "head_count")) is None or a + "head_count_kv" in kv:  # absent, or per-layer counts
         return dict(kv)
     k = sorted(((int(m.group(1)), n) for n in shapes if (m := _K_WEIGHT.match(n))), key=lambda x: x[0])
     if not k and config.get("num_key_value_heads") is None:

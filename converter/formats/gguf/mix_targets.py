@@ -99,7 +99,7 @@ def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
     if file_type not in FILE_TYPES:
         if file_type in WRITE_TYPES:  # one type for every quantized tensor and float weight (llama-quantize --pure)
             out = {s.name: (Target(quant_type=file_type), f"--quant-type {file_type}")
-                   for s in ckpt.specs() if s.kind == "quantized"}
+                   for s in ckpt.specs() if s.kind == "quantized" or s.decoded_by}
             out.update(_pure_float_targets(ckpt, file_type))
             return out
         raise NotRepresentableError("unknown GGUF quantization type", field="--quant-type",
@@ -107,7 +107,8 @@ def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
     arch, kv = _arch_and_kv(ckpt)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     drop, _, _ = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())
-    specs = [s for s in ckpt.specs() if s.name not in drop and s.kind in ("dense", "quantized")]
+    # a type known by its values only (GGUF IQ* / TQ*, decoded_by) is requantized like a quantized tensor
+    specs = [s for s in ckpt.specs() if s.name not in drop and (s.kind in ("dense", "quantized") or s.decoded_by)]
     gname = {s.name: names.get(s.name) or hf_to_gguf(s.name, arch) for s in specs}
     infos = [TensorInfo(gname[s.name], int(s.shape[-1]) if s.shape else 1, len(s.shape)) for s in specs]
     types = choose_types(file_type, infos, ModelInfo.from_kv(kv, arch))
@@ -115,6 +116,11 @@ def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
     out: dict[str, tuple[Any, str]] = {}
     for s in specs:
         t = types[gname[s.name]]
+        if s.decoded_by and t in (None, "F16"):
+            raise NotRepresentableError(f"llama-quantize {file_type} keeps this tensor as stored ({s.dtype}), a type "
+                                        "qckpt reads by its values only and cannot write", tensor=s.name,
+                                        field="--quant-type", expected="a type llama-quantize gives it",
+                                        found=s.dtype, hint="requantize with one type (e.g. --quant-type Q8_0)")
         if t is None:
             if s.kind == "quantized":
                 out[s.name] = (Target(), f"llama-quantize {file_type}: not quantized by llama.cpp (kept)")

@@ -3,8 +3,8 @@
 The read-back proof compares the source with the output as qckpt's reader returns it, and that
 reader undoes the q/k row permutation with the same code (:mod:`.heads`) and the head counts the
 writer recorded: a wrong head count cancels out. This check does not use either. It reads the
-stored rows of every permuted tensor with gguf-py alone (``GGUFReader`` +
-``gguf.quants.dequantize``, no un-permutation) and compares them with llama.cpp's
+stored rows of every permuted tensor from the file's bytes (the bounded header walk gives their offsets) and
+decodes them with ``gguf.quants.dequantize``, no un-permutation, and compares them with llama.cpp's
 ``LlamaModel.permute`` written out on the source's logical values, with the head counts taken from
 the *source* and the q / k shapes: ``n_head`` = config ``num_attention_heads`` (or the source's GGUF
 ``head_count``), ``n_head_kv`` = the count the source states (``num_key_value_heads`` /
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from converter.formats.gguf.bounds import check_gguf_bounds
 from converter.formats.gguf.names import gguf_to_hf, permute_heads_key
 from converter.formats.gguf.schemes import gguf_module
 from converter.tensor import Checkpoint, QuantizedTensor
@@ -46,18 +47,32 @@ def _source_heads(src: Checkpoint, config_key: str = "num_attention_heads", kv_k
     return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
-def prove_qk_rows(src: Checkpoint, dst: Path) -> dict[str, str]:
+def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> dict[str, str]:
     """``{source tensor name: why it failed}`` for the permuted q/k tensors of GGUF file ``dst`` whose
     stored rows are not llama.cpp's permute of ``src``'s logical rows; ``{}`` when all agree (or none is
     permuted). A tensor whose head count cannot be taken from the source is reported too.
+
+    ``out``: ``dst`` already read back (its ``general.architecture`` is taken from it instead of parsing the
+    key/values again, which costs seconds with a 50k-token vocabulary); the stored rows are always read from
+    the file's bytes (the bounded header walk, :func:`~converter.formats.gguf.bounds.check_gguf_bounds`).
     """
     gguf = gguf_module()
-    reader = gguf.GGUFReader(dst, "r")
-    field = reader.fields.get("general.architecture")
-    arch = field.contents() if field is not None else None
-    stored = {t.name: t for t in reader.tensors if permute_heads_key(t.name, arch)}
+    if out is not None:
+        arch = (out.metadata or {}).get("architecture")
+    else:
+        field = gguf.GGUFReader(dst, "r").fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+    bounds = check_gguf_bounds(dst)
+    by_name = {t.name: t for t in bounds.tensors}
+    stored = {t.name: t for t in bounds.tensors if permute_heads_key(t.name, arch)}
     if not stored:
         return {}
+
+    def stored_values(t) -> np.ndarray:
+        rows = int(np.prod(t.ne[1:], dtype=np.int64)) if len(t.ne) > 1 else 1
+        raw = np.memmap(dst, dtype=np.uint8, mode="r", offset=bounds.data_start + t.offset, shape=(t.nbytes,))
+        return gguf.quants.dequantize(np.array(raw).reshape(rows, -1), gguf.GGMLQuantizationType[t.type_name])
+
     names = {v: k for k, v in ((src.metadata or {}).get("gguf_names") or {}).items()} if src.format == "gguf" else {}
     n_head = _source_heads(src)
     rows_of = {}
@@ -79,13 +94,12 @@ def prove_qk_rows(src: Checkpoint, dst: Path) -> dict[str, str]:
                             f"of {rows} rows")
             continue
         want = _llamacpp_permute(_values(src[name]), heads)
-        t = stored[g]
-        got = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(want.shape)
+        got = stored_values(stored[g]).reshape(want.shape)
         sname = g[: -len(".weight")] + ".scale" if g.endswith(".weight") else None
-        multiplier = next((s for s in reader.tensors if s.name == sname), None)
+        multiplier = by_name.get(sname) if sname else None
         if multiplier is not None:  # NVFP4's global scale: ggml_mul after the block decode (another rounding
             # order than qckpt's effective scale): values agree to float32 rounding, rows either match or not
-            got = got * np.asarray(multiplier.data, dtype=np.float32).reshape(())
+            got = got * stored_values(multiplier).reshape(-1)[0]
             same = np.allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
         else:
             same = np.array_equal(got, want, equal_nan=True)
