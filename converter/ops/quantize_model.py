@@ -125,6 +125,16 @@ class QuantizeOptions:
         return out
 
 
+def default_exclude(to: str | None) -> str:
+    """The default ``--exclude`` regex for target format ``to``: the format's own
+    (:attr:`~converter.formats.registry.FormatHandler.quantize_exclude`; MLX: what mlx-lm leaves dense), else
+    :data:`DEFAULT_EXCLUDE` (embeddings, norms, head: what GPTQ / AWQ / compressed-tensors tools leave dense)."""
+    if to is None:
+        return DEFAULT_EXCLUDE
+    own = registry.check_writable(to).quantize_exclude
+    return own if own is not None else DEFAULT_EXCLUDE
+
+
 def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
     """Quantize 2-D float ``*.weight`` tensors, minus ``exclude``, or those matching ``include``."""
     if spec.kind != "dense" or spec.dtype not in ("F32", "F16", "BF16", "F64") or len(spec.shape) != 2:

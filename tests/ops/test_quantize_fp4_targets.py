@@ -246,3 +246,29 @@ def test_mlx_target_defaults_to_the_mlx_rule(src, tmp_path, kind):
         _raw_safetensors(tmp_path / "explicit" / "model.safetensors")
     r = run("quantize", src, tmp_path / "ct", "--fp4", kind, "--to", "compressed-tensors", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["target"]["rule"] == "ct"  # other targets: ct
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_quantize_to_mlx_quantizes_the_embedding_as_mlx_lm(kind, tmp_path, fx):
+    """Issue 15 (a new user's finding): mlx-lm's ``quantize_model`` runs ``nn.quantize`` on every module with
+    ``to_quantized`` (``nn.Embedding`` included), so ``mlx_lm.convert --q-mode mxfp4 | nvfp4`` quantizes
+    ``embed_tokens``; ``qckpt quantize --fp4 K --to mlx`` does too by default: the embedding's words and scale
+    bytes equal the genuine mlx-lm 0.32.2 sample's (tests/data/fp4/README.md), and config.json has no
+    per-module entry keeping it dense."""
+    root = _source(tmp_path / "src", fx, QKV)
+    emb = _raw_safetensors(HERE / "smollm2_tiny1L_embed.safetensors")
+    words = {n: np.frombuffer(b, "<u2").reshape(shape) for n, (_, shape, b) in emb.items()}
+    write_bf16(root / "model.safetensors", {**{n: fx[f"{n}.bf16"] for n in QKV}, **words})
+    dst = tmp_path / "out"
+    doc = _quantize(root, dst, kind, "mlx", rule="mlx")
+    got = _raw_safetensors(dst / "model.safetensors")
+    want = _raw_safetensors(SAMPLES / f"mlx_{kind}_smollm2tiny" / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "model.embed_tokens.scales"):
+        assert got[name] == want[name], name  # dtype, shape and bytes
+    assert "model.embed_tokens.weight" in {t["name"] for t in doc["tensors"]}
+    q = json.loads((dst / "config.json").read_text())["quantization"]
+    assert "model.embed_tokens" not in q and q["mode"] == kind
+    # other targets keep the embedding dense by default (what GPTQ / AWQ / compressed-tensors tools do)
+    ct = tmp_path / "ct"
+    _quantize(root, ct, kind, "compressed-tensors")
+    assert _raw_safetensors(ct / "model.safetensors")["model.embed_tokens.weight"][0] == "BF16"

@@ -40,5 +40,8 @@ HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8,
                                  target_options=MLXTargetOptions,
                                  # mlx-lm gpt_oss: SwitchGLU gate_proj / up_proj / down_proj (Model.sanitize)
                                  arrange=gpt_oss_arrange.for_stacked,
+                                 # mlx_lm.utils.quantize_model: nn.quantize on every module with to_quantized
+                                 # (Linear, Embedding: token embedding and head too) whose in % group == 0
+                                 quantize_exclude=r"norm",
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
                                  validation=ValidationHooks(negative_scales=True)))
