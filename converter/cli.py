@@ -240,7 +240,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
              include, exclude, overwrite, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
-    from converter.ops.quantize_model import (QuantizeOptions, default_exclude,  # lazy: imports the formats layer
+    from converter.ops.quantize_model import (QuantizeOptions, default_selection,  # lazy: imports the formats layer
                                               quantize_model, summarize)
     blocks = None
     if fp4 is not None:
@@ -270,9 +270,9 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
     sd = float_dtype_name(scale_dtype) if scale_dtype is not None else (None if fp8 is not None else "F16")
     if fp4 is not None:
         sd = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
-    exclude = exclude if exclude is not None else default_exclude(to)  # the target's own default (mlx: mlx-lm's)
+    selection = {"exclude": exclude} if exclude is not None else default_selection(to)  # mlx: mlx-lm's
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
-                           scale_dtype=sd, include=include, exclude=exclude,
+                           scale_dtype=sd, include=include, **selection,
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     notes: dict = {}

@@ -169,10 +169,11 @@ class FormatHandler:
         (gpt-oss fused experts split into stacked gate / up for GGUF and MLX, into per-expert Linear
         weights for compressed-tensors, and fused back for gpt-oss); exact (whole rows move), returning the
         checkpoint unchanged when it has nothing to rearrange. None: tensors are written as the source names them.
-    quantize_exclude : str, optional
-        The default ``qckpt quantize --exclude`` regex when writing this format: the 2-D weights its own
-        quantizing tool leaves dense (mlx-lm quantizes every module with ``to_quantized``, token embedding and
-        head included: only norms). None: qckpt's default (embeddings, norms, head).
+    quantize_exclude : callable(TensorSpec, group size or None) -> bool, optional
+        ``qckpt quantize``'s default selection when writing this format (no ``--exclude``): True for a 2-D weight
+        the format's own quantizing tool leaves dense (mlx-lm quantizes every module with ``to_quantized``, token
+        embedding and head included, but not one whose ``in`` is not a multiple of the group size). None: qckpt's
+        default ``--exclude`` (embeddings, norms, head).
     """
 
     name: str
@@ -193,7 +194,7 @@ class FormatHandler:
     output: OutputKind = field(default_factory=OutputKind)
     probe_companions: Optional[Callable[[Any], list]] = None
     arrange: Optional[Callable[[Any], Any]] = None
-    quantize_exclude: Optional[str] = None
+    quantize_exclude: Optional[Callable[[Any, Optional[int]], bool]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

@@ -272,3 +272,24 @@ def test_quantize_to_mlx_quantizes_the_embedding_as_mlx_lm(kind, tmp_path, fx):
     ct = tmp_path / "ct"
     _quantize(root, ct, kind, "compressed-tensors")
     assert _raw_safetensors(ct / "model.safetensors")["model.embed_tokens.weight"][0] == "BF16"
+
+
+def test_quantize_to_mlx_leaves_dense_what_mlx_lm_leaves_dense(tmp_path):
+    """mlx-lm's predicate skips a module whose ``in`` is not a multiple of the group size (``weight.shape[-1] %
+    group_size != 0``): a [10, 48] embedding stays dense under ``--fp4 mxfp4`` (groups of 32) instead of being
+    refused, and a 64-wide Linear is quantized; config.json holds no entry for the dense one (mlx-lm reads a
+    module without ``.scales`` as dense)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    save_file({"model.embed_tokens.weight": rng.standard_normal((10, 48)).astype(np.float32),
+               "model.layers.0.mlp.up_proj.weight": rng.standard_normal((64, 64)).astype(np.float32)},
+              str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    _quantize(src, tmp_path / "out", "mxfp4", "mlx", rule="mlx")
+    got = _raw_safetensors(tmp_path / "out" / "model.safetensors")
+    assert got["model.embed_tokens.weight"][:2] == ("F32", [10, 48]) and "model.embed_tokens.scales" not in got
+    assert got["model.layers.0.mlp.up_proj.scales"][:2] == ("U8", [64, 2])
