@@ -238,7 +238,8 @@ def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_c
                    "when it is GPTQ, else v2].")
 @click.option("--include", default=None, help="Regex of tensor names to quantize (default: 2-D *.weight).")
 @click.option("--exclude", default=None,
-              help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head).")
+              help="Regex of tensor names to keep dense (default: embeddings, norms, lm_head; --to mlx: norms "
+                   "only, as mlx-lm, which quantizes the embedding and head too).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
               help=f"Read SRC as this format instead of auto-detecting: {', '.join(FORMAT_NAMES)}.")
@@ -250,7 +251,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
              gptq_format, include, exclude, overwrite, fmt, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
-    from converter.ops.quantize_model import (DEFAULT_EXCLUDE, QuantizeOptions,  # lazy: imports the formats layer
+    from converter.ops.quantize_model import (QuantizeOptions, default_selection,  # lazy: imports the formats layer
                                               quantize_model, summarize)
     blocks = None
     if fp4 is not None:
@@ -280,8 +281,9 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
     sd = float_dtype_name(scale_dtype) if scale_dtype is not None else (None if fp8 is not None else "F16")
     if fp4 is not None:
         sd = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
+    selection = {"exclude": exclude} if exclude is not None else default_selection(to)  # mlx: mlx-lm's
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=sym,
-                           scale_dtype=sd, include=include, exclude=exclude if exclude is not None else DEFAULT_EXCLUDE,
+                           scale_dtype=sd, include=include, **selection,
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
     notes: dict = {}

@@ -82,3 +82,25 @@ def test_per_tensor_fp8_is_not_offered_for_modelopt_without_an_activation_scale(
     ok = _convert(SAMPLES / "modelopt_nvfp4_smollm2tiny", tmp_path / "q", "--to", "modelopt", "--fp8", "e4m3",
                   "--per-tensor")
     assert ok.exit_code == 0, ok.output
+
+
+def test_quantize_refusal_hint_names_routes_that_work(tmp_path):
+    """``qckpt quantize --fp4 nvfp4 --to modelopt`` (weight-only: no input_scale) is refused; the routes its hint
+    names, as quantize options (``--fp8 e4m3`` with the granularities listed, the exact ``--to`` targets with the
+    same ``--fp4 nvfp4``), all write (the real SmolLM2 layer-0 bf16 fixture, tests/data/fp4)."""
+    from tests.ops.test_quantize_fp4_targets import _source
+    from tests.kernels.test_fp4_rtn import QKV, load_fixture
+
+    src = _source(tmp_path / "src", load_fixture(), QKV)
+    r = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "o"), "--fp4", "nvfp4", "--to", "modelopt",
+                                  "--json", "--quiet"])
+    assert r.exit_code == 3, r.output
+    hint = json.loads(r.output)["hint"]
+    found = routes(hint, "modelopt")
+    assert ["--to", "modelopt", "--fp8", "e4m3", "--per-channel"] in found and ["--to", "compressed-tensors"] in found
+    for i, route in enumerate(found):
+        to = route[route.index("--to") + 1]
+        extra = [] if "--fp8" in route else ["--fp4", "nvfp4"]
+        dst = tmp_path / (f"q{i}.gguf" if to == "gguf" else f"q{i}")
+        done = CliRunner().invoke(main, ["quantize", str(src), str(dst), *route, *extra, "--json", "--quiet"])
+        assert done.exit_code == 0, (hint, route, done.output[:400])

@@ -325,6 +325,9 @@ def test_repack(sample, target, sources, tmp_path):
         msg = str(info.value)
         assert REASONS[(sample, target)] in msg, msg
         way_out = "qckpt quantize" if expected_reason_is_float(sample) else "requantize"
+        if target == "gpt-oss" and REASONS[(sample, target)] == GPT_OSS_EXPERTS:
+            # no module of these samples is a GptOssExperts projection: requantizing cannot help (issue 15 hints)
+            way_out = "convert to another format"
         assert way_out in msg and str(SAMPLES / sample) in msg  # names the file and the way out
         assert not dst.exists() and list(tmp_path.iterdir()) == []  # nothing written, no temp left
         return
@@ -341,7 +344,7 @@ def test_repack(sample, target, sources, tmp_path):
     # activation scales a target has no place for (GGUF: llama.cpp quantizes activations itself) are
     # left out, each row says why
     dropped = report["written"].get("dropped", {})
-    assert all(n.endswith("input_scale") and target == "gguf" for n in dropped)
+    assert all(n.endswith("input_scale") and target in ("gguf", "plain") for n in dropped)  # no place for them
     assert all(next(r for r in report["tensors"] if r["name"] == n)["mode"] == "dropped" for n in dropped)
     assert sorted(out.names()) == sorted(renamed.get(n, n) for n in src.names() if n not in dropped)
     modes = {r["name"]: r["mode"] for r in report["tensors"]}

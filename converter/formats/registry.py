@@ -183,6 +183,11 @@ class FormatHandler:
         source's logical tensors that does not go through the format's reader for the tensors' values:
         ``{source tensor name: why it failed}`` (GGUF: the stored LLaMA q/k rows against llama.cpp's permute
         of the source, :mod:`converter.formats.gguf.qk_proof`). None: the read-back alone.
+    quantize_exclude : callable(TensorSpec, group size or None) -> bool, optional
+        ``qckpt quantize``'s default selection when writing this format (no ``--exclude``): True for a 2-D weight
+        the format's own quantizing tool leaves dense (mlx-lm quantizes every module with ``to_quantized``, token
+        embedding and head included, but not one whose ``in`` is not a multiple of the group size). None: qckpt's
+        default ``--exclude`` (embeddings, norms, head).
     """
 
     name: str
@@ -205,6 +210,7 @@ class FormatHandler:
     arrange: Optional[Callable[[Any], Any]] = None
     tool_decode: Optional[Callable[[Any, Any, Optional[str]], Any]] = None
     prove_written: Optional[Callable[[Any, Path, Any], dict]] = None
+    quantize_exclude: Optional[Callable[[Any, Optional[int]], bool]] = None
 
     def target_reason(self, spec: TensorSpec, options: Mapping[str, Any] | None = None) -> str | None:
         """``check_target(spec, options)`` with the write ``options`` it understands

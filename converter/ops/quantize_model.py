@@ -78,6 +78,8 @@ class QuantizeOptions:
         An FP4 (E2M1) target (bits 4, groups of 32 / 16 along ``in``, E8M0 / E4M3 scales).
     fp4_rule : ``"ct" | "mlx"``
         Whose arithmetic (:data:`converter.kernels.fp4_rtn.FP4_RULES`; ``mlx`` NVFP4 has no global scale).
+    keep_dense : callable(TensorSpec, group size or None) -> bool, optional
+        The target's own default selection (:func:`default_selection`): True leaves the weight dense.
     """
 
     bits: int
@@ -91,6 +93,7 @@ class QuantizeOptions:
     block: tuple[int | None, int | None] | None = None
     fp4: str | None = None
     fp4_rule: str = "ct"
+    keep_dense: Callable[[TensorSpec, int | None], bool] | None = None
 
     def scheme(self, weight_dtype: str | None = None) -> QuantScheme:
         """The target scheme of a weight stored as ``weight_dtype`` (it matters for a float element
@@ -127,6 +130,15 @@ class QuantizeOptions:
         return out
 
 
+def default_selection(to: str | None) -> dict[str, Any]:
+    """``QuantizeOptions`` fields of the default selection for target format ``to`` (no ``--exclude``): the
+    format's own rule (:attr:`~converter.formats.registry.FormatHandler.quantize_exclude`; MLX: what mlx-lm
+    leaves dense) as ``keep_dense``, else ``exclude`` :data:`DEFAULT_EXCLUDE` (embeddings, norms, head: what
+    GPTQ / AWQ / compressed-tensors tools leave dense)."""
+    own = registry.check_writable(to).quantize_exclude if to is not None else None
+    return {"exclude": None, "keep_dense": own} if own is not None else {"exclude": DEFAULT_EXCLUDE}
+
+
 def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
     """Quantize 2-D float ``*.weight`` tensors, minus ``exclude``, or those matching ``include``."""
     if spec.kind != "dense" or spec.dtype not in ("F32", "F16", "BF16", "F64") or len(spec.shape) != 2:
@@ -136,6 +148,8 @@ def selected(spec: TensorSpec, opts: QuantizeOptions) -> bool:
     if opts.include:
         return re.search(opts.include, spec.name) is not None
     if not spec.name.endswith("weight"):
+        return False
+    if opts.keep_dense is not None and opts.keep_dense(spec, opts.group_size):
         return False
     return not (opts.exclude and re.search(opts.exclude, spec.name))
 

@@ -159,7 +159,8 @@ def compare(t: QuantizedTensor, ref: np.ndarray) -> tuple[list[Finding], dict[st
         mm_limit = max(MATMUL_FLOOR, MATMUL_FACTOR * predicted)
     else:
         mm, mm_limit = None, None
-    alts = {name: _rel(make(), ref32, ref_norm) for name, make in lazy_alternatives(t).items()}  # one at a time
+    del deq  # the alternatives are compared one at a time, without the declared decode beside them
+    alts = {name: _rel(make(), ref32, ref_norm) for name, make in lazy_alternatives(t).items()}
     stats["alternatives_rel_rms"] = {k: round(v, 4) for k, v in alts.items()}
     best = min(alts.items(), key=lambda kv: kv[1]) if alts else None
     if best is not None and best[1] < ALT_RATIO * rel:

@@ -246,3 +246,50 @@ def test_mlx_target_defaults_to_the_mlx_rule(src, tmp_path, kind):
         _raw_safetensors(tmp_path / "explicit" / "model.safetensors")
     r = run("quantize", src, tmp_path / "ct", "--fp4", kind, "--to", "compressed-tensors", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["target"]["rule"] == "ct"  # other targets: ct
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
+def test_quantize_to_mlx_quantizes_the_embedding_as_mlx_lm(kind, tmp_path, fx):
+    """Issue 15 (a new user's finding): mlx-lm's ``quantize_model`` runs ``nn.quantize`` on every module with
+    ``to_quantized`` (``nn.Embedding`` included), so ``mlx_lm.convert --q-mode mxfp4 | nvfp4`` quantizes
+    ``embed_tokens``; ``qckpt quantize --fp4 K --to mlx`` does too by default: the embedding's words and scale
+    bytes equal the genuine mlx-lm 0.32.2 sample's (tests/data/fp4/README.md), and config.json has no
+    per-module entry keeping it dense."""
+    root = _source(tmp_path / "src", fx, QKV)
+    emb = _raw_safetensors(HERE / "smollm2_tiny1L_embed.safetensors")
+    words = {n: np.frombuffer(b, "<u2").reshape(shape) for n, (_, shape, b) in emb.items()}
+    write_bf16(root / "model.safetensors", {**{n: fx[f"{n}.bf16"] for n in QKV}, **words})
+    dst = tmp_path / "out"
+    doc = _quantize(root, dst, kind, "mlx", rule="mlx")
+    got = _raw_safetensors(dst / "model.safetensors")
+    want = _raw_safetensors(SAMPLES / f"mlx_{kind}_smollm2tiny" / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "model.embed_tokens.scales"):
+        assert got[name] == want[name], name  # dtype, shape and bytes
+    assert "model.embed_tokens.weight" in {t["name"] for t in doc["tensors"]}
+    q = json.loads((dst / "config.json").read_text())["quantization"]
+    assert "model.embed_tokens" not in q and q["mode"] == kind
+    # other targets keep the embedding dense by default (what GPTQ / AWQ / compressed-tensors tools do)
+    ct = tmp_path / "ct"
+    _quantize(root, ct, kind, "compressed-tensors")
+    assert _raw_safetensors(ct / "model.safetensors")["model.embed_tokens.weight"][0] == "BF16"
+
+
+def test_quantize_to_mlx_leaves_dense_what_mlx_lm_leaves_dense(tmp_path):
+    """mlx-lm's predicate skips a module whose ``in`` is not a multiple of the group size (``weight.shape[-1] %
+    group_size != 0``): a [10, 48] embedding stays dense under ``--fp4 mxfp4`` (groups of 32) instead of being
+    refused, and a 64-wide Linear is quantized; config.json holds no entry for the dense one (mlx-lm reads a
+    module without ``.scales`` as dense)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    save_file({"model.embed_tokens.weight": rng.standard_normal((10, 48)).astype(np.float32),
+               "model.layers.0.mlp.up_proj.weight": rng.standard_normal((64, 64)).astype(np.float32)},
+              str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    _quantize(src, tmp_path / "out", "mxfp4", "mlx", rule="mlx")
+    got = _raw_safetensors(tmp_path / "out" / "model.safetensors")
+    assert got["model.embed_tokens.weight"][:2] == ("F32", [10, 48]) and "model.embed_tokens.scales" not in got
+    assert got["model.layers.0.mlp.up_proj.scales"][:2] == ("U8", [64, 2])

@@ -33,6 +33,13 @@ from converter.formats.registry import FormatHandler, ValidationHooks, register
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange
 from converter.formats.mlx.tool_decode import mlx_tool_decode
 
+def mlx_lm_leaves_dense(spec, group_size: int | None) -> bool:
+    """mlx-lm 0.32.2 ``utils.quantize_model``: ``nn.quantize`` with a predicate that quantizes every module with
+    ``to_quantized`` (``nn.Linear``, ``nn.Embedding``: the token embedding and an untied head too) unless
+    ``weight.shape[-1] % group_size != 0``; norms have no ``to_quantized``."""
+    return "norm" in spec.name or bool(group_size and spec.shape[-1] % group_size)
+
+
 __all__ = ["FORMAT", "E2M1", "E4M3", "quant_config", "layer_params", "codes_map", "dequantize_like_mlx", "detect_mlx",
            "read_mlx", "as_affine", "check_target", "mlx_config", "target_group_size", "write_mlx"]
 
@@ -42,5 +49,6 @@ HANDLER = register(FormatHandler(FORMAT, "MLX / mlx-lm quantized (affine, mxfp8,
                                  # mlx-lm gpt_oss: SwitchGLU gate_proj / up_proj / down_proj (Model.sanitize)
                                  arrange=gpt_oss_arrange.for_stacked,
                                  tool_decode=mlx_tool_decode,
+                                 quantize_exclude=mlx_lm_leaves_dense,
                                  # MLX affine scales may be negative (FORMATS.md section 11, pitfall 9).
                                  validation=ValidationHooks(negative_scales=True)))
