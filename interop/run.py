@@ -355,8 +355,12 @@ def selected(only: str | None, cid: str) -> bool:
 
 
 def summary(r: dict) -> str:
-    if "identical" in r:  # llama_quantize: tensor-by-tensor comparison with llama.cpp's own output
-        return f"{r['identical']}/{r['tensors']} tensors byte-identical; llama.cpp types {r['llama_cpp_types']}"
+    if "identical" in r:  # llama_quantize / llama_convert: tensor-by-tensor comparison with llama.cpp's own output
+        return f"{r['identical']}/{r['tensors']} tensors byte-identical" + (
+            f"; llama.cpp types {r['llama_cpp_types']}" if r.get("llama_cpp_types") else "")
+    if "values_differ" in r:  # ggml_decode: the loader's decode of every quantized weight vs qckpt's
+        return (f"{r['elements']} weights ({', '.join(r['types'])}): {r['values_differ']} differ, {r['one_ulp']} one "
+                f"ulp apart, {r['signed_zeros']} zeros of opposite sign")
     s = (f"max|dlogit| {r['max_abs_logit_diff']:.3g} mean {r['mean_abs_logit_diff']:.3g} "
          f"top1 {r['top1_agree_pct']:.1f}% greedy_eq {r['greedy_equal']}")
     if r.get("vs_loader_source"):
