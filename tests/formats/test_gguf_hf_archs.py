@@ -146,3 +146,15 @@ def test_tables_agree_with_gguf_py():
         name_map = gguf.get_tensor_name_map(arch_enum, 3)
         for g, h in ARCH_TABLES[arch]:
             assert name_map.get_name(h.format(bid=2)) == g.format(bid=2), (arch, h)
+
+
+def test_general_keys(tmp_path):
+    """ModelBase.prepare_metadata: general.type 'model', a name (from the folder here: no model card), and the size
+    label of the parameter count: qwen3 tiny = 2 x 64 embed / head rows of 40 (5120) + norm 64 + per layer
+    (2 norms 128, o 4096, q 4096, k 2048, v 2048, gate / up / down 3 x 6144, q/k norms 32 = 30880) x 2 = 66944
+    -> '67K'."""
+    reader = _convert(_write(tmp_path, "qwen3"), tmp_path / "out.gguf")
+    kv = {k: f.contents() for k, f in reader.fields.items() if k.startswith("general.")}
+    assert kv["general.type"] == "model" and kv["general.size_label"] == "67K"
+    assert isinstance(kv["general.name"], str) and kv["general.name"]
+    assert kv["general.file_type"] == 0  # ALL_F32

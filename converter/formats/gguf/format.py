@@ -96,8 +96,8 @@ from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exac
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
-from converter.formats.gguf.hf_source import (NO_TOKENIZER, WIDENED_1D, no_vocab_kv, source_kv,  # noqa: E402
-                                             tokenizer_warning)
+from converter.formats.gguf.hf_source import (NO_TOKENIZER, WIDENED_1D, general_kv, no_vocab_kv,  # noqa: E402
+                                             source_kv, tokenizer_warning)
 from converter.formats.ties import resolve_tied_head
 from converter.formats.base import dropped_activation_scales
 
@@ -288,6 +288,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
                           file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
     source_warnings: dict[str, str] = {}
+    made = not src_kv and gguf_metadata is None  # keys made from a Hugging Face source, as convert_hf_to_gguf.py
     if not src_kv or gguf_metadata is not None:  # convert_hf_to_gguf.py's keys, or a given GGUF's
         src_kv, more_types, source_warnings = source_kv(ckpt, arch, gguf_metadata)
         src_types.update(more_types)
@@ -315,6 +316,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     src_kv = with_head_count_kv(src_kv, ckpt.config, arch, {p.gguf_name: p.shape for p in plans},
                                 keep_default=ckpt.format == "gguf")
     types = {p.name: p.type_name for p in plans if not p.global_of}
+    if made:  # general.type / name / size_label ... first, as ModelBase.prepare_metadata writes them
+        general, general_types = general_kv(ckpt, arch, [(p.gguf_name, p.shape) for p in plans])
+        src_kv = {**general, **{k: v for k, v in src_kv.items() if k not in general}}
+        src_types.update(general_types)
     src_ggml = ckpt.metadata.get("ggml_types") or {}
     mix = ckpt.metadata.get(FILE_TYPE_KEY)
     if ckpt.format == "gguf" and src_ggml == types and isinstance(src_kv.get("general.file_type"), int):

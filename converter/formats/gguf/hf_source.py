@@ -9,8 +9,8 @@ from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
 
-__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "no_vocab_kv", "NO_TOKENIZER",
-           "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
+__all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "general_kv", "no_vocab_kv",
+           "NO_TOKENIZER", "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -244,3 +244,32 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
         for i, w in enumerate(tok.warnings):
             warnings["tokenizer.ggml.pre" if i == 0 and "tokenizer.ggml.pre" in w else f"tokenizer.warning.{i}"] = w
     return kv, types, warnings
+
+
+def general_kv(ckpt: Checkpoint, arch: str, tensors: list[tuple[str, tuple[int, ...]]]
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``general.*`` key/values ``convert_hf_to_gguf.py`` writes (``ModelBase.prepare_metadata``): ``type``
+    ``"model"``, then gguf-py's ``gguf.Metadata.load`` on the model folder (model card ``README.md``, config.json,
+    folder name: ``name``, ``basename``, ``finetune``, ``license`` ...), ``name`` defaulting to the folder's name
+    (only ``type`` for a checkpoint with no folder), ``size_label`` from the parameter count of ``tensors`` (GGUF
+    name, numpy shape) as ``GGUFWriter.get_total_parameter_count`` counts them (``gguf.size_label``)."""
+    import numpy as np
+    from converter.formats.gguf.schemes import gguf_module
+    from converter.formats.gguf.tokenizer_kv import collected_kv
+    gguf = gguf_module()
+    counter = gguf.GGUFWriter(None, arch)
+    for name, shape in tensors:
+        counter.add_tensor_info(name, shape, np.dtype(np.float32), 0)
+    total, shared, expert, n_expert = counter.get_total_parameter_count()
+    folder = _folder(ckpt)
+    meta = gguf.Metadata.load(None, folder, None, total)
+    if meta.name is None and folder is not None:
+        meta.name = folder.name
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
+    out = gguf.GGUFWriter(None, arch)
+    out.add_type(gguf.GGUFType.MODEL)
+    if meta.name is not None:  # an in-memory checkpoint has no folder (and gguf-py requires a name)
+        meta.set_gguf_meta_model(out)
+    got = collected_kv(out)
+    return got.kv, got.types

@@ -36,7 +36,8 @@ from typing import Any, Iterator, Mapping
 
 from converter.errors import FormatError, UnsupportedError
 
-__all__ = ["tokenizer_kv", "TokenizerKV", "pre_tokenizer_name", "CHECK_TEXT", "PRE_BY_HASH", "UNKNOWN_PRE"]
+__all__ = ["tokenizer_kv", "TokenizerKV", "pre_tokenizer_name", "collected_kv", "CHECK_TEXT", "PRE_BY_HASH",
+           "UNKNOWN_PRE"]
 
 CHECK_TEXT = (
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) "
@@ -196,7 +197,8 @@ def _spm_vocab(folder: Path, config: Mapping[str, Any]) -> tuple[list[str], list
     return tokens, scores, types
 
 
-def _collected(writer: Any) -> TokenizerKV:
+def collected_kv(writer: Any) -> TokenizerKV:
+    """The key/values a ``gguf.GGUFWriter`` holds (not ``general.architecture``), with their GGUF value types."""
     gguf = _gguf()
     out = TokenizerKV()
     for key, v in writer.kv_data[0].items():
@@ -297,6 +299,6 @@ def tokenizer_kv(folder: str | Path, config: Mapping[str, Any], arch: str) -> To
     if arch == "llama" and config.get("vocab_size", 32000) == 49152:  # LlamaModel.set_vocab: granite small models
         writer.kv_data[0].pop(gguf.Keys.Tokenizer.ADD_BOS, None)
         writer.add_add_bos_token(False)
-    out = _collected(writer)
+    out = collected_kv(writer)
     out.warnings = warnings + [f"warning: gguf-py: {m}" for m in logged]
     return out
