@@ -42,10 +42,12 @@ from converter.quant.target import Target, resolve
 from converter.quant.widen import widen_to_e4m3, widens
 from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
+from converter.dtypes import dtype_name
+from converter.spec import StoredArray
 from converter.tensor import QuantizedTensor, TensorSpec
 
 __all__ = ["Target", "resolve", "classify", "carry", "exact_regroup", "mse_scale_search", "requantize",
-           "target_probe", "RequantResult", "DEFAULT_RATIOS"]
+           "target_probe", "target_spec", "RequantResult", "DEFAULT_RATIOS"]
 
 
 def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
@@ -179,3 +181,30 @@ def target_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None =
     fill = scheme.center if scheme.codebook is None and not scheme.signed else 0
     return QuantizedTensor(spec.name, tuple(spec.axes), np.full(spec.shape, fill, scheme.code_dtype),
                            np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
+
+
+def target_spec(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None = None) -> TensorSpec:
+    """The spec of :func:`target_probe` (``spec_of(target_probe(...))``) from the shapes alone: no
+    array is allocated, so a planner can test many targets on a large checkpoint.
+
+    ``stored`` lists the logical arrays (codes, scales, zero points, ``g_idx`` under act-order) with
+    their dtypes and byte sizes; ``double_quant`` is None (a requantized tensor has no K-quant fields).
+    """
+    scheme, gm = resolve(spec.scheme, spec.group_map, target, fmt)
+    act = bool(spec.act_order) and target.granularity is None
+    ps = gm.param_shape(spec.shape, spec.axes)
+    n_params = int(np.prod(ps, dtype=np.int64))
+    numel = int(np.prod(spec.shape, dtype=np.int64))
+    sd = scheme.scale_np_dtype
+    stored = [StoredArray(spec.name + ".codes", "codes", f"U{scheme.bits}", tuple(spec.shape),
+                          -(-numel * scheme.bits // 8)),
+              StoredArray(spec.name + ".scales", "scales", scheme.scale_dtype, ps, n_params * sd.itemsize)]
+    if scheme.zero_point is not ZeroPoint.NONE:
+        zd = scheme.code_dtype if scheme.zero_point is ZeroPoint.INTEGER else sd
+        stored.append(StoredArray(spec.name + ".zero_points", "zero_points", dtype_name(zd), ps,
+                                  n_params * zd.itemsize))
+    if act:
+        n = int(spec.shape[list(spec.axes).index(gm.axis)])
+        stored.append(StoredArray(spec.name + ".g_idx", "g_idx", "I32", (n,), 4 * n))
+    return TensorSpec(spec.name, "quantized", tuple(spec.shape), tuple(stored), axes=tuple(spec.axes), scheme=scheme,
+                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size, block=gm.block), act_order=act)
