@@ -232,10 +232,10 @@ def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, o
     alt = complete_target(ckpt, handler, target)
     if alt is None or not alt.changed:
         return target, []  # nothing better found: plan_exact below refuses with the options to change
-    tensor, why = target_blocking(ckpt, handler, target, strict_values=False) or \
+    tensor, why, fld = target_blocking(ckpt, handler, target, strict_values=False) or \
         target_blocking(ckpt, handler, target)
     line = command_line(src, dst, to, alt.target, overwrite=overwrite, reference=reference)
-    raise NotRepresentableError(f"not representable in {to}: {why}", file=ckpt.path, tensor=tensor, field="scheme",
+    raise NotRepresentableError(f"not representable in {to}: {why}", file=ckpt.path, tensor=tensor, field=fld,
                                 hint=f"{describe_changes(alt)}: {line}")
 
 

@@ -160,14 +160,15 @@ class _Checker:
     def __init__(self, ckpt: Checkpoint, handler, strict_values: bool):
         self.ckpt, self.handler, self.strict = ckpt, handler, strict_values
         self.specs = [s for s in ckpt.specs() if s.kind == "quantized"]
-        self._cache: dict[Any, tuple[TensorSpec | None, str | None]] = {}
+        self._cache: dict[Any, tuple[TensorSpec | None, str | None, str]] = {}
 
     def _key(self, s: TensorSpec, target: Target) -> tuple:
         gm = s.group_map
         return (repr(s.scheme), gm.granularity, gm.axis, gm.group_size, gm.block, tuple(s.shape), tuple(s.axes),
                 bool(s.act_order), s.double_quant, s.notes, s.name.endswith(".weight"), target)
 
-    def _one(self, s: TensorSpec, target: Target) -> tuple[TensorSpec | None, str | None]:
+    def _one(self, s: TensorSpec, target: Target) -> tuple[TensorSpec | None, str | None, str]:
+        """The target spec of ``s``, the reason it is refused (or None) and the field that reason is about."""
         key = self._key(s, target)
         if key not in self._cache:
             try:
@@ -175,35 +176,35 @@ class _Checker:
                 why = self.handler.target_reason(ts) or _partial_group(ts, self.handler)
                 if why is None and self.strict:
                     why = _value_checked(ts, self.handler)
-                self._cache[key] = (ts, why)
-            except ConverterError as exc:
-                self._cache[key] = (None, exc.message)
+                self._cache[key] = (ts, why, "scheme")
+            except ConverterError as exc:  # the target's adaptation refused an option (GGUF: --scale-dtype bf16)
+                self._cache[key] = (None, exc.message, exc.field or "scheme")
         return self._cache[key]
 
     def overrides(self, target: Target) -> dict[str, Target]:
         rt = self.handler.requant_targets
         return {n: t for n, (t, _) in rt(self.ckpt, target).items()} if rt is not None else {}
 
-    def blocking(self, target: Target) -> tuple[str | None, str] | None:
-        """``(tensor, reason)`` of the first property of ``target`` the format refuses, or None."""
+    def blocking(self, target: Target) -> tuple[str | None, str, str] | None:
+        """``(tensor, reason, field)`` of the first property of ``target`` the format refuses, or None."""
         try:
             over = self.overrides(target)
         except ConverterError as exc:
-            return exc.tensor, exc.message
+            return exc.tensor, exc.message, exc.field or "scheme"
         out = []
         for s in self.specs:
-            ts, why = self._one(s, over.get(s.name, target))
+            ts, why, fld = self._one(s, over.get(s.name, target))
             if why is not None:
-                return s.name, why
+                return s.name, why, fld
             out.append(dataclasses.replace(ts, name=s.name))
         why = self.handler.model_reason(out)
-        return (None, why) if why else None
+        return (None, why, "quantization_config") if why else None
 
     def keeps_codebook(self, target: Target) -> bool:
         """Some tensor keeps its codebook (FP8 / FP4 codes carried, only the scales re-stored)."""
         over = self.overrides(target)
         for s in self.specs:
-            ts, _ = self._one(s, over.get(s.name, target))
+            ts, _, _ = self._one(s, over.get(s.name, target))
             if ts is not None and s.scheme.codebook is not None and ts.scheme.codebook == s.scheme.codebook:
                 return True
         return False
@@ -256,9 +257,11 @@ def _candidate(given: Target, values: dict[str, Any]) -> Target | None:
 
 
 def target_blocking(ckpt: Checkpoint, handler, target: Target, *, strict_values: bool = True
-                    ) -> tuple[str | None, str] | None:
-    """``(tensor, reason)`` of the first property of ``target`` that ``handler`` refuses for ``ckpt``
-    (tensor None for a model-wide rule), or None when every tensor passes. From specs only."""
+                    ) -> tuple[str | None, str, str] | None:
+    """``(tensor, reason, field)`` of the first property of ``target`` that ``handler`` refuses for ``ckpt``
+    (tensor None for a model-wide rule; field ``scheme``, ``quantization_config`` or the option an adaptation
+    refused, e.g. ``--scale-dtype``), or None when every tensor passes. From specs only. ``strict_values``:
+    also the float-bias / scale-dtype properties the writer would otherwise check value by value."""
     return _Checker(ckpt, handler, strict_values).blocking(target)
 
 
@@ -346,7 +349,7 @@ def _why_needed(chk: _Checker, target: Target, name: str) -> str:
     hit = chk.blocking(without)
     if hit is None:
         return "chosen with the other options"
-    tensor, why = hit
+    tensor, why, _ = hit
     return f"{tensor}: {why}" if tensor else why
 
 

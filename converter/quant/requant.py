@@ -31,7 +31,7 @@ from converter.errors import QuantizationError
 from converter.groups import Granularity, GroupMap
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rtn import quantize_rows
-from converter.quant.carry import carry, carry_rounded_zero, exact_regroup
+from converter.quant.carry import carry, carry_rounded_bias, carry_rounded_zero, exact_regroup
 from converter.quant.classify import classify
 from converter.quant.float_quant import quantize_float
 from converter.quant.format_quant import FormatQuantizer, quantize_with
@@ -93,9 +93,12 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
             return RequantResult(out, "carried", identical=True)
     label = fmt.accepts(scheme, gm, tuple(t.shape), tuple(t.axes)) \
         if fmt is not None and target.scale_search == "none" else None
-    if label is not None:  # the format's own quantizer defines this target
+    if label is not None:  # the format's own quantizer defines this target (its bytes, not a closer carry)
         gm.check_shape(t.shape, t.axes)
         return dataclasses.replace(quantize_with(fmt, t, scheme, gm), quantizer=label)
+    rounded_bias = None
+    if allow_carry and target.scale_search == "none":  # integer zero points -> fp16 float biases (MLX, Q4_1 g128)
+        rounded_bias = carry_rounded_bias(t, scheme, gm)
     if scheme.codebook is not None:  # a float element (FP8) target: its own round-to-nearest
         return _to_float_element(t, scheme, gm)
     scheme = scheme.replace(rounding="half_even")
@@ -131,6 +134,8 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
     out = QuantizedTensor(t.name, t.axes, codes, scales, scheme, gm, zero_points=zps, stored={})
     result = RequantResult(out, "requantized", degenerate_groups=degenerate, vs_source=vs_source,
                            values=x, scale_search=search)
+    if rounded_bias is not None:
+        return _closer(t, result, rounded_bias)
     if alt is not None:
         x = x if x is not None else t.dequantize()
         e_rtn = float(np.sum((out.dequantize() - x).astype(np.float64) ** 2))
@@ -140,6 +145,22 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
                 result, tensor=alt, route="carried", vs_source=None,
                 note="float biases rounded to the nearest integer zero point; codes and scales carried")
     return result
+
+
+def _closer(t: QuantizedTensor, result: RequantResult, rounded_bias: QuantizedTensor | None) -> RequantResult:
+    """``result``, or the codes-and-scales carry with rounded float biases (:func:`carry_rounded_bias`)
+    when its squared error against ``t``'s float32 values is not larger."""
+    if rounded_bias is None:
+        return result
+    x = result.values if result.values is not None else t.dequantize()
+    e_req = float(np.sum((result.tensor.dequantize() - x).astype(np.float64) ** 2))
+    e_bias = float(np.sum((rounded_bias.dequantize() - x).astype(np.float64) ** 2))
+    if e_bias > e_req:
+        return result
+    return dataclasses.replace(result, tensor=rounded_bias, route="carried", vs_source=None, values=x,
+                               quantizer=None, scale_search=None,
+                               note="codes and scales carried; integer zero points as float biases -z*s "
+                                    f"rounded to {rounded_bias.scheme.scale_dtype}")
 
 
 def _to_float_element(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) -> RequantResult:
