@@ -152,68 +152,94 @@ def _partial_group(spec: TensorSpec, handler) -> str | None:
 
 
 class _Checker:
-    """Candidate targets checked against one checkpoint view and target format, with the resolved
-    specs cached by what they depend on (many tensors share a scheme and shape). A candidate is
-    checked as written, without the format's defaults (:func:`effective`): the options it needs are
-    on the command line."""
+    """Candidate targets checked against one checkpoint view and target format. A candidate is checked as
+    written, without the format's defaults (:func:`effective`): the options it needs are on the command
+    line. Tensors sharing what the check depends on (scheme, groups, shape, axes ...) are checked once
+    per candidate (a 7B model has a handful of such classes), the results cached."""
 
     def __init__(self, ckpt: Checkpoint, handler, strict_values: bool):
         self.ckpt, self.handler, self.strict = ckpt, handler, strict_values
         self.specs = [s for s in ckpt.specs() if s.kind == "quantized"]
-        self._cache: dict[Any, tuple[TensorSpec | None, str | None, str]] = {}
+        self.by_name = {s.name: s for s in self.specs}
+        self.classes: dict[tuple, list[TensorSpec]] = {}
+        for s in self.specs:
+            self.classes.setdefault(self._signature(s), []).append(s)
+        self._checked: dict[tuple, tuple[TensorSpec | None, str | None, str]] = {}
+        self._exact: dict[tuple, bool] = {}
+        self._over: dict[Target, dict[str, Target]] = {}
 
-    def _key(self, s: TensorSpec, target: Target) -> tuple:
+    @staticmethod
+    def _signature(s: TensorSpec) -> tuple:
         gm = s.group_map
+        # (not the notes: a target spec has none, and the checks read the target spec)
         return (repr(s.scheme), gm.granularity, gm.axis, gm.group_size, gm.block, tuple(s.shape), tuple(s.axes),
-                bool(s.act_order), s.double_quant, s.notes, s.name.endswith(".weight"), target)
+                bool(s.act_order), s.double_quant, s.name.endswith(".weight"))
 
     def _one(self, s: TensorSpec, target: Target) -> tuple[TensorSpec | None, str | None, str]:
         """The target spec of ``s``, the reason it is refused (or None) and the field that reason is about."""
-        key = self._key(s, target)
-        if key not in self._cache:
+        key = (self._signature(s), target)
+        if key not in self._checked:
             try:
                 ts = target_spec(s, target, self.handler.quantizer)
                 why = self.handler.target_reason(ts) or _partial_group(ts, self.handler)
                 if why is None and self.strict:
                     why = _value_checked(ts, self.handler)
-                self._cache[key] = (ts, why, "scheme")
+                self._checked[key] = (ts, why, "scheme")
             except ConverterError as exc:  # the target's adaptation refused an option (GGUF: --scale-dtype bf16)
-                self._cache[key] = (None, exc.message, exc.field or "scheme")
-        return self._cache[key]
+                self._checked[key] = (None, exc.message, exc.field or "scheme")
+        return self._checked[key]
 
     def overrides(self, target: Target) -> dict[str, Target]:
-        rt = self.handler.requant_targets
-        return {n: t for n, (t, _) in rt(self.ckpt, target).items()} if rt is not None else {}
+        """The format's per-tensor targets for ``target`` (GGUF's output head), cached."""
+        if target not in self._over:
+            rt = self.handler.requant_targets
+            self._over[target] = {n: t for n, (t, _) in rt(self.ckpt, target).items()} if rt is not None else {}
+        return self._over[target]
+
+    def _pairs(self, target: Target):
+        """``(a spec, its target, how many tensors it stands for)`` covering every quantized tensor."""
+        over = self.overrides(target)
+        for group in self.classes.values():
+            plain = [s for s in group if s.name not in over]
+            if plain:
+                yield plain[0], target, len(plain)
+        for name, t in over.items():
+            if name in self.by_name:
+                yield self.by_name[name], t, 1
 
     def blocking(self, target: Target) -> tuple[str | None, str, str] | None:
         """``(tensor, reason, field)`` of the first property of ``target`` the format refuses, or None."""
         try:
-            over = self.overrides(target)
+            pairs = list(self._pairs(target))
         except ConverterError as exc:
             return exc.tensor, exc.message, exc.field or "scheme"
         out = []
-        for s in self.specs:
-            ts, why, fld = self._one(s, over.get(s.name, target))
+        for s, t, n in pairs:
+            ts, why, fld = self._one(s, t)
             if why is not None:
                 return s.name, why, fld
-            out.append(dataclasses.replace(ts, name=s.name))
+            out += [ts] * n
         why = self.handler.model_reason(out)
         return (None, why, "quantization_config") if why else None
 
     def keeps_codebook(self, target: Target) -> bool:
         """Some tensor keeps its codebook (FP8 / FP4 codes carried, only the scales re-stored)."""
-        over = self.overrides(target)
-        for s in self.specs:
-            ts, _, _ = self._one(s, over.get(s.name, target))
+        for s, t, _ in self._pairs(target):
+            ts, _, _ = self._one(s, t)
             if ts is not None and s.scheme.codebook is not None and ts.scheme.codebook == s.scheme.codebook:
                 return True
         return False
 
     def exact(self, target: Target) -> bool:
+        """Every quantized tensor is planned exact for ``target`` (:func:`classify`)."""
         try:
-            over = self.overrides(target)
-            return all(classify(s, over.get(s.name, target), self.handler.quantizer)[0] == "exact"
-                       for s in self.specs)
+            for s, t, _ in self._pairs(target):
+                key = (self._signature(s), t)
+                if key not in self._exact:
+                    self._exact[key] = classify(s, t, self.handler.quantizer)[0] == "exact"
+                if not self._exact[key]:
+                    return False
+            return True
         except ConverterError:
             return False
 

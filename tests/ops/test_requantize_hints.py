@@ -31,6 +31,7 @@ SOURCES = {
     "gguf_q4_1": GGUF / "minilm_gguf_Q4_1.gguf",
     "gptq_sym": SAMPLES / "gptq_w4_g128_sym",
     "gptq_asym": None,  # AWQ repacked exactly as GPTQ (fixture below)
+    "gguf_q4_k_s": None,  # llama-quantize's Q4_K_S mix of the F16 GGUF (Q5_0, Q5_1, Q4_K; fixture below)
     "awq": SAMPLES / "awq_gemm_w4_g128_zp",
     "ct_asym": SAMPLES / "ct_pack_w4a16_group128_asym",
     "mlx_affine_b8": SAMPLES / "mlx_affine_g32_b8",
@@ -53,17 +54,21 @@ def run(*args):
 
 
 @pytest.fixture(scope="module")
-def gptq_asym(tmp_path_factory):
-    """GPTQ with integer zero points: AutoAWQ's sample repacked exactly (its proof says so)."""
-    dst = tmp_path_factory.mktemp("gptq_asym") / "gptq"
-    r = run("convert", SOURCES["awq"], dst, "--to", "gptq", "--json")
+def made(tmp_path_factory):
+    """Sources made from the samples: GPTQ with integer zero points (AutoAWQ's sample repacked exactly, its
+    proof says so) and a Q4_K_S GGUF (qckpt's llama-quantize mix, byte-identical with llama-quantize:
+    tests/formats/test_gguf_kquant_convert.py)."""
+    root = tmp_path_factory.mktemp("made")
+    r = run("convert", SOURCES["awq"], root / "gptq", "--to", "gptq", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["summary"]["quantized"]["exact"] == 7
-    return dst
+    r = run("convert", GGUF / "minilm_gguf_F16.gguf", root / "q4_k_s.gguf", "--to", "gguf", "--quant-type", "Q4_K_S")
+    assert r.exit_code == 0, r.output
+    return {"gptq_asym": root / "gptq", "gguf_q4_k_s": root / "q4_k_s.gguf"}
 
 
-def _source(name, gptq_asym):
-    return gptq_asym if name == "gptq_asym" else SOURCES[name]
+def _source(name, made):
+    return made.get(name) or SOURCES[name]
 
 
 def hinted_command(hint: str) -> list[str]:
@@ -81,8 +86,8 @@ def _dst(tmp_path, to, name="out"):
 
 @pytest.mark.parametrize("to", TARGETS)
 @pytest.mark.parametrize("src_name", list(SOURCES))
-def test_a_refused_convert_names_a_command_line_that_works(src_name, to, tmp_path, gptq_asym):
-    src, dst = _source(src_name, gptq_asym), _dst(tmp_path, to)
+def test_a_refused_convert_names_a_command_line_that_works(src_name, to, tmp_path, made):
+    src, dst = _source(src_name, made), _dst(tmp_path, to)
     r = run("convert", src, dst, "--to", to, "--json")
     doc = json.loads(r.output)
     if r.exit_code == 0:  # an exact repack: nothing to hint
@@ -102,6 +107,9 @@ def test_a_refused_convert_names_a_command_line_that_works(src_name, to, tmp_pat
 
 # -- the hints themselves, derived from the format rules ----------------------------------------------------
 @pytest.mark.parametrize("src_name,to,options", [
+    # the issue's Q4_K_S -> GPTQ (three tries before): 5-bit Q5_0 / Q5_1, float minima (Q5_1, Q4_K), F32
+    # K-quant scales; every group is 32 already
+    ("gguf_q4_k_s", "gptq", ["--bits", "4", "--asym", "--scale-dtype", "f16"]),
     # Q4_K_M holds 4/5/6-bit codes (GPTQ: 2/3/4/8), group 16 and 32 (one group_size), F32 K-quant scales (fp16)
     ("gguf_q4_k_m", "gptq", ["--bits", "4", "--group-size", "32", "--scale-dtype", "f16"]),
     # Q6_K: 6 -> 8 bits (nearest, ties upward); the Q8_0 tensors make two group sizes
@@ -121,8 +129,8 @@ def test_a_refused_convert_names_a_command_line_that_works(src_name, to, tmp_pat
     ("fp8", "gptq", ["--bits", "8", "--scale-dtype", "f16"]),
     ("fp8", "gguf", ["--bits", "8"]),
 ])
-def test_the_hint_collects_every_blocking_option(src_name, to, options, tmp_path, gptq_asym):
-    src, dst = _source(src_name, gptq_asym), _dst(tmp_path, to)
+def test_the_hint_collects_every_blocking_option(src_name, to, options, tmp_path, made):
+    src, dst = _source(src_name, made), _dst(tmp_path, to)
     doc = json.loads(run("convert", src, dst, "--to", to, "--json").output)
     assert hinted_command(doc["hint"]) == ["convert", str(src), str(dst), "--to", to, *options]
 
@@ -131,7 +139,7 @@ def test_the_hint_collects_every_blocking_option(src_name, to, options, tmp_path
 def test_awq_to_q4_1_as_hinted_carries_codes_with_the_minimum_rounded(tmp_path):
     """The hint's 'qckpt convert AWQ OUT.gguf --to gguf --asym' (AWQ's group 128 kept): s*(q - z) -> Q4_1's
     d*q + m with codes and scales carried and m = fp16(-z*s) (by hand below); the report says lossy with the
-    measured error (was: a fresh min/max requantization, 47.0 dB SQNR; the carry gives 66.7 dB)."""
+    measured error (was: a fresh min/max requantization, overall SQNR 49.5 dB; the carry gives 66.7 dB)."""
     src, dst = SOURCES["awq"], tmp_path / "out.gguf"
     r = run("convert", src, dst, "--to", "gguf", "--asym", "--json")
     assert r.exit_code == 0, r.output
@@ -212,3 +220,16 @@ def test_an_option_the_target_cannot_take_is_refused_with_one_command_line(tmp_p
     assert words == ["convert", str(src), str(dst), "--to", "gptq", "--bits", "4", "--group-size", "32",
                      "--scale-dtype", "f16"]
     assert run(*words).exit_code == 0
+
+
+def test_q4_k_s_to_gptq_with_bits_only_fills_in_asym_and_fp16_scales(tmp_path, made):
+    """The issue's three tries: '--bits 4' now suffices; --asym (float minima) and --scale-dtype f16
+    (K-quant F32 scales) are filled in and reported."""
+    r = run("convert", made["gguf_q4_k_s"], tmp_path / "out", "--to", "gptq", "--bits", "4", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert [f["option"] for f in doc["filled_in"]] == ["--asym", "--scale-dtype f16"]
+    assert "float bias" in doc["filled_in"][0]["reason"] and "F32" in doc["filled_in"][1]["reason"]
+    q = load(tmp_path / "out")
+    assert {(q.spec(n).scheme.bits, q.spec(n).scheme.zero_point.value, q.spec(n).group_map.group_size,
+             q.spec(n).scheme.scale_dtype) for n in q.quantized_names()} == {(4, "integer", 32, "F16")}
