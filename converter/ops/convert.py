@@ -228,10 +228,13 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                                     hint="convert to another format, or requantize the modules it stores quantized")
     try:
         plan_exact(view, to, options)
-    except NotRepresentableError as exc:
-        if exc.hint == REQUANTIZE_HINT:  # one complete command line instead (every option the target needs)
-            exc.hint = requantize_hint(view, handler, src, dst, to, overwrite=overwrite)
-            exc.args = (exc.render(),)
+    except NotRepresentableError as exc:  # one complete command line (every option the target needs)
+        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite)
+        if exc.hint == REQUANTIZE_HINT or not exc.hint:
+            exc.hint = line
+        elif "qckpt convert" not in exc.hint and line != REQUANTIZE_HINT:  # e.g. the group sizes that fit
+            exc.hint = f"{exc.hint}; or {line}"
+        exc.args = (exc.render(),)
         raise
     # an output this replaces is deleted while the proof runs (deletion waits on the disk)
     with deferred_removal() as remove_replaced:

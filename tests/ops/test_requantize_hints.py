@@ -233,3 +233,21 @@ def test_q4_k_s_to_gptq_with_bits_only_fills_in_asym_and_fp16_scales(tmp_path, m
     q = load(tmp_path / "out")
     assert {(q.spec(n).scheme.bits, q.spec(n).scheme.zero_point.value, q.spec(n).group_map.group_size,
              q.spec(n).scheme.scale_dtype) for n in q.quantized_names()} == {(4, "integer", 32, "F16")}
+
+
+def test_a_partial_group_refusal_also_names_the_exact_command_line(tmp_path):
+    """Group 128 on a 576-wide layer (a partial final group GPTQ loaders cannot read): the hint keeps the
+    group sizes that fit and adds the one command line, group 64 (a refinement of 128: exact, by hand)."""
+    from safetensors.numpy import save_file
+    w = np.random.default_rng(0).standard_normal((64, 576)).astype(np.float16)
+    save_file({"model.layers.0.mlp.down_proj.weight": w}, str(tmp_path / "float.safetensors"))
+    src, dst = tmp_path / "g128", tmp_path / "out"
+    assert run("quantize", tmp_path / "float.safetensors", src, "--bits", "4", "--group-size", "128").exit_code == 0
+    doc = json.loads(run("convert", src, dst, "--to", "gptq", "--json").output)
+    assert doc["field"] == "group_size" and doc["hint"].startswith("use --group-size 32 or 64 (divides every layer)")
+    assert "requantize instead (exact)" in doc["hint"]
+    words = hinted_command(doc["hint"])
+    assert words == ["convert", str(src), str(dst), "--to", "gptq", "--group-size", "64"]
+    r = run(*words, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["overall"]["exact"] == 1
