@@ -251,3 +251,32 @@ def test_a_partial_group_refusal_also_names_the_exact_command_line(tmp_path):
     r = run(*words, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["overall"]["exact"] == 1
+
+
+def test_the_exact_route_stays_exact_when_every_minimum_is_an_fp16_value(tmp_path):
+    """Integer zero points with power-of-two scales (2^-5 .. 2^-3): every -z*s has at most 4 significant bits,
+    an fp16 value, so the hinted '--asym' into GGUF carries the tensor bit for bit (report: exact, read back
+    bit-exact), though the plan from headers alone says lossy."""
+    from converter import save
+    from converter.groups import GroupMap
+    from converter.scheme import QuantScheme, ZeroPoint
+    from converter.tensor import Checkpoint, QuantizedTensor
+    rng = np.random.default_rng(1)
+    a = QuantScheme(4, signed=False, zero_point=ZeroPoint.INTEGER, scale_dtype="F16")
+    t = QuantizedTensor("encoder.layer.0.attention.self.query.weight", ("out", "in"),
+                        rng.integers(0, 16, (384, 384)).astype(np.uint8),
+                        (2.0 ** -rng.integers(3, 6, (384, 3))).astype(np.float16), a, GroupMap.per_group(128, "in"),
+                        zero_points=rng.integers(1, 16, (384, 3)).astype(np.uint8), stored={})
+    config = {k: v for k, v in json.loads((SOURCES["awq"] / "config.json").read_text()).items()
+              if k != "quantization_config"}  # MiniLM's BERT config: GGUF needs the architecture
+    src, dst = tmp_path / "gptq", tmp_path / "out.gguf"
+    save(Checkpoint.from_tensors([t], config=config), src, format="gptq")
+    doc = json.loads(run("convert", src, dst, "--to", "gguf", "--json").output)
+    words = hinted_command(doc["hint"])
+    assert words[5:] == ["--asym"]
+    r = run(*words, "--json")
+    assert r.exit_code == 0, r.output
+    row, = json.loads(r.output)["tensors"]
+    assert (row["planned"], row["route"], row["result"], row["readback_bit_exact"]) == \
+        ("lossy", "carried", "exact", True)
+    np.testing.assert_array_equal(load(dst)[t.name].dequantize(), t.dequantize())
