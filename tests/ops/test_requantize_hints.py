@@ -280,3 +280,19 @@ def test_the_exact_route_stays_exact_when_every_minimum_is_an_fp16_value(tmp_pat
     assert (row["planned"], row["route"], row["result"], row["readback_bit_exact"]) == \
         ("lossy", "carried", "exact", True)
     np.testing.assert_array_equal(load(dst)[t.name].dequantize(), t.dequantize())
+
+
+def test_awq_needs_fill_in_bits_and_asym_from_an_8_bit_mlx_source(tmp_path):
+    """MLX affine 8-bit (float biases) -> AWQ with only --group-size 32: AWQ stores 4-bit codes with integer
+    zero points, so --bits 4 and --asym are filled in, each with the refusal it avoids."""
+    r = run("convert", SOURCES["mlx_affine_b8"], tmp_path / "out", "--to", "awq", "--group-size", "32", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    filled = {f["field"]: f for f in doc["filled_in"]}
+    assert {f: v["option"] for f, v in filled.items()} == {"bits": "--bits 4", "symmetric": "--asym"}
+    assert "AWQ stores 4-bit codes only, not 8-bit" in filled["bits"]["reason"]
+    assert "no float bias" in filled["symmetric"]["reason"]
+    assert (doc["target"]["bits"], doc["target"]["symmetric"], doc["target"]["group_size"]) == (4, False, 32)
+    q = load(tmp_path / "out")
+    assert {(q.spec(n).scheme.bits, q.spec(n).scheme.zero_point.value) for n in q.quantized_names()} == \
+        {(4, "integer")}
