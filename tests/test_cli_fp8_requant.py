@@ -66,7 +66,7 @@ def test_gptq_to_fp8_in_one_step(tmp_path, to, opts, tile):
 def test_fp8_only_target_refusal_names_the_fp8_command(tmp_path, to):
     r = run("convert", GPTQ, tmp_path / "x", "--to", to)
     assert r.exit_code != 0
-    assert f"qckpt convert {GPTQ} DST --to {to} --fp8 e4m3 --block 128x128" in r.output
+    assert f"qckpt convert {GPTQ} {tmp_path / 'x'} --to {to} --fp8 e4m3 --block 128x128" in r.output
     assert "--bits B" not in r.output  # the integer hint cannot work for an FP8-only target
 
 

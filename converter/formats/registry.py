@@ -129,6 +129,10 @@ class FormatHandler:
         Before any data moves: ``None`` if the spec's scheme is representable exactly in this
         format, else a reason (used to refuse a silent requantize). Called through
         :meth:`target_reason`; the options argument defaults to ``target_options()``.
+    check_model : callable(list of TensorSpec) -> str or None, optional
+        Before any data moves: the model-wide rules of the format's config over all the specs to write
+        (GPTQ: one bits / group_size; AWQ: one group_size): ``None``, or the reason. Planners check it
+        beside ``check_target`` so that a refusal and its hint see every blocking property at once.
     target_options : type of TargetOptions
         The frozen dataclass of the write options ``check_target`` understands
         (:class:`TargetOptions`: none).
@@ -196,6 +200,7 @@ class FormatHandler:
     read: Callable[[Source], Any]
     write: Optional[Callable[..., dict]] = None
     check_target: Optional[Callable[..., Optional[str]]] = None
+    check_model: Optional[Callable[[Any], Optional[str]]] = None
     target_options: type = TargetOptions
     keep_dense: Optional[Callable[[Any], Optional[str]]] = None
     partial_groups: bool = True
@@ -218,6 +223,11 @@ class FormatHandler:
         if self.check_target is None:
             return None
         return self.check_target(spec, self.target_options.from_write_options(options))
+
+
+    def model_reason(self, specs) -> str | None:
+        """``check_model(specs)``: None when the format has no model-wide rule or ``specs`` satisfy it."""
+        return self.check_model(list(specs)) if self.check_model is not None else None
 
 
 _REGISTRY: dict[str, FormatHandler] = {}

@@ -34,7 +34,7 @@ from converter.runtime import auto_workers
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
 from converter.ops.plan_doc import plan_document, tensor_rows
-from converter.tensor import Checkpoint, TensorSpec, opaque_reason, spec_of
+from converter.tensor import Checkpoint, opaque_reason
 from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside, deferred_removal
 from converter.write.engine import run_tasks
@@ -109,44 +109,57 @@ def plan_exact(ckpt: Checkpoint, to: str, options: dict[str, Any] | None = None)
         name, reason = problems[0]
         more = f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""
         raise NotRepresentableError(f"not representable in {to}: {reason}{more}", file=ckpt.path, tensor=name,
-                                    field="scheme", hint=requantize_hint(handler, ckpt.spec(name), ckpt.path, to, ckpt))
+                                    field="scheme", hint=REQUANTIZE_HINT)
+    reason = handler.model_reason(ckpt.specs())
+    if reason:
+        raise NotRepresentableError(f"not representable in {to}: {reason}", file=ckpt.path, field="quantization_config",
+                                    hint=REQUANTIZE_HINT)
     return []
 
 
-#: FP8 targets offered by :func:`requantize_hint`, in the order tried: (command-line options, Target fields).
-FP8_HINT_TARGETS = (("--block 128x128", {"granularity": "block", "block": (128, 128)}),
-                    ("--per-channel", {"granularity": "channel"}),
-                    ("--per-tensor", {"granularity": "tensor"}))
+#: FP8 targets offered by :func:`requantize_hint` when no integer grid fits, in the order tried.
+FP8_HINT_TARGETS = ({"granularity": "block", "block": (128, 128)}, {"granularity": "channel"},
+                    {"granularity": "tensor"})
 
 
-def requantize_hint(handler: registry.FormatHandler, spec: TensorSpec, src: Any, to: str,
-                    ckpt: Checkpoint | None = None) -> str:
-    """The hint of a refused repack: :data:`REQUANTIZE_HINT`, or, when the target stores FP8 elements
-    but not an 8-bit per-channel integer requantization of ``spec`` (a float-element format: FP8, and
-    FP4 by repack), the one ``qckpt convert ... --fp8 e4m3`` command line that works (the FP8
-    granularities it accepts; with ``ckpt``, not one whose tensor needs a companion the source lacks:
-    ModelOpt per-tensor FP8 is W8A8 and needs the module's static activation scale)."""
-    acts = activation_scales(ckpt) if ckpt is not None else None
+def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any, dst: Any, to: str, *,
+                    overwrite: bool = False, values_refused: bool = False) -> str:
+    """The hint of a refused repack of ``view`` (the source after the target's module policy) into
+    ``to``: one complete ``qckpt convert`` command line that requantizes it into a target the format
+    takes, with every option it needs (:func:`converter.ops.target_plan.complete_target`; an FP8
+    element when the format holds no integer grid), or :data:`REQUANTIZE_HINT` when none is found.
+    ``values_refused``: the writer refused the source's values, so a plan that carries them exactly is
+    not offered."""
+    from converter.ops.target_plan import command_line, complete_target  # (ops siblings)
+    acts = activation_scales(view)
 
-    def accepts(target: Target) -> bool:
+    def companions_held(target: Target) -> bool:
+        """Not a target whose tensors need a companion the source lacks (ModelOpt per-tensor FP8 is W8A8:
+        it needs each module's static activation scale)."""
+        if handler.probe_companions is None:
+            return True
+        spec = next((s for s in view.specs() if s.kind == "quantized" and len(s.shape) == 2), None)
+        if spec is None:
+            return True
         try:
             probe = target_probe(spec, target)
-            if handler.target_reason(spec_of(probe)) is not None:
-                return False
         except ConverterError:
             return False
-        if acts is not None and handler.probe_companions is not None:
-            return all(owner(c.name) in acts for c in handler.probe_companions(probe))
-        return True
-    if len(spec.shape) != 2 or accepts(Target(bits=8, granularity="channel")):
+        return all(owner(c.name) in acts for c in handler.probe_companions(probe))
+    try:
+        plan = complete_target(view, handler, require_change=True, avoid_exact=values_refused)
+        for kw in FP8_HINT_TARGETS if plan is None else ():
+            cand = complete_target(view, handler, Target(element="e4m3", **kw))
+            if cand is not None and companions_held(cand.target):
+                plan = cand
+                break
+    except ConverterError:
+        plan = None
+    if plan is None:
         return REQUANTIZE_HINT
-    ok = [opt for opt, kw in FP8_HINT_TARGETS if accepts(Target(element="e4m3", **kw))]
-    if not ok:
-        return REQUANTIZE_HINT
-    alt = f" (or {' | '.join(ok[1:])})" if len(ok) > 1 else ""
-    # (not "FP8 only": ModelOpt also holds NVFP4, which a repack keeps; requantizing offers FP8)
-    return (f"{to} holds no integer grid; requantize to FP8 instead: qckpt convert {src} DST --to {to} "
-            f"--fp8 e4m3 {ok[0]}{alt}")
+    how = "exact" if plan.exact else "lossy, with an error report"
+    what = "requantize to FP8 instead" if plan.target.element is not None else "requantize instead"
+    return f"{what} ({how}): {command_line(src, dst, to, plan.target, overwrite=overwrite)}"
 
 
 #: group sizes offered when a target refuses partial final groups (the sizes kernels take).
@@ -270,7 +283,16 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                                     found=f"{len(dequantized)} quantized module(s), all kept dense by {to}",
                                     hint=f"convert to another format: requantizing does not give this source a module "
                                          f"{to} stores quantized")
-    plan_exact(view, to, options)
+    try:
+        plan_exact(view, to, options)
+    except NotRepresentableError as exc:  # one complete command line (every option the target needs)
+        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite)
+        if exc.hint == REQUANTIZE_HINT or not exc.hint:
+            exc.hint = line
+        elif "qckpt convert" not in exc.hint and line != REQUANTIZE_HINT:  # e.g. the group sizes that fit
+            exc.hint = f"{exc.hint}; or {line}"
+        exc.args = (exc.render(),)
+        raise
     # an output this replaces is deleted while the proof runs (deletion waits on the disk)
     with deferred_removal() as remove_replaced:
         try:
@@ -282,8 +304,9 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                                  outputs=planned.outputs, modules=modules)
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
             point_at_stored(ckpt, exc)  # the file and stored array the offending value came from
-            if not exc.hint or "requantize" not in exc.hint:
-                exc.hint = (exc.hint + "; " if exc.hint else "") + REQUANTIZE_HINT
+            if not exc.hint or "qckpt convert" not in exc.hint:
+                line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, values_refused=True)
+                exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise
         out = registry.load(dst, format=to)

@@ -40,6 +40,7 @@ from converter.ops.convert import plan_exact, refuse_float_source, refuse_undeco
 from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
 from converter.ops.value_source import point_at_stored
+from converter.ops.target_plan import command_line, complete_target, describe_changes, effective, target_blocking
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
 RESULT_KIND = "requantize"
@@ -243,6 +244,32 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
     return {n: v[0] for n, v in mine.items()}, {n: v[1] for n, v in mine.items()}
 
 
+def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, overwrite: bool,
+              reference) -> tuple[Target, list[dict[str, str]]]:
+    """``target`` with the options ``handler`` needs filled in (:func:`converter.ops.target_plan.complete_target`,
+    from specs only), and the ``filled_in`` report list (option, field, reason).
+
+    Raises
+    ------
+    NotRepresentableError
+        An option the user gave cannot be written as ``to``: the first reason, and the hint names one
+        complete command line (the user's options changed as little as possible).
+    """
+    if target_blocking(ckpt, handler, target) is None:
+        return target, []
+    plan = complete_target(ckpt, handler, target, keep_given=True)
+    if plan is not None:
+        return plan.target, plan.to_json()
+    alt = complete_target(ckpt, handler, target)
+    if alt is None or not alt.changed:
+        return target, []  # nothing better found: plan_exact below refuses with the options to change
+    tensor, why, fld = target_blocking(ckpt, handler, target, strict_values=False) or \
+        target_blocking(ckpt, handler, target)
+    line = command_line(src, dst, to, alt.target, overwrite=overwrite, reference=reference)
+    raise NotRepresentableError(f"not representable in {to}: {why}", file=ckpt.path, tensor=tensor, field=fld,
+                                hint=f"{describe_changes(alt)}: {line}")
+
+
 def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: str | None = None,
                      reference: str | Path | None = None, overwrite: bool = False,
                      verify: bool = True, source_format: str | None = None,
@@ -268,10 +295,11 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         source = handler.arrange(source)
     # the target's module policy first: what its loaders keep dense is dequantized, not requantized
     ckpt, modules = apply_module_policy(source, handler)
-    if target.symmetric is None:  # what the format makes of a float-bias source (GGUF Q4_1, MLX)
-        target = dataclasses.replace(target, float_bias=handler.float_bias)
-    if handler.scale_dtype is not None and target.scale_dtype is None:
-        target = dataclasses.replace(target, scale_dtype=handler.scale_dtype)  # the format stores no other
+    # every option the target needs and the user left out is filled in (and reported), all at once;
+    # an option of the user's the target cannot take is refused with one complete command line
+    target, filled = _complete(ckpt, handler, target, src=src, dst=dst, to=to, overwrite=overwrite,
+                               reference=reference)
+    target = effective(target, handler)  # (what a float-bias source becomes; the one scale dtype it stores)
     # the target format's per-module targets (GGUF's output head), with their reasons in the report
     chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}
     overrides = {name: t for name, (t, _) in chosen.items()}
@@ -324,6 +352,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),
                     target_format=to, target=target.to_json(),
                     reference=str(reference) if reference is not None else None, passthrough=passthrough)
+    doc["filled_in"] = filled
     doc["modules"] = modules
     doc["module_summary"] = summarize_decisions(modules)
     if written.get("side_files_skipped"):

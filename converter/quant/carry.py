@@ -71,15 +71,21 @@ def _regroup_along_in(p: np.ndarray, src: GroupMap, dst: GroupMap, shape: Sequen
     return None
 
 
-def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> QuantizedTensor | None:
+def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap, *,
+          round_bias: bool = False) -> QuantizedTensor | None:
     """Carry ``t``'s codes into ``scheme`` / ``group_map`` without recomputing them, or None.
 
     Returns None when the data do not allow it (parameters differ within a target group, codes
     outside a narrower bit width, scales not representable in a narrower scale dtype, asym -> sym
     with a zero point other than the centre). The
     result dequantizes to exactly the same float32 values (checked; None otherwise).
+
+    ``round_bias``: an integer zero point -> float bias (GGUF Q4_1's minimum ``m = -z*s``) is carried
+    even when the cast of ``-z*s`` to the scale dtype rounds; that result then differs from the source
+    by at most half an ulp of each bias (:func:`carry_rounded_bias`), every other step still exact.
     """
     s = t.scheme
+    rounded = False  # the float bias -z*s rounded in the scale dtype (round_bias only)
     if s.codebook is not None or scheme.codebook is not None:
         return _carry_codebook(t, scheme, group_map)
     if scheme.scale_dtype not in _WIDER.get(s.scale_dtype, {s.scale_dtype}):
@@ -128,8 +134,9 @@ def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> Quant
             u = u.replace(scales=u.scales.astype(scheme.scale_np_dtype),
                           scheme=u.scheme.replace(scale_dtype=scheme.scale_dtype))
             u, exact = as_float_bias(u)
-            if not exact:
+            if not exact and not round_bias:
                 return None
+            rounded = not exact
         else:  # -> NONE: only when every zero point is the centre
             c = 1 << (scheme.bits - 1)
             if u.scheme.zero_point is not ZeroPoint.INTEGER or not np.all(u.zero_points.astype(np.int64) == c):
@@ -146,9 +153,24 @@ def carry(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> Quant
         u = as_signed(u)
     u = QuantizedTensor(t.name, axes, u.packed if u.packed is not None else u.codes, u.scales, scheme, gm,
                         zero_points=u.zero_points, double_quant=None, stored={})
-    if not _same_values(u, t):
+    if not rounded and not _same_values(u, t):
         return None
     return u
+
+
+def carry_rounded_bias(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) -> QuantizedTensor | None:
+    """Integer zero points -> float biases ``-z*s`` cast to the scale dtype (rounded to nearest), codes and
+    scales carried, or None (a step other than the bias cast is not exact, or the target is no float-bias
+    scheme).
+
+    GGUF Q4_1 / Q5_1 store ``x = d*q + m`` with an fp16 ``m``: an AWQ / GPTQ / compressed-tensors group
+    ``s*(q - z)`` keeps its codes and scale, and only ``m = -z*s`` rounds (at most half an fp16 ulp of
+    ``m`` per element), far closer than a fresh min/max requantization.
+    """
+    if (t.scheme.codebook is not None or t.scheme.zero_point is not ZeroPoint.INTEGER
+            or scheme.zero_point is not ZeroPoint.FLOAT or scheme.codebook is not None):
+        return None
+    return carry(t, scheme, gm, round_bias=True)
 
 
 def _carry_codebook(t: QuantizedTensor, scheme: QuantScheme, group_map: GroupMap) -> QuantizedTensor | None:

@@ -116,6 +116,7 @@ def tensor_report(src: "QuantizedTensor | DenseTensor", result: RequantResult, p
     row: dict[str, Any] = {
         "name": src.name, "shape": list(src.shape), "planned": plan[0], "reason": plan[1],
         "route": result.route,
+        **({"note": result.note} if result.note else {}),
         "result": "exact" if vs_src.exact else "lossy",
         "source": ({"scheme": f"{src.dtype} float", "groups": "none"} if dense else
                    {"scheme": src.scheme.describe(), "groups": src.group_map.describe()}),

@@ -31,7 +31,7 @@ from converter.errors import QuantizationError
 from converter.groups import Granularity, GroupMap
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rtn import quantize_rows
-from converter.quant.carry import carry, carry_rounded_zero, exact_regroup
+from converter.quant.carry import carry, carry_rounded_bias, carry_rounded_zero, exact_regroup
 from converter.quant.classify import classify
 from converter.quant.float_quant import quantize_float
 from converter.quant.format_quant import FormatQuantizer, quantize_with
@@ -42,10 +42,12 @@ from converter.quant.target import Target, resolve
 from converter.quant.widen import widen_to_e4m3, widens
 from converter.rows import Rows
 from converter.scheme import QuantScheme, ZeroPoint
+from converter.dtypes import dtype_name
+from converter.spec import StoredArray
 from converter.tensor import QuantizedTensor, TensorSpec
 
 __all__ = ["Target", "resolve", "classify", "carry", "exact_regroup", "mse_scale_search", "requantize",
-           "target_probe", "RequantResult", "DEFAULT_RATIOS"]
+           "target_probe", "target_spec", "RequantResult", "DEFAULT_RATIOS"]
 
 
 def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
@@ -91,9 +93,12 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
             return RequantResult(out, "carried", identical=True)
     label = fmt.accepts(scheme, gm, tuple(t.shape), tuple(t.axes)) \
         if fmt is not None and target.scale_search == "none" else None
-    if label is not None:  # the format's own quantizer defines this target
+    if label is not None:  # the format's own quantizer defines this target (its bytes, not a closer carry)
         gm.check_shape(t.shape, t.axes)
         return dataclasses.replace(quantize_with(fmt, t, scheme, gm), quantizer=label)
+    rounded_bias = None
+    if allow_carry and target.scale_search == "none":  # integer zero points -> fp16 float biases (MLX, Q4_1 g128)
+        rounded_bias = carry_rounded_bias(t, scheme, gm)
     if scheme.codebook is not None:  # a float element (FP8) target: its own round-to-nearest
         return _to_float_element(t, scheme, gm)
     scheme = scheme.replace(rounding="half_even")
@@ -129,6 +134,8 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
     out = QuantizedTensor(t.name, t.axes, codes, scales, scheme, gm, zero_points=zps, stored={})
     result = RequantResult(out, "requantized", degenerate_groups=degenerate, vs_source=vs_source,
                            values=x, scale_search=search)
+    if rounded_bias is not None:
+        return _closer(t, result, rounded_bias)
     if alt is not None:
         x = x if x is not None else t.dequantize()
         e_rtn = float(np.sum((out.dequantize() - x).astype(np.float64) ** 2))
@@ -138,6 +145,22 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
                 result, tensor=alt, route="carried", vs_source=None,
                 note="float biases rounded to the nearest integer zero point; codes and scales carried")
     return result
+
+
+def _closer(t: QuantizedTensor, result: RequantResult, rounded_bias: QuantizedTensor | None) -> RequantResult:
+    """``result``, or the codes-and-scales carry with rounded float biases (:func:`carry_rounded_bias`)
+    when its squared error against ``t``'s float32 values is not larger."""
+    if rounded_bias is None:
+        return result
+    x = result.values if result.values is not None else t.dequantize()
+    e_req = float(np.sum((result.tensor.dequantize() - x).astype(np.float64) ** 2))
+    e_bias = float(np.sum((rounded_bias.dequantize() - x).astype(np.float64) ** 2))
+    if e_bias > e_req:
+        return result
+    return dataclasses.replace(result, tensor=rounded_bias, route="carried", vs_source=None, values=x,
+                               quantizer=None, scale_search=None,
+                               note="codes and scales carried; integer zero points as float biases -z*s "
+                                    f"rounded to {rounded_bias.scheme.scale_dtype}")
 
 
 def _to_float_element(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) -> RequantResult:
@@ -179,3 +202,30 @@ def target_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None =
     fill = scheme.center if scheme.codebook is None and not scheme.signed else 0
     return QuantizedTensor(spec.name, tuple(spec.axes), np.full(spec.shape, fill, scheme.code_dtype),
                            np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
+
+
+def target_spec(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None = None) -> TensorSpec:
+    """The spec of :func:`target_probe` (``spec_of(target_probe(...))``) from the shapes alone: no
+    array is allocated, so a planner can test many targets on a large checkpoint.
+
+    ``stored`` lists the logical arrays (codes, scales, zero points, ``g_idx`` under act-order) with
+    their dtypes and byte sizes; ``double_quant`` is None (a requantized tensor has no K-quant fields).
+    """
+    scheme, gm = resolve(spec.scheme, spec.group_map, target, fmt)
+    act = bool(spec.act_order) and target.granularity is None
+    ps = gm.param_shape(spec.shape, spec.axes)
+    n_params = int(np.prod(ps, dtype=np.int64))
+    numel = int(np.prod(spec.shape, dtype=np.int64))
+    sd = scheme.scale_np_dtype
+    stored = [StoredArray(spec.name + ".codes", "codes", f"U{scheme.bits}", tuple(spec.shape),
+                          -(-numel * scheme.bits // 8)),
+              StoredArray(spec.name + ".scales", "scales", scheme.scale_dtype, ps, n_params * sd.itemsize)]
+    if scheme.zero_point is not ZeroPoint.NONE:
+        zd = scheme.code_dtype if scheme.zero_point is ZeroPoint.INTEGER else sd
+        stored.append(StoredArray(spec.name + ".zero_points", "zero_points", dtype_name(zd), ps,
+                                  n_params * zd.itemsize))
+    if act:
+        n = int(spec.shape[list(spec.axes).index(gm.axis)])
+        stored.append(StoredArray(spec.name + ".g_idx", "g_idx", "I32", (n,), 4 * n))
+    return TensorSpec(spec.name, "quantized", tuple(spec.shape), tuple(stored), axes=tuple(spec.axes), scheme=scheme,
+                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size, block=gm.block), act_order=act)

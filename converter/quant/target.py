@@ -158,9 +158,10 @@ class Target:
 
 
 def _scale_dtype_only(scheme: QuantScheme, target: Target) -> bool:
-    """``target`` asks a codebook ``scheme`` for another float scale dtype and nothing else."""
+    """``target`` asks a codebook ``scheme`` for another float scale dtype and nothing else. A ``--bits``
+    given (even the codebook's own width: ``--bits 4`` on MXFP4) asks for an integer grid."""
     return (target.scale_dtype is not None and target.granularity is None and target.symmetric is None
-            and target.bits in (None, scheme.bits) and target.scale_search == "none")
+            and target.bits is None and target.scale_search == "none")
 
 
 def resolve(scheme: QuantScheme, group_map: GroupMap, target: Target,

@@ -355,5 +355,18 @@ def render_error_report(doc: dict) -> None:
     c.print(f"metadata cost (theoretical): {fmt_bytes(m['before']['metadata_bytes'])} -> "
             f"{fmt_bytes(m['after']['metadata_bytes'])} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
+    render_filled_in(doc, c)
     render_modules(doc, c)
     render_side_files(doc, c)
+
+
+def render_filled_in(doc: dict, c=None) -> None:
+    """The requantize options filled in because the target needs them (``filled_in``), one line each."""
+    filled = doc.get("filled_in") or []
+    if not filled:
+        return
+    c = c or console()
+    c.print(f"options filled in for {doc['target_format']} (not given, needed by the target): "
+            + " ".join(f["option"] for f in filled))
+    for f in filled:
+        c.print(f"  {f['option']}: {f['reason']}")

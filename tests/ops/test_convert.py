@@ -173,7 +173,10 @@ def test_b13_refusal_names_the_group_sizes_that_divide(tmp_path):
     # the first tensor in the file (m.k, width 160) is named, with the count of the others
     assert "(and 1 more tensors)" in str(err.value) and "in_features 160" in str(err.value)
     assert err.value.tensor == "m.k.weight"
-    assert err.value.hint == "use --group-size 32 (divides every layer)"
+    # ... and one command line (group 64 -> 32: every 32-group inside a 64-group, an exact requantize)
+    assert err.value.hint == ("use --group-size 32 (divides every layer); or requantize instead (exact): "
+                              f"qckpt convert {tmp_path / 'src.safetensors'} {tmp_path / 'out'} "
+                              "--to compressed-tensors --group-size 32")
     assert not (tmp_path / "out").exists()
 
 

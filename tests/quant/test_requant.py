@@ -339,3 +339,49 @@ def test_b25_bf16_source_computed_in_fp32():
     s = np.float32(3.140625) / np.float32(127)
     assert out.scales[0, 0] == s
     np.testing.assert_array_equal(out.codes[0], np.rint(vals / s).astype(np.int8))
+
+
+# -- issue 18 item 8: integer zero points -> GGUF Q4_1's fp16 float minimum ------------------------------------
+def _int_asym(scale: float, zps, group: int = 32, seed=0):
+    """A 2 x 2*group uint4 tensor, groups of ``group`` along in, fp16 ``scale`` and integer zero points ``zps``
+    (2 x 2); every group spans the whole grid."""
+    a = QuantScheme(4, signed=False, zero_point=ZeroPoint.INTEGER, scale_dtype="F16")
+    codes = np.random.default_rng(seed).integers(0, 16, (2, 2 * group))
+    codes[:, [0, group]], codes[:, [1, group + 1]] = 0, 15
+    return qt(codes, np.full((2, 2), scale), a, GroupMap.per_group(group, "in"), zp=np.asarray(zps, np.uint8))
+
+
+def test_int_zero_to_q4_1_exact_when_the_fp16_minimum_is_exact():
+    """s = 2^-4, z in 1..15: -z*s needs at most 4 significant bits, exact in fp16 -> exact carry (even at
+    group 32, where llama.cpp's quantizer would otherwise define Q4_1)."""
+    from converter.formats.gguf.requant import GGUF_QUANTIZER
+    t = _int_asym(2.0 ** -4, [[3, 8], [15, 1]])
+    info = requantize(t, Target(symmetric=False), fmt=GGUF_QUANTIZER)
+    assert info.route == "carried" and info.identical
+    np.testing.assert_array_equal(info.tensor.dequantize(), t.dequantize())
+    assert classify(t, Target(symmetric=False), GGUF_QUANTIZER)[0] == "lossy"  # planned from headers alone
+
+
+def test_int_zero_to_float_bias_carries_codes_with_the_minimum_rounded():
+    """Group 64 (Q4_1 blocks repeating it; no llama.cpp quantizer for that target), s = fp16(0.1), z = 7 / 9:
+    -z*s rounds in fp16, so by hand the result differs from the source by exactly m16 - (-z*s) on every
+    element, codes and scales carried; a fresh min/max requantization is no closer."""
+    from converter.formats.gguf.requant import GGUF_QUANTIZER
+    t = _int_asym(0.1, [[7, 7], [7, 9]], group=64)
+    info = requantize(t, Target(symmetric=False), fmt=GGUF_QUANTIZER)
+    out = info.tensor
+    assert info.route == "carried" and not info.identical and "rounded to F16" in info.note
+    s = np.float32(np.float16(0.1))
+    z = np.array([[7, 7], [7, 9]], np.float32)
+    m16 = (-(z * s)).astype(np.float16)
+    np.testing.assert_array_equal(out.zero_points, m16)
+    np.testing.assert_array_equal(out.scales.astype(np.float32), np.full((2, 2), s))
+    np.testing.assert_array_equal(out.codes, t.codes)
+    err = out.dequantize() - t.dequantize()
+    expect = np.repeat(m16.astype(np.float32) - (-(z * s)), 64, axis=1)
+    np.testing.assert_allclose(err, expect, rtol=0, atol=2e-7)
+    assert 0 < np.abs(err).max() <= np.abs(m16.astype(np.float32)).max() * 2.0 ** -11
+    # min/max requantization of groups spanning the whole grid finds the same d and m (a tie: the carry
+    # is taken); on the AWQ sample it is far worse (tests/ops/test_requantize_hints.py)
+    rtn = requantize(t, Target(symmetric=False), fmt=GGUF_QUANTIZER, allow_carry=False).tensor
+    assert np.sum((rtn.dequantize() - t.dequantize()).astype(np.float64) ** 2) >= np.sum(err.astype(np.float64) ** 2)

@@ -38,10 +38,11 @@ from converter.formats.registry import FormatHandler, register
 from converter.formats.awq.layout import (FORMAT, GEMM_QWEIGHT, GEMM_QZEROS, GEMM_SCALES, GEMV_QWEIGHT,  # noqa: F401
                                           GEMV_QZEROS, GEMV_SCALES, ORDER, gemv_zeros_width)
 from converter.formats.awq.reader import detect_awq, read_awq  # noqa: F401
-from converter.formats.awq.writer import awq_config, check_target, encode_gemm, write_awq  # noqa: F401
+from converter.formats.awq.writer import awq_config, check_model, check_target, encode_gemm, write_awq  # noqa: F401
 
 HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM", detect_awq, read_awq, write_awq,
-                                 check_target=check_target, keep_dense=hf_linear_policy("awq"), partial_groups=False,
+                                 check_target=check_target, check_model=check_model, keep_dense=hf_linear_policy("awq"),
+                                 partial_groups=False,
                                  float_bias="integer", scale_dtype="F16",
                                  word_orders={"AWQ interleave": ORDER},
                                  # autoawq 0.2.9 packing_utils.dequantize_gemm: (iweight - izeros) * scales

@@ -61,6 +61,21 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     return None
 
 
+def check_model(specs) -> str | None:
+    """The model-wide rule (``FormatHandler.check_model``): one ``group_size`` in config.json for every
+    quantized layer (a per-channel layer fits only when its ``in`` equals that group size). None, or the reason."""
+    quantized = [s for s in specs if s.kind == "quantized" and s.group_map is not None]
+    explicit = sorted({s.group_map.group_size for s in quantized if s.group_map.granularity is Granularity.GROUP})
+    if len(explicit) > 1:
+        return f"AWQ config has one group_size for the model; the layers have {explicit}"
+    if explicit:
+        bad = [s for s in quantized if s.group_map.granularity is not Granularity.GROUP and s.shape[-1] != explicit[0]]
+        if bad:
+            return (f"AWQ config has one group_size for the model: per-channel {bad[0].name} (in {bad[0].shape[-1]}) "
+                    f"does not fit group_size {explicit[0]}")
+    return None
+
+
 def _group_size_for(ckpt: Checkpoint) -> int:
     """The single ``group_size`` of config.json for every quantized tensor (-1 = per channel)."""
     explicit = {s.group_map.group_size for s in ckpt.specs()

@@ -92,8 +92,10 @@ def legacy_match(spec: TensorSpec) -> tuple[str | None, str | None]:
         if t is None:
             return None, f"no affine GGUF legacy type has {s.bits}-bit codes (Q4_1, Q5_1)"
         return t, None
-    return None, ("integer zero points: Q4_1/Q5_1 compute d*q + m, which rounds differently from s*(q - z) "
-                  f"in float32; not bit-exact. Requantize instead ({REQUANT_OPTIONS})")
+    return None, ("integer zero points: Q4_1/Q5_1 store a float minimum m = -z*s in fp16 (x = d*q + m), "
+                  "which rounds -z*s unless it is an fp16 value (not bit-exact in general). Requantize: --asym "
+                  "carries codes and scales (exact for a tensor whose every -z*s is an fp16 value), or "
+                  f"{REQUANT_OPTIONS}")
 
 
 def exact_type(spec: TensorSpec) -> str | None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 from converter.formats.gptq.config import checkpoint_format_of
 from converter.formats.gptq.layout import V1, V2, codes_map, decode_qzeros, encode_qzeros, zeros_map
 from converter.formats.gptq.reader import detect_gptq, read_gptq, zero_convention_evidence
-from converter.formats.gptq.writer import check_target, gptq_plan, write_gptq
+from converter.formats.gptq.writer import check_model, check_target, gptq_plan, write_gptq
 from converter.formats.modules import hf_linear_policy
 from converter.formats.tool_decode import in_scale_dtype
 from converter.formats.registry import FormatHandler, ValidationHooks, register
@@ -55,7 +55,7 @@ __all__ = ["read_gptq", "write_gptq", "detect_gptq", "check_target", "codes_map"
            "encode_qzeros", "checkpoint_format_of", "zero_convention_evidence", "gptq_plan", "V1", "V2"]
 
 HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoint_format gptq (v1) or gptq_v2",
-                                 detect_gptq, read_gptq, write_gptq, check_target=check_target,
+                                 detect_gptq, read_gptq, write_gptq, check_target=check_target, check_model=check_model,
                                  keep_dense=hf_linear_policy("gptq"), partial_groups=False,
                                  float_bias="integer", scale_dtype="F16",
                                  # gptqmodel 7.7 TorchLinear.dequantize_weight: scales[g_idx] * (weight - zeros[g_idx])

@@ -64,6 +64,16 @@ def check_target(spec: TensorSpec, options: TargetOptions = NO_OPTIONS) -> str |
     return None
 
 
+def check_model(specs) -> str | None:
+    """The model-wide rule (``FormatHandler.check_model``): one ``bits`` / ``group_size`` in config.json for
+    every quantized layer (per-module ``dynamic`` overrides are not written). None, or the reason."""
+    layouts = sorted({(s.scheme.bits, _gptq_params(s)[3]) for s in specs if s.kind == "quantized"})
+    if len(layouts) > 1:
+        shown = ", ".join(f"{b}-bit {'per channel' if g == -1 else f'group {g}'}" for b, g in layouts)
+        return f"GPTQ config holds one bits/group_size for all layers; the layers have {shown}"
+    return None
+
+
 def _gptq_params(spec: TensorSpec) -> tuple[int, int, int, int]:
     """(O, I, nG, group_size_cfg) for a writable spec (group_size_cfg -1 = per channel)."""
     O, I = (int(x) for x in spec.shape)
