@@ -71,11 +71,11 @@ def test_a_refusal_hint_names_routes_that_work(sample, target, tmp_path):
 
 def test_per_tensor_fp8_is_not_offered_for_modelopt_without_an_activation_scale(tmp_path):
     """ModelOpt per-tensor FP8 is W8A8 and needs the source's input_scale: the MXFP4 samples have none, so the
-    hint offers 128 x 128 blocks and per-channel only; the ModelOpt NVFP4 sample (with input_scale) converts
-    per tensor."""
+    hint's one complete command line takes 128 x 128 blocks, never per tensor (issue 18 item 9: one command
+    that works); the ModelOpt NVFP4 sample (with input_scale) converts per tensor."""
     r = _convert(SAMPLES / "ct_mxfp4_smollm2", tmp_path / "o", "--to", "modelopt")
     hint = json.loads(r.output)["hint"]
-    assert "--block 128x128" in hint and "--per-channel" in hint and "--per-tensor" not in hint
+    assert "--to modelopt --fp8 e4m3 --block 128x128" in hint and "--per-tensor" not in hint
     refused = _convert(SAMPLES / "ct_mxfp4_smollm2", tmp_path / "p", "--to", "modelopt", "--fp8", "e4m3",
                        "--per-tensor")
     assert refused.exit_code == 3 and "input_scale" in refused.output

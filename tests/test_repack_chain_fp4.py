@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import struct
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,6 +197,8 @@ def test_refused_hop_names_the_real_reason(name, hops, tmp_path):
     with pytest.raises(NotRepresentableError) as ei:
         convert_exact(prev, dst, hops[-1])
     e = ei.value
-    assert reason in str(e) and e.field == field and e.file == str(prev) and e.tensor, str(e)
+    # the hop's folder, or the data file in it the offending value came from (issue 18 item 6)
+    in_hop = Path(e.file) == Path(prev) or Path(prev) in Path(e.file).parents
+    assert reason in str(e) and e.field == field and in_hop and e.tensor, str(e)
     assert "stores FP8 only" not in str(e)  # ModelOpt holds NVFP4 too (a false claim in the hint, fixed)
     assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(("refused", ".refused"))]

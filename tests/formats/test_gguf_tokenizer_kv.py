@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from converter.cli import main
 from converter.errors import ErrorKind, FormatError, UnsupportedError
-from converter.formats.gguf.hf_source import NO_TOKENIZER, config_kv
+from converter.formats.gguf.hf_source import NO_VOCAB_WARNING, config_kv
 from converter.formats.gguf.tokenizer_kv import PRE_BY_HASH, pre_tokenizer_name, tokenizer_kv
 
 from ._gguf_hf_data import FIXTURE, write_tiny_llama
@@ -175,8 +175,9 @@ def test_gguf_metadata_supplies_the_tokenizer(bare_folder, tmp_path):
     src, folder = bare_folder
     plain = tmp_path / "plain.gguf"
     report = json.loads(_run("convert", folder, plain, "--to", "gguf", "--json"))
-    assert report["side_files_skipped"]["tokenizer.ggml.*"].startswith(NO_TOKENIZER)
-    assert _keys(plain) == {}
+    # no vocabulary: declared as llama.cpp's model 'none' (the vocabulary size is known), and said so
+    assert report["side_files_skipped"]["tokenizer.ggml.*"].startswith(NO_VOCAB_WARNING)
+    assert _keys(plain) == {"tokenizer.ggml.model": ("none", ["STRING"])}
     out = tmp_path / "out.gguf"
     report = json.loads(_run("convert", folder, out, "--to", "gguf", "--gguf-metadata", src, "--json"))
     assert "side_files_skipped" not in report
