@@ -2,8 +2,10 @@
 
 :func:`dequantize` hands :func:`converter.kernels.dequant.dequantize_rows` plain arrays: for a
 row-local tensor (:meth:`converter.groups.GroupMap.row_local`) the parameters as stored, one set
-per row block, and the codes straight from their packed words when those decode bytewise; for
-any other grouping (``expert`` axes, ``g_idx``, flat blocks ...) the whole tensor as one block
+per row block, and the codes straight from their packed words when those decode bytewise; a stack
+``(expert, out, in)`` grouped along ``in`` as its ``expert x out`` rows the same way; for any other
+grouping (``g_idx``, flat blocks ...) :func:`dequantize_parts`: blocks of the leading axis when the
+groups run along another axis, else the whole tensor as one block
 (:func:`~converter.kernels.dequant.dequantize_block`), its parameters expanded to every element. Either way the
 arithmetic is the formula of :func:`dequantize_parts`, operand for operand.
 """
