@@ -188,3 +188,71 @@ def test_f32_decimal():
 def test_errors_are_converter_errors():
     with pytest.raises(ConverterError):
         hf_config_from_gguf({}, [])
+
+
+# A tiny Qwen3 made by transformers 5.24.0 (Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128,
+# num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+# tie_word_embeddings=False), save_pretrained): the fields of its config.json a GGUF carries. Its round trip
+# HF -> qckpt GGUF -> qckpt dequantize -> transformers gives the original logits exactly (max |dlogit| 0.0,
+# interop/qwen3_gguf_roundtrip.py, results/qwen3_gguf_roundtrip.json).
+TF_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "head_dim": 32,
+            "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 128,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
+            "use_sliding_window": False, "vocab_size": 256}
+
+
+def _qwen3_folder(root: Path) -> Path:
+    """The tiny Qwen3's config.json fields and random float32 weights under transformers' names."""
+    import json
+
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(0)
+    d = root / "qwen3"
+    d.mkdir()
+    h, inter, heads, kv, hd, vocab = 64, 128, 4, 2, 32, 256
+    t = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
+    for b in range(2):
+        p = f"model.layers.{b}."
+        t |= {p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+              p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd),
+              p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+              p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+              p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
+              p + "post_attention_layernorm.weight": (h,)}
+    save_file({k: rng.standard_normal(s).astype(np.float32) for k, s in t.items()}, str(d / "model.safetensors"))
+    cfg = {k: v for k, v in TF_QWEN3.items() if k != "rope_parameters"} | {
+        "rope_parameters": TF_QWEN3["rope_parameters"], "dtype": "float32", "layer_types": ["full_attention"] * 2}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_qwen3_hf_to_gguf_to_hf_keeps_config_and_weights(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    src = _qwen3_folder(tmp_path)
+    gguf_path, back = tmp_path / "q3.gguf", tmp_path / "back"
+    assert CliRunner().invoke(main, ["convert", str(src), str(gguf_path), "--to", "gguf"]).exit_code == 0
+    r = CliRunner().invoke(main, ["dequantize", str(gguf_path), str(back), "--json"])
+    assert r.exit_code == 0 and "config.json" in json.loads(r.output)["files"], r.output
+    cfg = json.loads((back / "config.json").read_text())
+    _assert_matches(cfg, TF_QWEN3)
+    a, b = load(src), load(back)
+    assert sorted(a.names()) == sorted(b.names())
+    for name in a.names():  # float32 all the way: bit-identical, q/k rows in transformers' order (no permute)
+        assert np.array_equal(a[name].dequantize(), b[name].dequantize()), name
+
+
+def test_qwen3_without_q_k_norms_or_with_mlp_biases_is_refused():
+    kv = {k.replace("qwen2.", "qwen3."): v for k, v in QWEN2_KV.items()} | {"general.architecture": "qwen3"}
+    names = ["token_embd.weight"] + [f"blk.{b}.{s}.weight" for b in range(24)
+                                     for s in ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm")]
+    assert hf_config_from_gguf(kv, names)["architectures"] == ["Qwen3ForCausalLM"]
+    with pytest.raises(UnsupportedError, match="q/k norms") as e:
+        hf_config_from_gguf(kv, [n for n in names if n != "blk.7.attn_k_norm.weight"])
+    assert e.value.field == "blk.*.attn_k_norm.weight"
+    with pytest.raises(UnsupportedError, match="no MLP bias"):
+        hf_config_from_gguf(kv, names + ["blk.0.ffn_up.bias"])

@@ -36,7 +36,8 @@ float32 either way, and the decimal is the one the original config.json had.
 Architectures: ``llama`` (``LlamaForCausalLM``; llama.cpp also converts Mistral as ``llama`` and
 runs it without a sliding window, which is what LlamaForCausalLM computes; transformers' own
 ``llama`` -> ``mistral`` switch only fires for a file whose ``general.name`` is exactly
-``"mistral"``) and ``qwen2`` (``Qwen2ForCausalLM``). Anything else, and the variants these classes
+``"mistral"``), ``qwen2`` (``Qwen2ForCausalLM``) and ``qwen3`` (``Qwen3ForCausalLM``: per-head q/k RMS norms,
+one ``attention_bias`` flag). Anything else, and the variants these classes
 cannot express (experts, per-layer head counts, partial rotary, llama3 RoPE stored as a
 ``rope_freqs`` tensor, partial attention biases), raises :class:`UnsupportedError` with the reason.
 ``torch_dtype`` / ``dtype`` are left to the writer (the dtype it actually writes).
@@ -57,6 +58,7 @@ __all__ = ["hf_config_from_gguf", "ARCHITECTURES", "f32_decimal"]
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
 """``general.architecture`` -> (``model_type``, ``architectures[0]``)."""
@@ -110,12 +112,13 @@ def _float(kv: Mapping[str, Any], key: str, types: Mapping[str, Any], default: f
 _BIAS = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.bias$")
 
 
-def _biased_blocks(names: set[str], stems: tuple[str, ...]) -> dict[str, set[int]]:
-    """Per stem, the block indices with a ``blk.N.<stem>.bias`` tensor (from the names: no loop over a
-    file-stated block count, which may be huge)."""
+def _biased_blocks(names: set[str], stems: tuple[str, ...], suffix: str = ".bias") -> dict[str, set[int]]:
+    """Per stem, the block indices with a ``blk.N.<stem><suffix>`` tensor (default: the biases; from the names:
+    no loop over a file-stated block count, which may be huge)."""
     out: dict[str, set[int]] = {s: set() for s in stems}
+    pattern = _BIAS if suffix == ".bias" else re.compile(r"^blk\.(\d+)\.([a-z_]+)" + re.escape(suffix) + "$")
     for n in names:
-        m = _BIAS.match(n)
+        m = pattern.match(n)
         if m and m.group(2) in out:
             out[m.group(2)].add(int(m.group(1)))
     return out
@@ -296,6 +299,16 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
     elif arch == "llama":
         cfg["attention_bias"] = _bias_flag(names, _ATTN, layers, "attention")
         cfg["mlp_bias"] = _bias_flag(names, _MLP, layers, "MLP")
+    elif arch == "qwen3":  # Qwen3Attention: one attention_bias flag for q/k/v/o, per-head q/k RMS norms always;
+        cfg["attention_bias"] = _bias_flag(names, _ATTN, layers, "attention")  # Qwen3MLP has no bias
+        norms = _biased_blocks(names, ("attn_q_norm", "attn_k_norm"), suffix=".weight")
+        missing = [f"blk.*.{stem}.weight" for stem, blocks in norms.items() if not _every_block(blocks, layers)]
+        mlp_bias = sorted(n for n in names if n.endswith((".ffn_gate.bias", ".ffn_up.bias", ".ffn_down.bias")))
+        if missing or mlp_bias:
+            raise UnsupportedError("Qwen3 has q/k norms in every block and no MLP bias; this file differs",
+                                   field=(missing or mlp_bias)[0], expected="attn_q_norm / attn_k_norm per block",
+                                   found=f"missing: {missing}; MLP biases: {mlp_bias[:3]}")
+        cfg["use_sliding_window"] = False
     else:  # qwen2: q/k/v biases are built in (Qwen2Attention bias=True), o_proj and the MLP have none
         qkv = _biased_blocks(names, _ATTN[:3])
         missing = [f"blk.*.{stem}.bias" for stem, blocks in qkv.items() if not _every_block(blocks, layers)]
