@@ -100,16 +100,21 @@ def _gptq_options(gptq_format: str | None, to: str) -> dict:
 def shard_size_flag(fn):
     """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
     through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
-    @click.option("--max-shard-size", "max_shard_size", default="5GB", show_default=True, metavar="SIZE",
+    @click.option("--max-shard-size", "max_shard_size", default=None, metavar="SIZE",
                   help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
-                       "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors.")
+                       "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors "
+                       "[default: 5GB]. GGUF output is one file.")
     @click.option("--dry-run", "dry_run", is_flag=True,
                   help="Print the plan (per tensor: exact or lossy and why, target scheme; output files and sizes; "
                        "config changes) and write nothing.")
     @functools.wraps(fn)
-    def wrapper(*args, max_shard_size="5GB", dry_run=False, **kwargs):
+    def wrapper(*args, max_shard_size=None, dry_run=False, **kwargs):
+        if max_shard_size is not None and (kwargs.get("to") == "gguf" or str(kwargs.get("dst", "")).endswith(".gguf")):
+            raise click.UsageError("--max-shard-size shards model directories; GGUF output is one file, as llama.cpp's "
+                                   "converter writes it (split it with llama.cpp's gguf-split --split-max-size; qckpt "
+                                   "reads split GGUFs)")
         try:
-            size = parse_shard_size(max_shard_size)
+            size = parse_shard_size("5GB" if max_shard_size is None else max_shard_size)
         except ConverterError as exc:
             raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
         if dry_run:

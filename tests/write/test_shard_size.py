@@ -90,3 +90,11 @@ def test_bad_size_is_a_usage_error(tmp_path):
     r = run("convert", GPTQ, tmp_path / "x", "--to", "compressed-tensors", "--max-shard-size", "5XB")
     assert r.exit_code == 2 and "--max-shard-size" in r.output and "5GB" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_gguf_output_is_one_file_and_says_so(tmp_path):
+    r = run("convert", GPTQ, tmp_path / "m.gguf", "--to", "gguf", "--max-shard-size", "1MB")
+    assert r.exit_code == 2 and "GGUF output is one file" in r.output and "gguf-split" in r.output
+    assert list(tmp_path.iterdir()) == []
+    assert run("convert", GPTQ, tmp_path / "m.gguf", "--to", "gguf").exit_code == 0  # the default applies to folders
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
