@@ -21,51 +21,7 @@ from safetensors.numpy import save_file
 from converter.cli import main
 from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
-
-
-def _tensors(model_type: str) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(5)
-
-    def w(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-    out = {"model.embed_tokens.weight": w(VOCAB, HIDDEN), "model.norm.weight": w(HIDDEN),
-           "lm_head.weight": w(VOCAB, HIDDEN)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = w(HIDDEN)
-        out[p + "post_attention_layernorm.weight"] = w(HIDDEN)
-        out[p + "self_attn.o_proj.weight"] = w(HIDDEN, HEADS * HEAD_DIM)
-        out[p + "mlp.down_proj.weight"] = w(HIDDEN, FF)
-        if model_type == "phi3":
-            out[p + "self_attn.qkv_proj.weight"] = w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
-            out[p + "mlp.gate_up_proj.weight"] = w(2 * FF, HIDDEN)
-            continue
-        out[p + "self_attn.q_proj.weight"] = w(HEADS * HEAD_DIM, HIDDEN)
-        out[p + "self_attn.k_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        out[p + "self_attn.v_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        out[p + "mlp.gate_proj.weight"] = w(FF, HIDDEN)
-        out[p + "mlp.up_proj.weight"] = w(FF, HIDDEN)
-        if model_type == "qwen2":
-            for x, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
-                out[p + f"self_attn.{x}_proj.bias"] = w(n * HEAD_DIM)
-        if model_type == "qwen3":
-            out[p + "self_attn.q_norm.weight"] = w(HEAD_DIM)
-            out[p + "self_attn.k_norm.weight"] = w(HEAD_DIM)
-    return out
-
-
-def _config(model_type: str) -> dict:
-    cfg = {"model_type": model_type, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
-           "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "num_hidden_layers": LAYERS,
-           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": VOCAB,
-           "tie_word_embeddings": False, "sliding_window": 4096}
-    if model_type == "qwen3":
-        cfg["head_dim"] = HEAD_DIM
-    if model_type == "phi3":
-        cfg.update(original_max_position_embeddings=256, sliding_window=None)
-    return cfg
-
+from ._gguf_arch_data import HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, _config, _tensors
 
 def _write(tmp_path: Path, model_type: str) -> Path:
     folder = tmp_path / model_type
@@ -128,7 +84,9 @@ def test_qwen3_keys(tmp_path):
 def test_llama_keys(tmp_path):
     kv = _kv(_convert(_write(tmp_path, "mistral"), tmp_path / "out.gguf"), "llama")
     assert kv["rope.dimension_count"] == 16 and "attention.sliding_window" not in kv
-    assert "attention.key_length" not in kv  # the config has no head_dim
+    # no head_dim in config.json: transformers' LlamaConfig fills hidden / heads = 16, which convert_hf_to_gguf.py
+    # writes (llama.cpp's converter on this folder: key_length 16, value_length 16)
+    assert kv["attention.key_length"] == kv["attention.value_length"] == 16 and kv["vocab_size"] == 40
 
 
 def test_phi3_keys(tmp_path):

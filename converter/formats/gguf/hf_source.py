@@ -65,10 +65,14 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
         head_dim = head_dim if isinstance(head_dim, int) else (hidden // heads if isinstance(hidden, int) else None)
         if head_dim is not None:
             out[f"{arch}.rope.dimension_count"] = int(head_dim)
+            # transformers' LlamaConfig fills head_dim = hidden / heads, and convert_hf_to_gguf.py writes it
+            out.setdefault(f"{arch}.attention.key_length", int(head_dim))
+            out.setdefault(f"{arch}.attention.value_length", int(head_dim))
     return out
 
 
 _SLIDING_WINDOW_ARCHS = ("gpt-oss", "phi3")
+_VOCAB_SIZE_ARCHS = ("llama",)
 
 
 def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,6 +222,8 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
     if tok is not None:
         kv.update(tok.kv)
         types.update(tok.types)
+        if arch not in _VOCAB_SIZE_ARCHS:  # only LlamaModel writes it; with a vocabulary the tokens say it
+            kv.pop(f"{arch}.vocab_size", None)
         for i, w in enumerate(tok.warnings):
             warnings["tokenizer.ggml.pre" if i == 0 and "tokenizer.ggml.pre" in w else f"tokenizer.warning.{i}"] = w
     return kv, types, warnings
