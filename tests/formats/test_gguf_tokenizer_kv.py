@@ -260,3 +260,14 @@ def test_sentencepiece_vocabulary(tmp_path):
     assert kv["tokenizer.ggml.add_bos_token"] is True and kv["tokenizer.ggml.add_eos_token"] is False
     assert "tokenizer.ggml.merges" not in kv and kv["tokenizer.chat_template"] == "{{ x }}"
     assert got.types["tokenizer.ggml.scores"] == ["ARRAY", "FLOAT32"] and got.warnings == []
+
+
+def test_unconverted_vocabulary_still_writes_the_weights(bare_folder, tmp_path):
+    """A WordPiece tokenizer.json beside the weights: no tokenizer keys, the warning says why, exit 0."""
+    _, folder = bare_folder
+    Tokenizer(models.WordPiece(vocab={"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
+    out = tmp_path / "out.gguf"
+    report = json.loads(_run("convert", folder, out, "--to", "gguf", "--json"))
+    warning = report["side_files_skipped"]["tokenizer.ggml.*"]
+    assert warning.startswith(NO_TOKENIZER) and "not BPE" in warning and "WordPiece" in warning
+    assert _keys(out) == {}

@@ -42,9 +42,12 @@ directory writer asks for them); what could not be made is in ``metadata["side_f
 never from that derived config.
 
 From a Hugging Face source (no GGUF key/values), :mod:`converter.formats.gguf.hf_source` gives the
-hyperparameters llama.cpp's ``convert_hf_to_gguf.py`` writes (``rope_theta`` or transformers 5's
-``rope_parameters.rope_theta``, ``{arch}.vocab_size``); no ``tokenizer.ggml.*`` keys are made, and the
-result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever the file written has none.
+key/values llama.cpp's ``convert_hf_to_gguf.py`` writes: ``general.*`` (gguf-py ``Metadata``), the hyperparameters
+(``rope_theta`` or transformers 5's ``rope_parameters.rope_theta``, per-architecture keys) and the tokenizer
+(:mod:`converter.formats.gguf.tokenizer_kv`: ``tokenizer.json`` / ``tokenizer.model`` -> ``tokenizer.ggml.*``);
+``gguf_metadata=FILE`` takes every key/value from an existing GGUF instead. Float tensors are written as they are
+(F32 / F16 / BF16). The result's ``side_files_skipped`` carries a warning (``NO_TOKENIZER``) whenever the file
+written has no vocabulary, and one for a pre-tokenizer llama.cpp's hash table does not know.
 1-D F16 / BF16 tensors (norm weights, biases) are written F32, an exact widening, as
 ``convert_hf_to_gguf.py`` does (``WIDENED_1D``; the read-back proof calls them ``exact`` with
 ``widened``, not ``passthrough``).

@@ -196,12 +196,16 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
     wins over config.json; an integer hyperparameter both give differently is refused) or the tokenizer of the
     source folder (:func:`converter.formats.gguf.tokenizer_kv.tokenizer_kv`).
 
+    A vocabulary :func:`~converter.formats.gguf.tokenizer_kv.tokenizer_kv` does not convert (WordPiece, Unigram
+    ``tokenizer.json``) gives no tokenizer keys and a warning (``"tokenizer.ggml.*"``) naming why.
+
     Raises
     ------
     FormatError
-        ``gguf_metadata`` for another architecture, or disagreeing with config.json on an integer hyperparameter.
+        ``gguf_metadata`` for another architecture, or disagreeing with config.json on an integer hyperparameter;
+        unreadable tokenizer files.
     """
-    from converter.errors import ErrorKind, FormatError
+    from converter.errors import ErrorKind, FormatError, UnsupportedError
     from converter.formats.gguf.tokenizer_kv import tokenizer_kv
     kv = config_kv(ckpt.config, arch) if ckpt.config else {}
     types: dict[str, Any] = {}
@@ -218,7 +222,11 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
         types.update(meta_types)
         return kv, types, warnings
     folder = _folder(ckpt)
-    tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
+    try:
+        tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
+    except UnsupportedError as exc:  # a vocabulary kind not converted (WordPiece ...): the weights are still written
+        tok = None
+        warnings["tokenizer.ggml.*"] = f"{NO_TOKENIZER} ({exc})"
     if tok is not None:
         kv.update(tok.kv)
         types.update(tok.types)
