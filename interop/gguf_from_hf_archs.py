@@ -7,10 +7,11 @@ the llama-cpp-python 0.3.36 sdist):
     /work/interop-venv/bin/python interop/gguf_from_hf_archs.py --qckpt-python /work/venv/bin/python \\
         --llama-cpp-dir DIR [--write]
 
-For each of llama, mistral, qwen2, qwen3, phi3: a folder with the seeded tensors and config.json of
-``tests/formats/test_gguf_hf_archs.py`` (2 layers, hidden 64, 4 / 2 heads of 16) and a tokenizer: the SmolLM2
-byte-level BPE files qckpt makes from ``tests/data/gguf/smollm2_vocab_tiny.gguf`` (49152 tokens) for llama /
-mistral / qwen3, the SentencePiece ``tests/data/spm/tiny_spm/tokenizer.model`` (300 pieces) for qwen2 and phi3
+For each of llama, mistral, qwen2, qwen3, phi3, qwen2_moe, qwen3_moe (4 experts of 32, 2 used; per-expert weights
+stacked): a folder with the seeded tensors and config.json of ``tests/formats/_gguf_arch_data.py`` (2 layers,
+hidden 64, 4 / 2 heads of 16) and a tokenizer: the SmolLM2 byte-level BPE files qckpt makes from
+``tests/data/gguf/smollm2_vocab_tiny.gguf`` (49152 tokens) for llama / mistral / qwen3 / the MoE models, the
+SentencePiece ``tests/data/spm/tiny_spm/tokenizer.model`` (300 pieces) for qwen2 and phi3
 (llama.cpp's Phi3 converter requires a tokenizer.model; for a qwen2 ``model_type`` transformers 5 builds its own
 Qwen2 pre-tokenizer, whose hash llama.cpp does not know). Then ``convert_hf_to_gguf.py DIR --outtype f32`` and
 ``qckpt convert DIR OUT --to gguf``: every key/value (value and GGUF type) and tensor (name, type, bytes) compared;
@@ -37,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "qwen3_moe": "Qwen3MoeForCausalLM"}
 SPM = ("qwen2", "phi3")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
+EXPERTS, USED, MOE_FF, SHARED_FF = 4, 2, 32, 48
 
 
 def _tensors(model_type: str) -> dict[str, np.ndarray]:
@@ -24,6 +25,27 @@ def _tensors(model_type: str) -> dict[str, np.ndarray]:
         if model_type == "phi3":
             out[p + "self_attn.qkv_proj.weight"] = w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
             out[p + "mlp.gate_up_proj.weight"] = w(2 * FF, HIDDEN)
+            continue
+        if model_type in ("qwen2_moe", "qwen3_moe"):
+            for x in ("q", "k", "v"):
+                n = HEADS if x == "q" else KV_HEADS
+                out[p + f"self_attn.{x}_proj.weight"] = w(n * HEAD_DIM, HIDDEN)
+                if model_type == "qwen2_moe":
+                    out[p + f"self_attn.{x}_proj.bias"] = w(n * HEAD_DIM)
+            if model_type == "qwen3_moe":
+                out[p + "self_attn.q_norm.weight"] = w(HEAD_DIM)
+                out[p + "self_attn.k_norm.weight"] = w(HEAD_DIM)
+            out.pop(p + "mlp.down_proj.weight")
+            out[p + "mlp.gate.weight"] = w(EXPERTS, HIDDEN)
+            for e in range(EXPERTS):
+                out[p + f"mlp.experts.{e}.gate_proj.weight"] = w(MOE_FF, HIDDEN)
+                out[p + f"mlp.experts.{e}.up_proj.weight"] = w(MOE_FF, HIDDEN)
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = w(HIDDEN, MOE_FF)
+            if model_type == "qwen2_moe":
+                out[p + "mlp.shared_expert_gate.weight"] = w(1, HIDDEN)
+                out[p + "mlp.shared_expert.gate_proj.weight"] = w(SHARED_FF, HIDDEN)
+                out[p + "mlp.shared_expert.up_proj.weight"] = w(SHARED_FF, HIDDEN)
+                out[p + "mlp.shared_expert.down_proj.weight"] = w(HIDDEN, SHARED_FF)
             continue
         out[p + "self_attn.q_proj.weight"] = w(HEADS * HEAD_DIM, HIDDEN)
         out[p + "self_attn.k_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
@@ -44,8 +66,12 @@ def _config(model_type: str) -> dict:
            "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "num_hidden_layers": LAYERS,
            "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": VOCAB,
            "tie_word_embeddings": False, "sliding_window": 4096}
-    if model_type == "qwen3":
+    if model_type in ("qwen3", "qwen3_moe"):
         cfg["head_dim"] = HEAD_DIM
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        cfg.update(num_experts=EXPERTS, num_experts_per_tok=USED, moe_intermediate_size=MOE_FF)
+    if model_type == "qwen2_moe":
+        cfg["shared_expert_intermediate_size"] = SHARED_FF
     if model_type == "phi3":
         cfg.update(original_max_position_embeddings=256, sliding_window=None)
     return cfg

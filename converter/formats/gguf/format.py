@@ -402,6 +402,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
 
 
 from converter.formats.gpt_oss import arrange as gpt_oss_arrange  # noqa: E402
+from converter.formats.gguf.experts import stack_experts  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -410,7 +411,8 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
                                  requant_targets=requant_targets,
                                  # llama.cpp's gpt-oss tensors: gate / up experts apart (GptOssModel)
-                                 arrange=gpt_oss_arrange.for_stacked,
+                                 # and Qwen2/3-MoE float experts stacked (Qwen2MoeModel)
+                                 arrange=lambda ckpt: stack_experts(gpt_oss_arrange.for_stacked(ckpt)),
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
                                  # signed value of largest magnitude (``ggml-quants.c`` ``quantize_row_q4_0_ref``),
                                  # so about half the scales are negative.

@@ -46,6 +46,11 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
              "expert_used_count": "num_experts_per_tok", "attention.key_length": "head_dim",
              "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
+    if values["expert_count"] is None:  # TextModel: num_local_experts, num_experts or n_routed_experts
+        values["expert_count"] = config.get("num_experts", config.get("n_routed_experts"))
+    # Qwen2MoeModel.set_gguf_parameters (also Qwen3MoeModel)
+    values["expert_feed_forward_length"] = config.get("moe_intermediate_size")
+    values["expert_shared_feed_forward_length"] = config.get("shared_expert_intermediate_size")
     values["rope.freq_base"] = rope_theta(config)
     if arch not in _SLIDING_WINDOW_ARCHS:  # TextModel writes no sliding window (Qwen2's is off by default)
         values.pop("attention.sliding_window")
