@@ -271,3 +271,12 @@ def test_unconverted_vocabulary_still_writes_the_weights(bare_folder, tmp_path):
     warning = report["side_files_skipped"]["tokenizer.ggml.*"]
     assert warning.startswith(NO_TOKENIZER) and "not BPE" in warning and "WordPiece" in warning
     assert _keys(out) == {}
+
+
+def test_gguf_metadata_reaches_the_requantizing_writer(bare_folder, tmp_path):
+    """--gguf-metadata with requantize options (requantize_model passes the writer's options on)."""
+    src, folder = bare_folder
+    out = tmp_path / "q8.gguf"
+    _run("convert", folder, out, "--to", "gguf", "--quant-type", "Q8_0", "--gguf-metadata", src)
+    assert _keys(out) == _keys(src)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors if len(t.shape) == 2} == {"Q8_0"}
