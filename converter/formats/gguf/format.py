@@ -82,7 +82,7 @@ from converter.write.atomic import atomic_output
 from converter.write.files import write_at_offsets
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.formats.gguf.blocks import BlockFields, codec_for
-from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
+from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
 from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
 from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES,
@@ -394,6 +394,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
     skipped = {**tokenizer_warning(ckpt, src_kv), **source_warnings}
+    if made and arch not in ARCH_TABLES:  # Hugging Face names written as they are: llama.cpp knows none of them
+        skipped["tensor names"] = (f"warning: no llama.cpp tensor names for architecture {arch!r} (mapped: "
+                                   f"{', '.join(sorted(ARCH_TABLES))}); the Hugging Face names are written as they "
+                                   "are and llama.cpp will not load this file")
     if skipped:
         result["side_files_skipped"] = skipped
     if tie is not None:
