@@ -21,50 +21,21 @@ from safetensors.numpy import save_file
 from converter.cli import main
 from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
+from ._gguf_arch_data import HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LAYERS, _config, _tensors
 
-
-def _tensors(model_type: str) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(5)
-
-    def w(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-    out = {"model.embed_tokens.weight": w(VOCAB, HIDDEN), "model.norm.weight": w(HIDDEN),
-           "lm_head.weight": w(VOCAB, HIDDEN)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = w(HIDDEN)
-        out[p + "post_attention_layernorm.weight"] = w(HIDDEN)
-        out[p + "self_attn.o_proj.weight"] = w(HIDDEN, HEADS * HEAD_DIM)
-        out[p + "mlp.down_proj.weight"] = w(HIDDEN, FF)
-        if model_type == "phi3":
-            out[p + "self_attn.qkv_proj.weight"] = w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
-            out[p + "mlp.gate_up_proj.weight"] = w(2 * FF, HIDDEN)
-            continue
-        out[p + "self_attn.q_proj.weight"] = w(HEADS * HEAD_DIM, HIDDEN)
-        out[p + "self_attn.k_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        out[p + "self_attn.v_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        out[p + "mlp.gate_proj.weight"] = w(FF, HIDDEN)
-        out[p + "mlp.up_proj.weight"] = w(FF, HIDDEN)
-        if model_type == "qwen2":
-            for x, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
-                out[p + f"self_attn.{x}_proj.bias"] = w(n * HEAD_DIM)
-        if model_type == "qwen3":
-            out[p + "self_attn.q_norm.weight"] = w(HEAD_DIM)
-            out[p + "self_attn.k_norm.weight"] = w(HEAD_DIM)
+def _stacked(tensors: dict) -> dict:
+    """Per-expert weights stacked along a new leading axis, as Qwen2MoeModel.modify_tensors does (by hand)."""
+    out, groups = {}, {}
+    for name, a in tensors.items():
+        parts = name.split(".")
+        if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            i = parts.index("experts")
+            groups.setdefault(".".join(parts[:i + 1] + parts[i + 2:]), {})[int(parts[i + 1])] = a
+        else:
+            out[name] = a
+    for name, members in groups.items():
+        out[name] = np.stack([members[e] for e in range(len(members))])
     return out
-
-
-def _config(model_type: str) -> dict:
-    cfg = {"model_type": model_type, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
-           "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "num_hidden_layers": LAYERS,
-           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": VOCAB,
-           "tie_word_embeddings": False, "sliding_window": 4096}
-    if model_type == "qwen3":
-        cfg["head_dim"] = HEAD_DIM
-    if model_type == "phi3":
-        cfg.update(original_max_position_embeddings=256, sliding_window=None)
-    return cfg
 
 
 def _write(tmp_path: Path, model_type: str) -> Path:
@@ -81,10 +52,10 @@ def _convert(folder: Path, out: Path) -> gguf.GGUFReader:
     return gguf.GGUFReader(out)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe"])
 def test_names_and_shapes_are_gguf_pys(model_type, tmp_path):
     arch = HF_MODEL_TYPE_TO_ARCH[model_type]
-    src = _tensors(model_type)
+    src = _stacked(_tensors(model_type))
     reader = _convert(_write(tmp_path, model_type), tmp_path / "out.gguf")
     assert reader.fields["general.architecture"].contents() == arch
     arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
@@ -128,7 +99,9 @@ def test_qwen3_keys(tmp_path):
 def test_llama_keys(tmp_path):
     kv = _kv(_convert(_write(tmp_path, "mistral"), tmp_path / "out.gguf"), "llama")
     assert kv["rope.dimension_count"] == 16 and "attention.sliding_window" not in kv
-    assert "attention.key_length" not in kv  # the config has no head_dim
+    # no head_dim in config.json: transformers' LlamaConfig fills hidden / heads = 16, which convert_hf_to_gguf.py
+    # writes (llama.cpp's converter on this folder: key_length 16, value_length 16)
+    assert kv["attention.key_length"] == kv["attention.value_length"] == 16 and kv["vocab_size"] == 40
 
 
 def test_phi3_keys(tmp_path):
@@ -141,7 +114,7 @@ def test_phi3_keys(tmp_path):
 
 def test_tables_agree_with_gguf_py():
     """Every (GGUF, Hugging Face) pair of the decoder tables is one gguf-py's TensorNameMap gives."""
-    for arch in ("llama", "qwen2", "qwen3", "phi3"):
+    for arch in ("llama", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"):
         arch_enum = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
         name_map = gguf.get_tensor_name_map(arch_enum, 3)
         for g, h in ARCH_TABLES[arch]:
@@ -158,3 +131,74 @@ def test_general_keys(tmp_path):
     assert kv["general.type"] == "model" and kv["general.size_label"] == "67K"
     assert isinstance(kv["general.name"], str) and kv["general.name"]
     assert kv["general.file_type"] == 0  # ALL_F32
+
+
+def test_moe_experts_stacked_and_keys(tmp_path):
+    """qwen2_moe: blk.N.ffn_gate_exps = experts 0..3 of gate_proj stacked (expert, out, in), values exact; the MoE
+    keys of Qwen2MoeModel.set_gguf_parameters by hand from the config."""
+    src = _tensors("qwen2_moe")
+    reader = _convert(_write(tmp_path, "qwen2_moe"), tmp_path / "out.gguf")
+    data = {t.name: np.asarray(t.data) for t in reader.tensors}
+    for e in range(4):
+        np.testing.assert_array_equal(data["blk.1.ffn_gate_exps.weight"][e],
+                                      src[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"])
+        np.testing.assert_array_equal(data["blk.0.ffn_down_exps.weight"][e],
+                                      src[f"model.layers.0.mlp.experts.{e}.down_proj.weight"])
+    kv = _kv(reader, "qwen2moe")
+    assert (kv["expert_count"], kv["expert_used_count"], kv["expert_feed_forward_length"],
+            kv["expert_shared_feed_forward_length"], kv["feed_forward_length"]) == (4, 2, 32, 48, 96)
+
+
+def test_moe_fused_experts_split_in_halves(tmp_path):
+    """transformers 5's fused layout: experts.gate_up_proj (expert, 2 * ff, hidden) -> gate = first half of the rows,
+    up = second half (Qwen2MoeModel.modify_tensors); experts.down_proj -> ffn_down_exps as it is."""
+    folder = _write(tmp_path, "qwen3_moe")
+    src = _tensors("qwen3_moe")
+    fused = {}
+    for name, a in src.items():
+        if ".experts." not in name:
+            fused[name] = a
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.mlp.experts."
+        gate = np.stack([src[f"{p}{e}.gate_proj.weight"] for e in range(4)])
+        up = np.stack([src[f"{p}{e}.up_proj.weight"] for e in range(4)])
+        fused[p + "gate_up_proj"] = np.concatenate([gate, up], axis=1)
+        fused[p + "down_proj"] = np.stack([src[f"{p}{e}.down_proj.weight"] for e in range(4)])
+    save_file(fused, str(folder / "model.safetensors"))
+    (tmp_path / "b").mkdir()
+    per_expert = _convert(_write(tmp_path / "b", "qwen3_moe"), tmp_path / "per_expert.gguf")
+    from_fused = _convert(folder, tmp_path / "fused.gguf")
+    a = {t.name: np.asarray(t.data) for t in per_expert.tensors}
+    b = {t.name: np.asarray(t.data) for t in from_fused.tensors}
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_quantized_per_expert_weights_are_refused():
+    from converter.errors import NotRepresentableError
+    from converter.formats.gguf.experts import stack_experts
+    from converter.groups import GroupMap
+    from converter.scheme import QuantScheme, ZeroPoint
+    from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor
+    q = QuantizedTensor("model.layers.0.mlp.experts.0.gate_proj.weight", ("out", "in"), np.zeros((8, 64), np.int8),
+                        np.ones((8, 2), np.float16), QuantScheme(8, True, ZeroPoint.NONE, "F16"),
+                        GroupMap.per_group(32))
+    d = DenseTensor("model.layers.0.mlp.experts.1.gate_proj.weight", np.zeros((8, 64), np.float32))
+    ckpt = Checkpoint.from_tensors([q, d], config={"model_type": "qwen3_moe"})
+    with pytest.raises(NotRepresentableError, match="quantized per-expert") as info:
+        stack_experts(ckpt)
+    assert info.value.tensor == q.name and "dequantize" in info.value.hint
+    assert stack_experts(Checkpoint.from_tensors([q, d], config={"model_type": "llama"})).names() == [q.name, d.name]
+
+
+def test_unmapped_architecture_is_named_in_a_warning(tmp_path):
+    """gemma2 has no name table yet: the file is written with Hugging Face names and the report says llama.cpp
+    will not load it (no silent success)."""
+    folder = _write(tmp_path, "llama")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma2"}))
+    res = CliRunner().invoke(main, ["convert", str(folder), str(tmp_path / "out.gguf"), "--to", "gguf", "--json"])
+    assert res.exit_code == 0, res.output
+    warning = json.loads(res.output)["side_files_skipped"]["tensor names"]
+    assert "'gemma2'" in warning and "will not load" in warning
+    names = {t.name for t in gguf.GGUFReader(tmp_path / "out.gguf").tensors}
+    assert "model.layers.0.self_attn.q_proj.weight" in names

@@ -261,3 +261,23 @@ def test_sentencepiece_vocabulary(tmp_path):
     assert kv["tokenizer.ggml.add_bos_token"] is True and kv["tokenizer.ggml.add_eos_token"] is False
     assert "tokenizer.ggml.merges" not in kv and kv["tokenizer.chat_template"] == "{{ x }}"
     assert got.types["tokenizer.ggml.scores"] == ["ARRAY", "FLOAT32"] and got.warnings == []
+
+
+def test_unconverted_vocabulary_still_writes_the_weights(bare_folder, tmp_path):
+    """A WordPiece tokenizer.json beside the weights: no tokenizer keys, the warning says why, exit 0."""
+    _, folder = bare_folder
+    Tokenizer(models.WordPiece(vocab={"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
+    out = tmp_path / "out.gguf"
+    report = json.loads(_run("convert", folder, out, "--to", "gguf", "--json"))
+    warning = report["side_files_skipped"]["tokenizer.ggml.*"]
+    assert warning.startswith(NO_TOKENIZER) and "not BPE" in warning and "WordPiece" in warning
+    assert _keys(out) == {}
+
+
+def test_gguf_metadata_reaches_the_requantizing_writer(bare_folder, tmp_path):
+    """--gguf-metadata with requantize options (requantize_model passes the writer's options on)."""
+    src, folder = bare_folder
+    out = tmp_path / "q8.gguf"
+    _run("convert", folder, out, "--to", "gguf", "--quant-type", "Q8_0", "--gguf-metadata", src)
+    assert _keys(out) == _keys(src)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors if len(t.shape) == 2} == {"Q8_0"}

@@ -42,12 +42,13 @@ directory writer asks for them); what could not be made is in ``metadata["side_f
 never from that derived config.
 
 From a Hugging Face source (no GGUF key/values), :mod:`converter.formats.gguf.hf_source` gives the
-hyperparameters llama.cpp's ``convert_hf_to_gguf.py`` writes (``rope_theta`` or transformers 5's
-``rope_parameters.rope_theta``, ``{arch}.vocab_size``); no vocabulary is made: a file without
-``tokenizer.ggml.model`` gets ``"none"`` (``NO_VOCAB_KV``, llama.cpp's own key for a model without a
-vocabulary, which llama.cpp loads; without the key it refuses the file), and the result's
-``side_files_skipped`` carries a warning (``NO_VOCAB_WARNING`` / ``NO_TOKENIZER``) whenever the file
-written has no ``tokenizer.ggml.tokens``.
+key/values llama.cpp's ``convert_hf_to_gguf.py`` writes: ``general.*`` (gguf-py ``Metadata``), the hyperparameters
+(``rope_theta`` or transformers 5's ``rope_parameters.rope_theta``, per-architecture keys) and the tokenizer
+(:mod:`converter.formats.gguf.tokenizer_kv`: ``tokenizer.json`` / ``tokenizer.model`` -> ``tokenizer.ggml.*``);
+``gguf_metadata=FILE`` takes every key/value from an existing GGUF instead. Float tensors are written as they are
+(F32 / F16 / BF16). A file without ``tokenizer.ggml.model`` gets ``"none"`` (``NO_VOCAB_KV``, llama.cpp's own key for a model
+without a vocabulary, which llama.cpp loads). The result's ``side_files_skipped`` carries a warning
+(``NO_VOCAB_WARNING`` / ``NO_TOKENIZER``) whenever the file written has no vocabulary, and one for a pre-tokenizer llama.cpp's hash table does not know.
 1-D F16 / BF16 tensors (norm weights, biases) are written F32, an exact widening, as
 ``convert_hf_to_gguf.py`` does (``WIDENED_1D``; the read-back proof calls them ``exact`` with
 ``widened``, not ``passthrough``).
@@ -84,7 +85,7 @@ from converter.write.dry_run import DryRunPlanned
 from converter.write.files import write_at_offsets
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.formats.gguf.blocks import BlockFields, codec_for
-from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
+from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
 from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
 from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES,
@@ -405,6 +406,10 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
     skipped = {**tokenizer_warning(ckpt, src_kv), **source_warnings}
+    if made and arch not in ARCH_TABLES:  # Hugging Face names written as they are: llama.cpp knows none of them
+        skipped["tensor names"] = (f"warning: no llama.cpp tensor names for architecture {arch!r} (mapped: "
+                                   f"{', '.join(sorted(ARCH_TABLES))}); the Hugging Face names are written as they "
+                                   "are and llama.cpp will not load this file")
     if skipped:
         result["side_files_skipped"] = skipped
     if tie is not None:
@@ -416,6 +421,7 @@ from converter.formats.gpt_oss import arrange as gpt_oss_arrange  # noqa: E402
 from converter.formats.tool_decode import in_float32  # noqa: E402
 from converter.formats.gguf.qk_proof import prove_qk_rows  # noqa: E402
 from converter.formats.gguf.fallback import block_scales as fallback_block_scales  # noqa: E402
+from converter.formats.gguf.experts import stack_experts  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -424,7 +430,8 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  check_target=check_target, quantizer=GGUF_QUANTIZER,
                                  requant_targets=requant_targets,
                                  # llama.cpp's gpt-oss tensors: gate / up experts apart (GptOssModel)
-                                 arrange=gpt_oss_arrange.for_stacked,
+                                 # and Qwen2/3-MoE float experts stacked (Qwen2MoeModel)
+                                 arrange=lambda ckpt: stack_experts(gpt_oss_arrange.for_stacked(ckpt)),
                                  # the stored q/k rows against llama.cpp's permute of the source (not via read_gguf)
                                  prove_written=prove_qk_rows,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the

@@ -46,6 +46,11 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
              "expert_used_count": "num_experts_per_tok", "attention.key_length": "head_dim",
              "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window"}
     values = {k: config.get(ck) for k, ck in pairs.items()}
+    if values["expert_count"] is None:  # TextModel: num_local_experts, num_experts or n_routed_experts
+        values["expert_count"] = config.get("num_experts", config.get("n_routed_experts"))
+    # Qwen2MoeModel.set_gguf_parameters (also Qwen3MoeModel)
+    values["expert_feed_forward_length"] = config.get("moe_intermediate_size")
+    values["expert_shared_feed_forward_length"] = config.get("shared_expert_intermediate_size")
     values["rope.freq_base"] = rope_theta(config)
     if arch not in _SLIDING_WINDOW_ARCHS:  # TextModel writes no sliding window (Qwen2's is off by default)
         values.pop("attention.sliding_window")
@@ -65,10 +70,14 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
         head_dim = head_dim if isinstance(head_dim, int) else (hidden // heads if isinstance(hidden, int) else None)
         if head_dim is not None:
             out[f"{arch}.rope.dimension_count"] = int(head_dim)
+            # transformers' LlamaConfig fills head_dim = hidden / heads, and convert_hf_to_gguf.py writes it
+            out.setdefault(f"{arch}.attention.key_length", int(head_dim))
+            out.setdefault(f"{arch}.attention.value_length", int(head_dim))
     return out
 
 
 _SLIDING_WINDOW_ARCHS = ("gpt-oss", "phi3")
+_VOCAB_SIZE_ARCHS = ("llama",)
 
 
 def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,12 +224,16 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
     wins over config.json; an integer hyperparameter both give differently is refused) or the tokenizer of the
     source folder (:func:`converter.formats.gguf.tokenizer_kv.tokenizer_kv`).
 
+    A vocabulary :func:`~converter.formats.gguf.tokenizer_kv.tokenizer_kv` does not convert (WordPiece, Unigram
+    ``tokenizer.json``) gives no tokenizer keys and a warning (``"tokenizer.ggml.*"``) naming why.
+
     Raises
     ------
     FormatError
-        ``gguf_metadata`` for another architecture, or disagreeing with config.json on an integer hyperparameter.
+        ``gguf_metadata`` for another architecture, or disagreeing with config.json on an integer hyperparameter;
+        unreadable tokenizer files.
     """
-    from converter.errors import ErrorKind, FormatError
+    from converter.errors import ErrorKind, FormatError, UnsupportedError
     from converter.formats.gguf.tokenizer_kv import tokenizer_kv
     kv = config_kv(ckpt.config, arch) if ckpt.config else {}
     types: dict[str, Any] = {}
@@ -237,10 +250,16 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
         types.update(meta_types)
         return kv, types, warnings
     folder = _folder(ckpt)
-    tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
+    try:
+        tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
+    except UnsupportedError as exc:  # a vocabulary kind not converted (WordPiece ...): the weights are still written
+        tok = None
+        warnings["tokenizer.ggml.*"] = f"{NO_TOKENIZER} ({exc})"
     if tok is not None:
         kv.update(tok.kv)
         types.update(tok.types)
+        if arch not in _VOCAB_SIZE_ARCHS:  # only LlamaModel writes it; with a vocabulary the tokens say it
+            kv.pop(f"{arch}.vocab_size", None)
         for i, w in enumerate(tok.warnings):
             warnings["tokenizer.ggml.pre" if i == 0 and "tokenizer.ggml.pre" in w else f"tokenizer.warning.{i}"] = w
     return kv, types, warnings

@@ -96,8 +96,27 @@ _PHI3 = (
 rows stacked) and ``gate_up_proj`` (``FFN_UP`` with ``2 * intermediate_size`` rows, gate first; llama.cpp splits it
 at run time), so the names map one to one and no rows move."""
 
+_MOE_FFN = (
+    ("blk.{bid}.ffn_gate_inp", "model.layers.{bid}.mlp.gate"),
+    ("blk.{bid}.ffn_gate_exps", "model.layers.{bid}.mlp.experts.gate_proj"),
+    ("blk.{bid}.ffn_up_exps", "model.layers.{bid}.mlp.experts.up_proj"),
+    ("blk.{bid}.ffn_down_exps", "model.layers.{bid}.mlp.experts.down_proj"),
+)
+_QWEN2MOE = _LLAMA[:9] + _MOE_FFN + (
+    ("blk.{bid}.ffn_gate_inp_shexp", "model.layers.{bid}.mlp.shared_expert_gate"),
+    ("blk.{bid}.ffn_gate_shexp", "model.layers.{bid}.mlp.shared_expert.gate_proj"),
+    ("blk.{bid}.ffn_up_shexp", "model.layers.{bid}.mlp.shared_expert.up_proj"),
+    ("blk.{bid}.ffn_down_shexp", "model.layers.{bid}.mlp.shared_expert.down_proj"),
+)
+"""llama.cpp ``qwen2moe`` (``MODEL_TENSORS[MODEL_ARCH.QWEN2MOE]``): LLaMA's attention and norms, the router
+``ffn_gate_inp``, the stacked experts ``ffn_*_exps`` (:mod:`converter.formats.gguf.experts` stacks per-expert
+weights) and the shared expert with its sigmoid gate ``ffn_gate_inp_shexp``."""
+_QWEN3MOE = _QWEN3[:9] + _QWEN3[12:] + _MOE_FFN
+"""llama.cpp ``qwen3moe``: Qwen3's attention (q/k norms), the router and the stacked experts (no shared expert)."""
+
 ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA,
-                                                       "qwen3": _QWEN3, "phi3": _PHI3, "gpt-oss": _GPT_OSS}
+                                                       "qwen3": _QWEN3, "qwen2moe": _QWEN2MOE,
+                                                       "qwen3moe": _QWEN3MOE, "phi3": _PHI3, "gpt-oss": _GPT_OSS}
 """Per architecture: ``(gguf_stem, hf_stem)`` pairs; ``{bid}`` is the block index. Suffixes
 (``.weight``, ``.bias``) are carried over unchanged."""
 
@@ -105,7 +124,8 @@ PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
 """Architectures whose converter row-permutes q/k (``LlamaModel.permute``); Qwen2 does not."""
 
 HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2",
-                                         "qwen3": "qwen3", "phi3": "phi3", "gpt_oss": "gpt-oss"}
+                                         "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+                                         "phi3": "phi3", "gpt_oss": "gpt-oss"}
 """``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama, ``LlamaModel`` is
 registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``)."""
 
