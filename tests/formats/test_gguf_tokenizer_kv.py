@@ -270,8 +270,9 @@ def test_unconverted_vocabulary_still_writes_the_weights(bare_folder, tmp_path):
     out = tmp_path / "out.gguf"
     report = json.loads(_run("convert", folder, out, "--to", "gguf", "--json"))
     warning = report["side_files_skipped"]["tokenizer.ggml.*"]
-    assert warning.startswith(NO_TOKENIZER) and "not BPE" in warning and "WordPiece" in warning
-    assert _keys(out) == {}
+    # no vocabulary written: declared as llama.cpp's model 'none' (the vocabulary size is known), and said so
+    assert warning.startswith(NO_VOCAB_WARNING) and "not BPE" in warning and "WordPiece" in warning
+    assert _keys(out) == {"tokenizer.ggml.model": ("none", ["STRING"])}
 
 
 def test_gguf_metadata_reaches_the_requantizing_writer(bare_folder, tmp_path):

@@ -46,9 +46,10 @@ key/values llama.cpp's ``convert_hf_to_gguf.py`` writes: ``general.*`` (gguf-py 
 (``rope_theta`` or transformers 5's ``rope_parameters.rope_theta``, per-architecture keys) and the tokenizer
 (:mod:`converter.formats.gguf.tokenizer_kv`: ``tokenizer.json`` / ``tokenizer.model`` -> ``tokenizer.ggml.*``);
 ``gguf_metadata=FILE`` takes every key/value from an existing GGUF instead. Float tensors are written as they are
-(F32 / F16 / BF16). A file without ``tokenizer.ggml.model`` gets ``"none"`` (``NO_VOCAB_KV``, llama.cpp's own key for a model
-without a vocabulary, which llama.cpp loads). The result's ``side_files_skipped`` carries a warning
-(``NO_VOCAB_WARNING`` / ``NO_TOKENIZER``) whenever the file written has no vocabulary, and one for a pre-tokenizer llama.cpp's hash table does not know.
+(F32 / F16 / BF16). A file without ``tokenizer.ggml.model`` gets ``"none"`` (``NO_VOCAB_KV``, llama.cpp's own key
+for a model without a vocabulary, which llama.cpp loads). The result's ``side_files_skipped`` carries a warning
+(``NO_VOCAB_WARNING`` / ``NO_TOKENIZER``) whenever the file written has no vocabulary, and one for a pre-tokenizer
+llama.cpp's hash table does not know.
 1-D F16 / BF16 tensors (norm weights, biases) are written F32, an exact widening, as
 ``convert_hf_to_gguf.py`` does (``WIDENED_1D``; the read-back proof calls them ``exact`` with
 ``widened``, not ``passthrough``).
@@ -97,8 +98,8 @@ from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exac
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
-from converter.formats.gguf.hf_source import (NO_TOKENIZER, WIDENED_1D, general_kv, no_vocab_kv,  # noqa: E402
-                                             source_kv, tokenizer_warning)
+from converter.formats.gguf.hf_source import (NO_TOKENIZER, VOCAB_NOT_CONVERTED, WIDENED_1D, general_kv,  # noqa: E402
+                                             no_vocab_kv, source_kv, tokenizer_warning)
 from converter.formats.ties import resolve_tied_head
 from converter.formats.base import dropped_activation_scales
 
@@ -405,7 +406,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
     result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
               "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
-    skipped = {**tokenizer_warning(ckpt, src_kv), **source_warnings}
+    skipped = {**tokenizer_warning(ckpt, src_kv, source_warnings),
+               **{k: v for k, v in source_warnings.items() if k != VOCAB_NOT_CONVERTED}}
     if made and arch not in ARCH_TABLES:  # Hugging Face names written as they are: llama.cpp knows none of them
         skipped["tensor names"] = (f"warning: no llama.cpp tensor names for architecture {arch!r} (mapped: "
                                    f"{', '.join(sorted(ARCH_TABLES))}); the Hugging Face names are written as they "

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from converter.tensor import Checkpoint
 
 __all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "general_kv", "no_vocab_kv",
-           "NO_TOKENIZER", "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
+           "VOCAB_NOT_CONVERTED", "NO_TOKENIZER", "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
 
 
 def rope_theta(config: Mapping[str, Any]) -> Any:
@@ -165,13 +165,22 @@ def no_vocab_kv(kv: Mapping[str, Any], arch: str) -> dict[str, str]:
     return dict(NO_VOCAB_KV)
 
 
-def tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any]) -> dict[str, str]:
-    """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``."""
+#: key of :func:`source_kv`'s warnings holding why a tokenizer.json was not converted (a WordPiece vocabulary ...):
+#: :func:`tokenizer_warning` appends it to the no-vocabulary warning, which says what the file has instead
+VOCAB_NOT_CONVERTED = "tokenizer.ggml.* (not converted)"
+
+
+def tokenizer_warning(ckpt: Checkpoint, kv: Mapping[str, Any], warnings: Mapping[str, str] | None = None
+                      ) -> dict[str, str]:
+    """``{"tokenizer.ggml.*": warning}`` when the GGUF written has no vocabulary, else ``{}``: the vocabulary-less
+    file as written (``'none'``, which llama.cpp loads, or no key at all), and why a tokenizer beside the weights
+    was not converted (``warnings[VOCAB_NOT_CONVERTED]`` from :func:`source_kv`)."""
     if "tokenizer.ggml.tokens" in kv:
         return {}
     has_files = any(Path(str(f)).name in _HF_TOKENIZER_FILES for f in ckpt.extra_files)
     text = NO_VOCAB_WARNING if kv.get("tokenizer.ggml.model") == NO_VOCAB_KV["tokenizer.ggml.model"] else NO_TOKENIZER
-    return {"tokenizer.ggml.*": text + (TOKENIZER_FILES_NOT_CONVERTED if has_files else "")}
+    why = (warnings or {}).get(VOCAB_NOT_CONVERTED)
+    return {"tokenizer.ggml.*": text + (why or (TOKENIZER_FILES_NOT_CONVERTED if has_files else ""))}
 
 
 WIDENED_1D = ("F16", "BF16")
@@ -254,7 +263,7 @@ def source_kv(ckpt: Checkpoint, arch: str, gguf_metadata: str | Path | None = No
         tok = tokenizer_kv(folder, ckpt.config, arch) if folder is not None and ckpt.format != "gguf" else None
     except UnsupportedError as exc:  # a vocabulary kind not converted (WordPiece ...): the weights are still written
         tok = None
-        warnings["tokenizer.ggml.*"] = f"{NO_TOKENIZER} ({exc})"
+        warnings[VOCAB_NOT_CONVERTED] = f" ({exc})"  # appended to the no-vocabulary warning (tokenizer_warning)
     if tok is not None:
         kv.update(tok.kv)
         types.update(tok.types)
