@@ -82,7 +82,7 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     """
     from converter.errors import FormatError
     from converter.formats.registry import check_writable, load
-    from converter.ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_model, summarize
+    from converter.ops.quantize_model import QuantizeOptions, default_selection, quantize_model, summarize
     from converter.vocabulary import float_dtype_name
     from converter.write.atomic import check_not_inside, refuse_existing
     if granularity is None and group_size is not None:
@@ -103,9 +103,10 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         check_writable(to)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
+    # the target's own default selection, as the CLI (--to mlx: mlx-lm's predicate, the embedding quantized)
+    selection = {"exclude": exclude} if exclude is not None else default_selection(to)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=symmetric,
-                           scale_dtype=scale_dtype, include=include,
-                           exclude=exclude if exclude is not None else DEFAULT_EXCLUDE, element=fp8, block=block,
+                           scale_dtype=scale_dtype, include=include, **selection, element=fp8, block=block,
                            fp4=fp4, fp4_rule=fp4_rule or "ct")
     kw = {"to": to} if to is not None else {}
     notes: dict = {}
