@@ -81,7 +81,7 @@ def _field_words(target: Target, name: str) -> str:
             return f"--group-size {target.group_size}"
         if g is Granularity.BLOCK:
             o, i = target.block
-            return f"--block {o or 0}x{i or 0}"
+            return f"--block {o or '*'}x{i or '*'}"  # '*': that axis whole (parse_block)
         return f"--per-{g.value}"
     if name == "symmetric":
         return {None: "", True: "--sym", False: "--asym"}[target.symmetric]
