@@ -328,10 +328,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
                                  target_format=to, rows=tensor_rows(view, modes), outputs=planned.outputs,
                                  modules=modules)
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
-                point_at_stored(ckpt, exc)
-            else:  # a value computed while requantizing (a scale too large ...): no stored array holds it
-                exc.with_context(file=ckpt.path)
+            if isinstance(exc, NotRepresentableError) and plans.get(exc.tensor, ("exact",))[0] == "exact":
+                point_at_stored(ckpt, exc)  # a value carried from the source: the file and array it came from
+            else:  # a value computed while requantizing (a scale too large, a new zero point ...): no stored
+                exc.with_context(file=ckpt.path)  # array of the source holds it
             raise
         for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:
