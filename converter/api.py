@@ -60,7 +60,7 @@ def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrit
 
 
 def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granularity: str | None = None,
-             group_size: int | None = None, symmetric: bool = True, scale_dtype: str | None = "F16",
+             group_size: int | None = None, symmetric: bool = True, scale_dtype: str | None = None,
              fp8: str | None = None, block: tuple[int | None, int | None] | None = None, fp4: str | None = None,
              fp4_rule: str | None = None, to: str | None = None, include: str | None = None,
              exclude: str | None = None, overwrite: bool = False, format: str | None = None,
@@ -68,7 +68,8 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     """``qckpt quantize``: a float checkpoint ``src`` quantized into ``dst`` (native, or format ``to``).
 
     Integer targets: ``bits`` with ``granularity`` ``"tensor"`` / ``"channel"`` / ``"group"`` (inferred as
-    ``"group"`` when ``group_size`` is given), ``symmetric``, ``scale_dtype``. FP8: ``fp8="e4m3"`` with
+    ``"group"`` when ``group_size`` is given), ``symmetric``, ``scale_dtype`` (default ``"F16"``; with ``fp8``: each
+    weight's own dtype). FP8: ``fp8="e4m3"`` with
     ``granularity`` ``"tensor"`` / ``"channel"`` / ``"block"`` and ``block=(out, in)``. FP4:
     ``fp4="mxfp4" | "nvfp4"`` (``fp4_rule`` ``"ct"`` / ``"mlx"``; default the target's own). Other keyword
     options go to the writer (e.g. GPTQ ``checkpoint_format``). Returns
@@ -91,9 +92,9 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
         scale_dtype = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
         fp4_rule = fp4_rule or ("mlx" if to == "mlx" else "ct")
-    elif fp8 is not None:
+    elif fp8 is not None:  # no scale_dtype: each weight's own dtype (the CLI's --fp8 default)
         bits = 8
-        scale_dtype = float_dtype_name(scale_dtype) if scale_dtype not in (None, "F16") else None
+        scale_dtype = float_dtype_name(scale_dtype) if scale_dtype is not None else None
     else:
         scale_dtype = float_dtype_name(scale_dtype or "F16")
     if bits is None or granularity is None:

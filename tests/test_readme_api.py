@@ -98,3 +98,27 @@ def test_quantize_to_mlx_selects_what_the_cli_selects(tmp_path):
     assert "model.norm.scales" not in names
     api, cli = (tmp_path / d / "model.safetensors" for d in ("api", "cli"))
     assert api.read_bytes() == cli.read_bytes()
+
+
+def test_quantize_fp8_takes_an_explicit_f16_scale_dtype(tmp_path):
+    """``converter.quantize(..., fp8="e4m3", scale_dtype="F16")`` stores F16 scales, as ``qckpt quantize --fp8 e4m3
+    --scale-dtype f16`` does; without ``scale_dtype`` the scales take each weight's own dtype (F32 here). The API
+    once read ``"F16"`` as "not given" (its default) and wrote F32 scales."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "w.safetensors"
+    save_file({"model.layers.0.mlp.up_proj.weight": np.random.default_rng(0).standard_normal((32, 64))
+               .astype(np.float32)}, str(src))
+
+    def scale_dtypes(d):
+        with safe_open(str(d / "model.safetensors"), "np") as f:
+            return {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("weight_scale")}
+    converter.quantize(src, tmp_path / "api16", fp8="e4m3", granularity="channel", scale_dtype="F16",
+                       to="compressed-tensors")
+    code, _ = _cli_json("quantize", src, tmp_path / "cli16", "--fp8", "e4m3", "--per-channel", "--scale-dtype", "f16",
+                        "--to", "compressed-tensors")
+    assert code == 0 and scale_dtypes(tmp_path / "api16") == scale_dtypes(tmp_path / "cli16") == {"F16"}
+    converter.quantize(src, tmp_path / "own", fp8="e4m3", granularity="channel", to="compressed-tensors")
+    assert scale_dtypes(tmp_path / "own") == {"F32"}
