@@ -107,10 +107,12 @@ def target_words(target: Target) -> list[str]:
 
 
 def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool = False,
-                 reference: Any = None) -> str:
+                 reference: Any = None, source_format: str | None = None) -> str:
     """The ``qckpt convert`` command line writing ``src`` as ``to`` at ``dst`` with ``target``
-    (paths shell-quoted as given)."""
+    (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given."""
     words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target)]
+    if source_format is not None:
+        words += ["--format", source_format]
     if reference is not None:
         words += ["--reference", str(reference)]
     if overwrite:

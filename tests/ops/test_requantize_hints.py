@@ -313,3 +313,23 @@ def test_a_block_with_a_whole_axis_is_written_as_the_cli_reads_it():
         assert parse_block(words[words.index("--block") + 1]) == block
     line = shlex.split(command_line("a", "b", "fp8", Target(element="e4m3", granularity="block", block=(None, 128))))
     assert line[line.index("--block") + 1] == "*x128"
+
+
+def test_the_suggested_line_keeps_the_format_the_source_was_read_as(tmp_path):
+    """A folder holding a GPTQ model and a GGUF file is read only with ``--format``: a refusal's suggested command
+    line carries ``--format gptq`` too, and following it succeeds (without it the folder is refused as ambiguous)."""
+    import shutil
+
+    from tests.conftest import SAMPLES
+
+    folder = tmp_path / "both"
+    shutil.copytree(SAMPLES / "gptq_w4_g128_sym", folder)
+    shutil.copy(SAMPLES / "gguf" / "minilm_gguf_Q4_0.gguf", folder)
+    dst = tmp_path / "out"
+    r = CliRunner().invoke(main, ["convert", str(folder), str(dst), "--format", "gptq", "--to", "fp8"])
+    assert r.exit_code != 0 and not dst.exists()
+    line = shlex.split(r.output.split(": qckpt convert ", 1)[1].strip().replace("\n", " "))
+    assert line[line.index("--format") + 1] == "gptq"
+    follow = CliRunner().invoke(main, ["convert", *line, "--quiet"])
+    assert follow.exit_code == 0, follow.output
+    assert dst.is_dir()
