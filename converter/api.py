@@ -60,7 +60,7 @@ def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrit
 
 
 def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granularity: str | None = None,
-             group_size: int | None = None, symmetric: bool = True, scale_dtype: str | None = "F16",
+             group_size: int | None = None, symmetric: bool = True, scale_dtype: str | None = None,
              fp8: str | None = None, block: tuple[int | None, int | None] | None = None, fp4: str | None = None,
              fp4_rule: str | None = None, to: str | None = None, include: str | None = None,
              exclude: str | None = None, overwrite: bool = False, format: str | None = None,
@@ -68,7 +68,8 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     """``qckpt quantize``: a float checkpoint ``src`` quantized into ``dst`` (native, or format ``to``).
 
     Integer targets: ``bits`` with ``granularity`` ``"tensor"`` / ``"channel"`` / ``"group"`` (inferred as
-    ``"group"`` when ``group_size`` is given), ``symmetric``, ``scale_dtype``. FP8: ``fp8="e4m3"`` with
+    ``"group"`` when ``group_size`` is given), ``symmetric``, ``scale_dtype`` (default ``"F16"``; with ``fp8``: each
+    weight's own dtype). FP8: ``fp8="e4m3"`` with
     ``granularity`` ``"tensor"`` / ``"channel"`` / ``"block"`` and ``block=(out, in)``. FP4:
     ``fp4="mxfp4" | "nvfp4"`` (``fp4_rule`` ``"ct"`` / ``"mlx"``; default the target's own). Other keyword
     options go to the writer (e.g. GPTQ ``checkpoint_format``). Returns
@@ -82,7 +83,7 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     """
     from converter.errors import FormatError
     from converter.formats.registry import check_writable, load
-    from converter.ops.quantize_model import DEFAULT_EXCLUDE, QuantizeOptions, quantize_model, summarize
+    from converter.ops.quantize_model import QuantizeOptions, default_selection, quantize_model, summarize
     from converter.vocabulary import float_dtype_name
     from converter.write.atomic import check_not_inside, refuse_existing
     if granularity is None and group_size is not None:
@@ -91,9 +92,9 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
         scale_dtype = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
         fp4_rule = fp4_rule or ("mlx" if to == "mlx" else "ct")
-    elif fp8 is not None:
+    elif fp8 is not None:  # no scale_dtype: each weight's own dtype (the CLI's --fp8 default)
         bits = 8
-        scale_dtype = float_dtype_name(scale_dtype) if scale_dtype not in (None, "F16") else None
+        scale_dtype = float_dtype_name(scale_dtype) if scale_dtype is not None else None
     else:
         scale_dtype = float_dtype_name(scale_dtype or "F16")
     if bits is None or granularity is None:
@@ -103,9 +104,10 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         check_writable(to)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
+    # the target's own default selection, as the CLI (--to mlx: mlx-lm's predicate, the embedding quantized)
+    selection = {"exclude": exclude} if exclude is not None else default_selection(to)
     opts = QuantizeOptions(bits=bits, granularity=granularity, group_size=group_size, symmetric=symmetric,
-                           scale_dtype=scale_dtype, include=include,
-                           exclude=exclude if exclude is not None else DEFAULT_EXCLUDE, element=fp8, block=block,
+                           scale_dtype=scale_dtype, include=include, **selection, element=fp8, block=block,
                            fp4=fp4, fp4_rule=fp4_rule or "ct")
     kw = {"to": to} if to is not None else {}
     notes: dict = {}

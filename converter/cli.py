@@ -507,6 +507,8 @@ def diff(a, b, tolerance, format_a, format_b, as_json):
     relative Frobenius error, SQNR, max error, worst channel, output-space error on a seeded batch."""
     from converter.ops.diff import diff as do_diff  # lazy: imports the formats layer
     from converter.report.diff import render_diff
+    check_format_option(format_a)  # an unknown name is a usage error (exit 2), as --format elsewhere
+    check_format_option(format_b)
     doc = do_diff(a, b, tolerance=tolerance, format_a=format_a, format_b=format_b)
     _emit(doc, as_json, render_diff, "diff-report")
     sys.exit(doc["exit_code"])

@@ -82,3 +82,12 @@ def test_a_sample_against_its_exact_conversions_is_identical(tmp_path):
     doc = diff(src, tmp_path / "w8")
     assert doc["exit_code"] == 1 and doc["summary"]["different"] == 7  # the 7 quantized weights
     assert 0 < doc["summary"]["rel_frobenius"] < 0.05
+
+
+@pytest.mark.parametrize("option", ["--format-a", "--format-b"])
+def test_an_unknown_format_is_a_usage_error(pair, option):
+    """The epilog's status 2 (usage error) for an unknown ``--format-a`` / ``--format-b``, as ``--format`` of every
+    other command; it was exit 3 (unreadable input) after reading the other side."""
+    a, b = pair
+    r = run("diff", a, b, option, "bogus")
+    assert r.exit_code == 2 and "bogus" in r.output

@@ -70,3 +70,55 @@ def test_tensor_level_quantize_and_dequantize_still_work():
     q = converter.quantize(w, converter.QuantScheme(bits=8, signed=True), converter.GroupMap.per_channel("out"))
     assert q.codes.tolist() == [[127, -127], [127, -127]]  # per-row (contract 4)
     assert np.allclose(converter.dequantize(q), w, atol=0.1 / 127)
+
+
+def test_quantize_to_mlx_selects_what_the_cli_selects(tmp_path):
+    """``converter.quantize(..., to="mlx")`` keeps the target's own default selection, as ``qckpt quantize
+    --to mlx`` does: mlx-lm 0.32.2 quantizes the token embedding (``nn.Embedding.to_quantized``) and leaves norms
+    dense. The API once used the generic ``--exclude`` default instead (embedding left dense)."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    save_file({"model.embed_tokens.weight": rng.standard_normal((16, 64)).astype(np.float32),
+               "model.norm.weight": np.ones(64, np.float32),
+               "model.layers.0.mlp.up_proj.weight": rng.standard_normal((32, 64)).astype(np.float32)},
+              str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    q = converter.quantize(src, tmp_path / "api", bits=4, group_size=32, to="mlx")
+    code, r = _cli_json("quantize", src, tmp_path / "cli", "--bits", 4, "--group-size", 32, "--to", "mlx")
+    assert code == 0 and q["tensors"] == r["tensors"]
+    with safe_open(str(tmp_path / "api" / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    # mlx-lm's selection: embedding and Linear quantized (weight + scales + biases), the norm dense
+    assert {"model.embed_tokens.scales", "model.layers.0.mlp.up_proj.scales"} <= names
+    assert "model.norm.scales" not in names
+    api, cli = (tmp_path / d / "model.safetensors" for d in ("api", "cli"))
+    assert api.read_bytes() == cli.read_bytes()
+
+
+def test_quantize_fp8_takes_an_explicit_f16_scale_dtype(tmp_path):
+    """``converter.quantize(..., fp8="e4m3", scale_dtype="F16")`` stores F16 scales, as ``qckpt quantize --fp8 e4m3
+    --scale-dtype f16`` does; without ``scale_dtype`` the scales take each weight's own dtype (F32 here). The API
+    once read ``"F16"`` as "not given" (its default) and wrote F32 scales."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "w.safetensors"
+    save_file({"model.layers.0.mlp.up_proj.weight": np.random.default_rng(0).standard_normal((32, 64))
+               .astype(np.float32)}, str(src))
+
+    def scale_dtypes(d):
+        with safe_open(str(d / "model.safetensors"), "np") as f:
+            return {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("weight_scale")}
+    converter.quantize(src, tmp_path / "api16", fp8="e4m3", granularity="channel", scale_dtype="F16",
+                       to="compressed-tensors")
+    code, _ = _cli_json("quantize", src, tmp_path / "cli16", "--fp8", "e4m3", "--per-channel", "--scale-dtype", "f16",
+                        "--to", "compressed-tensors")
+    assert code == 0 and scale_dtypes(tmp_path / "api16") == scale_dtypes(tmp_path / "cli16") == {"F16"}
+    converter.quantize(src, tmp_path / "own", fp8="e4m3", granularity="channel", to="compressed-tensors")
+    assert scale_dtypes(tmp_path / "own") == {"F32"}

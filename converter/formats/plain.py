@@ -19,6 +19,7 @@ from converter.spec import refuse_opaque
 from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.base import dropped_activation_scales
 from converter.formats.model_dir import write_model_dir
+from converter.write.dry_run import DryRunPlanned
 from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
@@ -166,11 +167,15 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
         plans = plain_plans(ckpt, dtype, skip=dropped)
     meta = {"format": "pt"}
     dst = Path(dst)
-    if dst.suffix == ".safetensors":
-        res = write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
-    else:
-        res = write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
-                              extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    try:
+        if dst.suffix == ".safetensors":
+            res = write_single_file(dst, plans, ckpt, metadata=meta, overwrite=overwrite)
+        else:
+            res = write_model_dir(dst, plans, ckpt, metadata=meta, config=_plain_config(ckpt.config, plans),
+                                  extra_files=ckpt.extra_files, max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+    except DryRunPlanned as planned:  # --dry-run: the plan also names what is not written
+        planned.outputs["dropped"] = dropped
+        raise
     if tools is not None:
         res["match_tool"] = tools
     return {**res, **({"dropped": dropped} if dropped else {})}

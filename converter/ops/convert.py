@@ -123,7 +123,7 @@ FP8_HINT_TARGETS = ({"granularity": "block", "block": (128, 128)}, {"granularity
 
 
 def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any, dst: Any, to: str, *,
-                    overwrite: bool = False, values_refused: bool = False) -> str:
+                    overwrite: bool = False, values_refused: bool = False, source_format: str | None = None) -> str:
     """The hint of a refused repack of ``view`` (the source after the target's module policy) into
     ``to``: one complete ``qckpt convert`` command line that requantizes it into a target the format
     takes, with every option it needs (:func:`converter.ops.target_plan.complete_target`; an FP8
@@ -159,7 +159,8 @@ def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any,
         return REQUANTIZE_HINT
     how = "exact" if plan.exact else "lossy, with an error report"
     what = "requantize to FP8 instead" if plan.target.element is not None else "requantize instead"
-    return f"{what} ({how}): {command_line(src, dst, to, plan.target, overwrite=overwrite)}"
+    line = command_line(src, dst, to, plan.target, overwrite=overwrite, source_format=source_format)
+    return f"{what} ({how}): {line}"
 
 
 #: group sizes offered when a target refuses partial final groups (the sizes kernels take).
@@ -286,7 +287,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     try:
         plan_exact(view, to, options)
     except NotRepresentableError as exc:  # one complete command line (every option the target needs)
-        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite)
+        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, source_format=source_format)
         if exc.hint == REQUANTIZE_HINT or not exc.hint:
             exc.hint = line
         elif "qckpt convert" not in exc.hint and line != REQUANTIZE_HINT:  # e.g. the group sizes that fit
@@ -305,7 +306,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
         except NotRepresentableError as exc:  # a per-value check in the writer (nothing was left at dst)
             point_at_stored(ckpt, exc)  # the file and stored array the offending value came from
             if not exc.hint or "qckpt convert" not in exc.hint:
-                line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, values_refused=True)
+                line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, values_refused=True,
+                                       source_format=source_format)
                 exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise

@@ -53,7 +53,11 @@ def plan_document(command: str, *, source: str, source_format: str, destination:
                   rows: list[dict[str, Any]], outputs: Mapping[str, Any],
                   modules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The plan (``schemas/plan.schema.json``): ``outputs`` is the writer's
-    :class:`~converter.write.dry_run.DryRunPlanned` payload."""
+    :class:`~converter.write.dry_run.DryRunPlanned` payload (its optional ``dropped``: name -> why, for
+    the tensors the writer leaves out)."""
+    for r in rows:  # what the writer leaves out (activation scales, a tied head): dropped, with its reason
+        if r["name"] in (outputs.get("dropped") or {}):
+            r.update(mode="dropped", why=outputs["dropped"][r["name"]], target="-")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["mode"]] = counts.get(r["mode"], 0) + 1

@@ -245,7 +245,7 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
 
 
 def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, overwrite: bool,
-              reference) -> tuple[Target, list[dict[str, str]]]:
+              reference, source_format: str | None = None) -> tuple[Target, list[dict[str, str]]]:
     """``target`` with the options ``handler`` needs filled in (:func:`converter.ops.target_plan.complete_target`,
     from specs only), and the ``filled_in`` report list (option, field, reason).
 
@@ -265,7 +265,8 @@ def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, o
         return target, []  # nothing better found: plan_exact below refuses with the options to change
     tensor, why, fld = target_blocking(ckpt, handler, target, strict_values=False) or \
         target_blocking(ckpt, handler, target)
-    line = command_line(src, dst, to, alt.target, overwrite=overwrite, reference=reference)
+    line = command_line(src, dst, to, alt.target, overwrite=overwrite, reference=reference,
+                        source_format=source_format)
     raise NotRepresentableError(f"not representable in {to}: {why}", file=ckpt.path, tensor=tensor, field=fld,
                                 hint=f"{describe_changes(alt)}: {line}")
 
@@ -298,7 +299,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     # every option the target needs and the user left out is filled in (and reported), all at once;
     # an option of the user's the target cannot take is refused with one complete command line
     target, filled = _complete(ckpt, handler, target, src=src, dst=dst, to=to, overwrite=overwrite,
-                               reference=reference)
+                               reference=reference, source_format=source_format)
     target = effective(target, handler)  # (what a float-bias source becomes; the one scale dtype it stores)
     # the target format's per-module targets (GGUF's output head), with their reasons in the report
     chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}
@@ -328,10 +329,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
                                  target_format=to, rows=tensor_rows(view, modes), outputs=planned.outputs,
                                  modules=modules)
         except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            if isinstance(exc, NotRepresentableError):  # a stored value: the file and array it came from
-                point_at_stored(ckpt, exc)
-            else:  # a value computed while requantizing (a scale too large ...): no stored array holds it
-                exc.with_context(file=ckpt.path)
+            if isinstance(exc, NotRepresentableError) and plans.get(exc.tensor, ("exact",))[0] == "exact":
+                point_at_stored(ckpt, exc)  # a value carried from the source: the file and array it came from
+            else:  # a value computed while requantizing (a scale too large, a new zero point ...): no stored
+                exc.with_context(file=ckpt.path)  # array of the source holds it
             raise
         for name in plans:  # a writer that skipped a tensor still gets a row
             if (RESULT_KIND, name) not in got:

@@ -81,7 +81,7 @@ def _field_words(target: Target, name: str) -> str:
             return f"--group-size {target.group_size}"
         if g is Granularity.BLOCK:
             o, i = target.block
-            return f"--block {o or 0}x{i or 0}"
+            return f"--block {o or '*'}x{i or '*'}"  # '*': that axis whole (parse_block)
         return f"--per-{g.value}"
     if name == "symmetric":
         return {None: "", True: "--sym", False: "--asym"}[target.symmetric]
@@ -107,10 +107,12 @@ def target_words(target: Target) -> list[str]:
 
 
 def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool = False,
-                 reference: Any = None) -> str:
+                 reference: Any = None, source_format: str | None = None) -> str:
     """The ``qckpt convert`` command line writing ``src`` as ``to`` at ``dst`` with ``target``
-    (paths shell-quoted as given)."""
+    (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given."""
     words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target)]
+    if source_format is not None:
+        words += ["--format", source_format]
     if reference is not None:
         words += ["--reference", str(reference)]
     if overwrite:

@@ -103,3 +103,48 @@ def test_dequantize_drops_static_activation_scales_and_says_so(tmp_path):
     assert doc["tensors"] == len(written)
     human = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "out2"), "--quiet"])
     assert human.exit_code == 0 and "dropped 7 tensors" in human.output
+
+
+def test_dequantize_dry_run_lists_the_dropped_activation_scales(tmp_path):
+    """``--dry-run`` plans what the real run writes: the 7 ``input_scale`` tensors of the ModelOpt NVFP4 sample
+    (counted from its header above) are ``dropped`` in the plan, as the real run drops them, not ``passthrough``;
+    the plan's rows that are not dropped are exactly the tensors the real run writes."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+
+    src = SAMPLES / "modelopt_nvfp4_smollm2tiny"
+    with open(src / "model.safetensors", "rb") as f:
+        stored = set(json.loads(f.read(int.from_bytes(f.read(8), "little")))) - {"__metadata__"}
+    act = {n for n in stored if n.endswith(".input_scale")}
+    r = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "out"), "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert not (tmp_path / "out").exists()
+    assert {t["name"] for t in plan["tensors"] if t["mode"] == "dropped"} == act
+    assert plan["summary"]["dropped"] == 7
+    real = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "real"), "--quiet"])
+    assert real.exit_code == 0
+    written = set(load_file(str(tmp_path / "real" / "model.safetensors")))
+    assert {t["name"] for t in plan["tensors"] if t["mode"] != "dropped"} == written
+
+
+def test_convert_to_gguf_dry_run_lists_what_the_writer_leaves_out(tmp_path):
+    """The GGUF writer leaves the ModelOpt sample's 7 ``input_scale`` tensors out: its ``--dry-run`` plan says
+    ``dropped`` for exactly the tensors the real conversion's proof reports as dropped."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+
+    src = SAMPLES / "modelopt_nvfp4_smollm2tiny"
+    r = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "p.gguf"), "--to", "gguf", "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert not (tmp_path / "p.gguf").exists()
+    real = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "r.gguf"), "--to", "gguf", "--json",
+                                     "--quiet"])
+    assert real.exit_code == 0, real.output
+    rows = json.loads(real.output)["tensors"]
+    dropped = {t["name"] for t in rows if t["mode"] == "dropped"}
+    assert len(dropped) == 7 and all(n.endswith(".input_scale") for n in dropped)
+    assert {t["name"] for t in plan["tensors"] if t["mode"] == "dropped"} == dropped

@@ -109,3 +109,27 @@ def test_point_at_stored_keeps_the_logical_name_for_a_transposed_array(tmp_path)
         exc = NotRepresentableError("scale not representable", tensor="l.weight", field="scales", found="x")
         point_at_stored(ckpt(shape), exc)
         assert (exc.file, exc.tensor) == (str(tmp_path / "model.safetensors"), tensor), shape
+
+
+def test_a_requantized_value_is_not_blamed_on_a_stored_array(tmp_path):
+    """A value the requantization computed (``--asym`` zero points of a symmetric GPTQ source, refused by the v1
+    writer because v1 stores z-1) is in no stored array of the source: the error names the source checkpoint, not
+    its data file and a stored ``zero_points`` array. The source's own zero points are all 8 (symmetric 4-bit,
+    stored as 7 = 0x77777777 words by v1), so "zero point 0" cannot come from the file."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tests.conftest import SAMPLES
+
+    src = SAMPLES / "gptq_w4_g128_sym"
+    stored = load_file(str(src / "model.safetensors"))
+    assert {int(w) for k, v in stored.items() if k.endswith("qzeros") for w in np.unique(v.view(np.uint32))} \
+        == {0x77777777}
+    r = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "out"), "--bits", "3", "--group-size", "32",
+                                  "--asym", "--gptq-format", "v1", "--quiet", "--json"])
+    assert r.exit_code == 3 and not (tmp_path / "out").exists()
+    doc = json.loads(r.output)
+    assert "zero point of 0" in doc["message"]
+    assert doc["file"] == str(src) and doc["tensor"] == "encoder.layer.0.attention.output.dense.weight"

@@ -296,3 +296,40 @@ def test_awq_needs_fill_in_bits_and_asym_from_an_8_bit_mlx_source(tmp_path):
     q = load(tmp_path / "out")
     assert {(q.spec(n).scheme.bits, q.spec(n).scheme.zero_point.value) for n in q.quantized_names()} == \
         {(4, "integer")}
+
+
+def test_a_block_with_a_whole_axis_is_written_as_the_cli_reads_it():
+    """A block target covering one axis whole (``--block *x128``: extent None) is written back as ``*x128`` in
+    a suggested command line, which ``--block`` parses to the same extents; it once read ``0x128``, which
+    ``--block`` refuses (extents must be positive integers or ``*``)."""
+    import shlex
+
+    from converter.ops.target_plan import command_line, target_words
+    from converter.quant.target import Target
+    from converter.vocabulary import parse_block
+
+    for block in ((None, 128), (128, None), (128, 128)):
+        words = target_words(Target(element="e4m3", granularity="block", block=block))
+        assert parse_block(words[words.index("--block") + 1]) == block
+    line = shlex.split(command_line("a", "b", "fp8", Target(element="e4m3", granularity="block", block=(None, 128))))
+    assert line[line.index("--block") + 1] == "*x128"
+
+
+def test_the_suggested_line_keeps_the_format_the_source_was_read_as(tmp_path):
+    """A folder holding a GPTQ model and a GGUF file is read only with ``--format``: a refusal's suggested command
+    line carries ``--format gptq`` too, and following it succeeds (without it the folder is refused as ambiguous)."""
+    import shutil
+
+    from tests.conftest import SAMPLES
+
+    folder = tmp_path / "both"
+    shutil.copytree(SAMPLES / "gptq_w4_g128_sym", folder)
+    shutil.copy(SAMPLES / "gguf" / "minilm_gguf_Q4_0.gguf", folder)
+    dst = tmp_path / "out"
+    r = CliRunner().invoke(main, ["convert", str(folder), str(dst), "--format", "gptq", "--to", "fp8"])
+    assert r.exit_code != 0 and not dst.exists()
+    line = shlex.split(r.output.split(": qckpt convert ", 1)[1].strip().replace("\n", " "))
+    assert line[line.index("--format") + 1] == "gptq"
+    follow = CliRunner().invoke(main, ["convert", *line, "--quiet"])
+    assert follow.exit_code == 0, follow.output
+    assert dst.is_dir()

@@ -343,7 +343,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     if current().dry_run:  # the plan: one file, its tensor data (key/values and alignment padding not counted)
         raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": sum(p.nbytes for p in plans),
                                         "tensors": len(plans)}], "config": None,
-                             "gguf": {"architecture": arch, "file_type": file_type, "types": types}})
+                             "gguf": {"architecture": arch, "file_type": file_type, "types": types},
+                             "dropped": {**{n: "identical to the token embedding: left out, llama.cpp uses token_embd"
+                                            for n in drop}, **dropped}})
     with atomic_output(dst, overwrite=overwrite) as tmp:
         writer = gguf.GGUFWriter(None, arch)
         try:
