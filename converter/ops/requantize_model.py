@@ -232,7 +232,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         return out
 
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
-                      metadata=dict(src.metadata), files=(), extra_files=src.extra_files,
+                      metadata={**src.metadata, "source_format": src.format}, files=(), extra_files=src.extra_files,
                       side_files=src.side_files)
     return view, plans
 

@@ -611,3 +611,31 @@ def test_output_keeps_the_source_checkpoint_format_unless_told(tmp_path):
     r = run(main, ["quantize", str(SAMPLES / "minilm_fp16.safetensors"), str(tmp_path / "q"), "--bits", "4",
                    "--group-size", "128", "--to", "gptq"])
     assert r.exit_code == 0 and fmt(tmp_path / "q") == "gptq_v2"
+
+
+def test_a_requantized_v1_source_stays_v1_and_a_zero_point_0_names_the_option(tmp_path):
+    """Issue 17: the source's checkpoint_format is kept through a requantization too (the requantize view names
+    the format it came from); v1 cannot hold a zero point of 0 (CASES.md B03), so an asymmetric requantization
+    of a group of non-negative weights (z = round(-min/s) = 0) is refused, naming --gptq-format v2."""
+    from click.testing import CliRunner
+    from safetensors.numpy import save_file
+    from converter.cli import main
+    run = CliRunner().invoke
+    w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    w[:8] = np.abs(w[:8])  # the first rows' groups are all >= 0: their asymmetric zero point is 0
+    save_file({"l.weight": w}, str(tmp_path / "w.safetensors"))
+    assert run(main, ["quantize", str(tmp_path / "w.safetensors"), str(tmp_path / "v1"), "--bits", "4",
+                      "--group-size", "32", "--to", "gptq", "--gptq-format", "v1", "--include", "l.weight"]).exit_code == 0
+    fmt = lambda d: json.loads((d / "config.json").read_text())["quantization_config"]["checkpoint_format"]  # noqa: E731
+    assert fmt(tmp_path / "v1") == "gptq"
+    r = run(main, ["convert", str(tmp_path / "v1"), str(tmp_path / "w8"), "--to", "gptq", "--bits", "8",
+                   "--per-channel"])
+    assert r.exit_code == 0, r.output
+    assert fmt(tmp_path / "w8") == "gptq"  # kept through the requantization
+    r = run(main, ["convert", str(tmp_path / "v1"), str(tmp_path / "asym"), "--to", "gptq", "--bits", "4",
+                   "--group-size", "64", "--asym"])  # new groups: a real requantization (g32 sym would carry z = 8)
+    assert r.exit_code == 3 and "cannot hold a zero point of 0" in r.output and "--gptq-format v2" in r.output
+    assert not (tmp_path / "asym").exists()
+    r = run(main, ["convert", str(tmp_path / "v1"), str(tmp_path / "asym"), "--to", "gptq", "--bits", "4",
+                   "--group-size", "64", "--asym", "--gptq-format", "v2"])
+    assert r.exit_code == 0 and fmt(tmp_path / "asym") == "gptq_v2"

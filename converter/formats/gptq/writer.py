@@ -169,12 +169,14 @@ def gptq_plan(spec: TensorSpec, *, v1: bool, allow_rounding: bool = False) -> Te
 
 
 def default_checkpoint_format(ckpt: Checkpoint) -> str:
-    """The GPTQ ``checkpoint_format`` a write keeps: a GPTQ source's own (v1 stays v1), else ``gptq_v2``.
+    """The GPTQ ``checkpoint_format`` a write keeps: a GPTQ source's own (v1 stays v1, requantized or not: a
+    requantization that makes a zero point of 0 is then refused naming ``--gptq-format v2``), else ``gptq_v2``.
 
     GPTQModel writes v2 by default and converts v1 on load, but AutoGPTQ-era kernels and vLLM expect the
     v1 layout of a v1 model: a repack should not change it unasked.
     """
-    if ckpt.format == "gptq" and ckpt.metadata.get("checkpoint_format") in (V1, V2):
+    source = ckpt.metadata.get("source_format", ckpt.format)  # a requantized view names the format it came from
+    if source == "gptq" and ckpt.metadata.get("checkpoint_format") in (V1, V2):
         return ckpt.metadata["checkpoint_format"]
     return V2
 
