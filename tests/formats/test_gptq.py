@@ -624,8 +624,9 @@ def test_a_requantized_v1_source_stays_v1_and_a_zero_point_0_names_the_option(tm
     w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
     w[:8] = np.abs(w[:8])  # the first rows' groups are all >= 0: their asymmetric zero point is 0
     save_file({"l.weight": w}, str(tmp_path / "w.safetensors"))
-    assert run(main, ["quantize", str(tmp_path / "w.safetensors"), str(tmp_path / "v1"), "--bits", "4",
-                      "--group-size", "32", "--to", "gptq", "--gptq-format", "v1", "--include", "l.weight"]).exit_code == 0
+    r = run(main, ["quantize", str(tmp_path / "w.safetensors"), str(tmp_path / "v1"), "--bits", "4",
+                   "--group-size", "32", "--to", "gptq", "--gptq-format", "v1", "--include", "l.weight"])
+    assert r.exit_code == 0, r.output
     fmt = lambda d: json.loads((d / "config.json").read_text())["quantization_config"]["checkpoint_format"]  # noqa: E731
     assert fmt(tmp_path / "v1") == "gptq"
     r = run(main, ["convert", str(tmp_path / "v1"), str(tmp_path / "w8"), "--to", "gptq", "--bits", "8",
