@@ -9,7 +9,7 @@ one place.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from converter.groups import Granularity, GroupMap
@@ -117,3 +117,15 @@ def group_map_for(granularity: Granularity | str, group_size: int | None = None)
     if granularity is Granularity.CHANNEL:
         return GroupMap.per_channel(OUT)
     return GroupMap.per_group(int(group_size), IN)
+
+
+def writer_option_words(options: Mapping[str, Any] | None) -> list[str]:
+    """The command-line words of writer options (``checkpoint_format`` -> ``--gptq-format v1|v2``,
+    ``gguf_metadata`` -> ``--gguf-metadata FILE``), so a suggested command line writes what the user asked for."""
+    words: list[str] = []
+    for key, value in (options or {}).items():
+        if key == "checkpoint_format" and value is not None:
+            words += ["--gptq-format", {"gptq": "v1", "gptq_v2": "v2"}.get(str(value), str(value))]
+        elif key == "gguf_metadata" and value is not None:
+            words += ["--gguf-metadata", str(value)]
+    return words

@@ -123,7 +123,8 @@ FP8_HINT_TARGETS = ({"granularity": "block", "block": (128, 128)}, {"granularity
 
 
 def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any, dst: Any, to: str, *,
-                    overwrite: bool = False, values_refused: bool = False, source_format: str | None = None) -> str:
+                    overwrite: bool = False, values_refused: bool = False, source_format: str | None = None,
+                    options: dict[str, Any] | None = None) -> str:
     """The hint of a refused repack of ``view`` (the source after the target's module policy) into
     ``to``: one complete ``qckpt convert`` command line that requantizes it into a target the format
     takes, with every option it needs (:func:`converter.ops.target_plan.complete_target`; an FP8
@@ -159,7 +160,8 @@ def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any,
         return REQUANTIZE_HINT
     how = "exact" if plan.exact else "lossy, with an error report"
     what = "requantize to FP8 instead" if plan.target.element is not None else "requantize instead"
-    line = command_line(src, dst, to, plan.target, overwrite=overwrite, source_format=source_format)
+    line = command_line(src, dst, to, plan.target, overwrite=overwrite, source_format=source_format,
+                        write_options=options)
     return f"{what} ({how}): {line}"
 
 
@@ -287,7 +289,8 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
     try:
         plan_exact(view, to, options)
     except NotRepresentableError as exc:  # one complete command line (every option the target needs)
-        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, source_format=source_format)
+        line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, source_format=source_format,
+                               options=options)
         if exc.hint == REQUANTIZE_HINT or not exc.hint:
             exc.hint = line
         elif "qckpt convert" not in exc.hint and line != REQUANTIZE_HINT:  # e.g. the group sizes that fit
@@ -307,7 +310,7 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
             point_at_stored(ckpt, exc)  # the file and stored array the offending value came from
             if not exc.hint or "qckpt convert" not in exc.hint:
                 line = requantize_hint(view, handler, src, dst, to, overwrite=overwrite, values_refused=True,
-                                       source_format=source_format)
+                                       source_format=source_format, options=options)
                 exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise

@@ -245,7 +245,8 @@ def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict]
 
 
 def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, overwrite: bool,
-              reference, source_format: str | None = None) -> tuple[Target, list[dict[str, str]]]:
+              reference, source_format: str | None = None,
+              write_options: Mapping[str, Any] | None = None) -> tuple[Target, list[dict[str, str]]]:
     """``target`` with the options ``handler`` needs filled in (:func:`converter.ops.target_plan.complete_target`,
     from specs only), and the ``filled_in`` report list (option, field, reason).
 
@@ -266,7 +267,7 @@ def _complete(ckpt: Checkpoint, handler, target: Target, *, src, dst, to: str, o
     tensor, why, fld = target_blocking(ckpt, handler, target, strict_values=False) or \
         target_blocking(ckpt, handler, target)
     line = command_line(src, dst, to, alt.target, overwrite=overwrite, reference=reference,
-                        source_format=source_format)
+                        source_format=source_format, write_options=write_options)
     raise NotRepresentableError(f"not representable in {to}: {why}", file=ckpt.path, tensor=tensor, field=fld,
                                 hint=f"{describe_changes(alt)}: {line}")
 
@@ -299,7 +300,7 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     # every option the target needs and the user left out is filled in (and reported), all at once;
     # an option of the user's the target cannot take is refused with one complete command line
     target, filled = _complete(ckpt, handler, target, src=src, dst=dst, to=to, overwrite=overwrite,
-                               reference=reference, source_format=source_format)
+                               reference=reference, source_format=source_format, write_options=write_options)
     target = effective(target, handler)  # (what a float-bias source becomes; the one scale dtype it stores)
     # the target format's per-module targets (GGUF's output head), with their reasons in the report
     chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}

@@ -21,7 +21,7 @@ import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from converter.errors import ConverterError
 from converter.groups import Granularity
@@ -30,6 +30,7 @@ from converter.quant.requant import target_spec
 from converter.quant.target import Target
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, TensorSpec
+from converter.vocabulary import writer_option_words
 
 __all__ = ["TargetPlan", "complete_target", "target_blocking", "target_words", "command_line"]
 
@@ -107,10 +108,13 @@ def target_words(target: Target) -> list[str]:
 
 
 def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool = False,
-                 reference: Any = None, source_format: str | None = None) -> str:
+                 reference: Any = None, source_format: str | None = None,
+                 write_options: Mapping[str, Any] | None = None) -> str:
     """The ``qckpt convert`` command line writing ``src`` as ``to`` at ``dst`` with ``target``
-    (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given."""
-    words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target)]
+    (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given;
+    ``write_options``: the writer options the user gave (``--gptq-format``, ``--gguf-metadata``), kept."""
+    words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target),
+             *writer_option_words(write_options)]
     if source_format is not None:
         words += ["--format", source_format]
     if reference is not None:

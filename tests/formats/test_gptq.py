@@ -640,3 +640,28 @@ def test_a_requantized_v1_source_stays_v1_and_a_zero_point_0_names_the_option(tm
     r = run(main, ["convert", str(tmp_path / "v1"), str(tmp_path / "asym"), "--to", "gptq", "--bits", "4",
                    "--group-size", "64", "--asym", "--gptq-format", "v2"])
     assert r.exit_code == 0 and fmt(tmp_path / "asym") == "gptq_v2"
+
+
+def test_a_suggested_command_line_keeps_the_writer_options(tmp_path):
+    """Review finding: the complete command line of a refusal dropped --gptq-format (following it silently wrote
+    another checkpoint format); it keeps the writer options the user gave, and works as given."""
+    import shlex
+
+    from click.testing import CliRunner
+    from converter.cli import main
+    from converter.ops.target_plan import command_line
+    from converter.quant.target import Target
+    line = command_line("a", "b", "gguf", Target(bits=8, granularity="group", group_size=32),
+                        write_options={"gguf_metadata": "vocab.gguf"})
+    assert line.endswith("--gguf-metadata vocab.gguf")
+    src = SAMPLES / "gptq_w4_g128_sym"
+    r = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "o"), "--to", "gptq", "--bits", "5",
+                                  "--gptq-format", "v2", "--json"])
+    assert r.exit_code == 3
+    hint = json.loads(r.output)["hint"]
+    words = shlex.split(hint[hint.index("qckpt convert"):])
+    assert words[words.index("--gptq-format") + 1] == "v2"
+    r = CliRunner().invoke(main, words[1:])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["quantization_config"]["checkpoint_format"] \
+        == "gptq_v2"
