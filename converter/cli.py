@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 import converter.exit_codes as exit_codes
-from converter.cli_errors import check_format_option, handle_errors, usage_errors
+from converter.cli_errors import JsonErrorsGroup, check_format_option, handle_errors, usage_errors
 from converter.errors import ConverterError
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
@@ -113,6 +113,9 @@ def shard_size_flag(fn):
             raise click.UsageError("--max-shard-size shards model directories; GGUF output is one file, as llama.cpp's "
                                    "converter writes it (split it with llama.cpp's gguf-split --split-max-size; qckpt "
                                    "reads split GGUFs)")
+        if max_shard_size is not None and str(kwargs.get("dst", "")).endswith(".safetensors"):
+            raise click.UsageError("--max-shard-size shards model directories; a DST ending in .safetensors is one "
+                                   "file: give a directory DST to shard")
         try:
             size = parse_shard_size("5GB" if max_shard_size is None else max_shard_size)
         except ConverterError as exc:
@@ -145,7 +148,7 @@ def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None
         renderer(doc)
 
 
-@click.group(epilog=exit_codes.epilog(), context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=JsonErrorsGroup, epilog=exit_codes.epilog(), context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show a traceback on errors.")
 @click.version_option(package_name="qckpt")
 def main(debug: bool) -> None:

@@ -42,6 +42,35 @@ def fail(ctx: click.Context, code: int, message: str, *, error: str, exc: Conver
     sys.exit(code)
 
 
+class JsonErrorsGroup(click.Group):
+    """The command group: under ``--json``, click's own usage errors (a missing argument, an unknown option, a
+    bad option value: found while parsing, before a command's :func:`handle_errors` runs) are one JSON object on
+    stdout too (``schemas/error.schema.json``, exit status 2), as every other error is."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or "--json" not in argv:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            from converter.report.render import dumps  # lazy: rich (start-up)
+            click.echo(dumps({"schema": "qckpt.error/1", "error": "UsageError", "exit_code": exit_codes.USAGE,
+                              "message": exc.format_message(), "file": None, "tensor": None,
+                              "field": getattr(exc, "param_hint", None) if isinstance(
+                                  getattr(exc, "param_hint", None), str) else None,
+                              "expected": None, "found": None, "hint": None}))
+            sys.exit(exit_codes.USAGE)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("qckpt: aborted", err=True)
+            sys.exit(exit_codes.INTERRUPTED)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+
+
 def handle_errors(fn):
     """Decorate a command: a ConverterError, an OS error or Ctrl-C becomes one line (or one JSON
     object) and its exit status; a usage error under ``--json`` becomes a JSON object too."""

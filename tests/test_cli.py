@@ -212,3 +212,19 @@ def test_b36_lfs_stub_header_length_reported(tmp_path):
     assert "git-LFS pointer" in msg and "2336927755350992246" in msg and ei.value.field == "header_length"
     r = CliRunner().invoke(main, ["inspect", str(p)], catch_exceptions=False)
     assert r.exit_code == 3 and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args", [["convert", "SRC", "--json"], ["inspect", "x", "--bogus", "--json"],
+                                  ["convert", "SRC", "DST", "--max-shard-size", "12XB", "--json"]],
+                         ids=["missing-argument", "unknown-option", "bad-value"])
+def test_click_usage_errors_are_json_under_json(args, tmp_path):
+    """Issue 18 item 14 (a new user's finding): click's own parse errors printed its plain usage text even under
+    --json; they are one JSON error object (schemas/error.schema.json) on stdout, exit 2."""
+    from converter.schemas import validate_document
+    args = [str(SAMPLES / "gptq_w4_g128_sym") if a == "SRC" else str(tmp_path / "o") if a == "DST" else a
+            for a in args]
+    r = CliRunner().invoke(main, args)
+    doc = json.loads(r.output)
+    validate_document(doc, "error")
+    assert r.exit_code == 2 and doc["error"] == "UsageError" and doc["exit_code"] == 2
+    assert not (tmp_path / "o").exists()

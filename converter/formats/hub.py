@@ -102,7 +102,8 @@ def resolve_repo_id(text: str) -> Path | None:
         return Path(snapshot_download(m["repo"], revision=m["rev"], local_files_only=True, cache_dir=cache))
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as exc:
         rev = f" at revision {m['rev']}" if m["rev"] else ""
+        revision = f" --revision {m['rev']}" if m["rev"] else ""
         raise InputNotFoundError(
             f"no such file or directory, nor a snapshot of Hugging Face repo {m['repo']!r}{rev} in the local cache "
-            f"({cache})", file=text, found=type(exc).__name__,
-            hint=f"download it first (`hf download {m['repo']}`); qckpt reads the cache offline") from None
+            f"({cache})", file=text,
+            hint=f"download it first (`hf download {m['repo']}{revision}`); qckpt reads the cache offline") from None

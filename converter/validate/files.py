@@ -15,7 +15,7 @@ from converter.validate.findings import Finding, finding
 
 LFS_MAGIC = b"version https://git-lfs"
 #: File findings after which the checkpoint can still be read and checked (the rest stop validate).
-READABLE_DESPITE = frozenset({"duplicate-tensor", "extra-shard"})
+READABLE_DESPITE = frozenset({"duplicate-tensor", "extra-shard", "checksum-mismatch"})
 #: File names that look like weight shards (others, e.g. ``reference_dequant.safetensors``, are ignored).
 SHARD_LIKE = re.compile(r"^(model|pytorch_model|diffusion_pytorch_model|adapter_model).*\.safetensors$"
                         r"|-of-\d+\.safetensors$")

@@ -29,8 +29,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                                            "the loader (qckpt reads the one the index names)"),
     "checksum-mismatch": ("error", "files", "validate --checksums: a file's hash differs from its Hugging Face cache "
                                             "blob name, SHA256SUMS entry or LFS pointer (corrupt or truncated)"),
-    "checksum-unverified": ("info", "files", "validate --checksums: data files that nothing vouches for (hashed, not "
-                                             "verified)"),
+    "checksum-unverified": ("warning", "files", "validate --checksums: data files nothing vouches for (no cache blob "
+                                                "name, SHA256SUMS entry or LFS pointer): hashed, not verified"),
     "lfs-pointer": ("error", "files", "a data file is a git-LFS pointer stub, not the weights (B36)"),
     # structure (headers, config, reader checks)
     "missing-tensor": ("error", "structure", "a partner array the format needs is absent (scales, zeros, g_idx)"),

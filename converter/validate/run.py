@@ -89,13 +89,21 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         report.checksums = [c.to_json() for c in sums]
     if any(f.severity == "error" and f.code not in files.READABLE_DESPITE for f in report.findings):
         return report
-    source = Source(p, prefer=fmt, tolerate_duplicates=True)  # duplicate-tensor reported above; checking goes on
-    report.format = fmt or registry.detect(source).format
+    # a file that fails its checksum may well not parse: then the mismatch, already reported, says why
+    mismatched = any(f.code == "checksum-mismatch" for f in report.findings)
+    try:
+        source = Source(p, prefer=fmt, tolerate_duplicates=True)  # duplicate-tensor reported above; checking goes on
+        report.format = fmt or registry.detect(source).format
+    except ConverterError as exc:
+        if not mismatched:
+            raise
+        report.add(reader_errors.error_finding(exc))
+        return report
     report.checks.append("structure")
     try:
         ckpt = registry.read(source, report.format)
     except ConverterError as exc:
-        if reader_errors.unreadable(exc):
+        if reader_errors.unreadable(exc) and not mismatched:
             raise
         report.add(reader_errors.error_finding(exc))
         return report

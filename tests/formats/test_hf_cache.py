@@ -99,6 +99,7 @@ def test_repo_id_not_in_the_cache_is_one_line_with_the_download_hint(tmp_path, m
     r = CliRunner().invoke(main, ["inspect", "acme/absent@v2"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 3 and len(lines) == 1 and "at revision v2" in lines[0] and "Traceback" not in r.output
+    assert "hf download acme/absent --revision v2" in lines[0] and "LocalEntryNotFoundError" not in lines[0]
 
 
 def test_snapshot_link_leading_outside_the_repository_is_refused_by_name(tmp_path, sharded_files):

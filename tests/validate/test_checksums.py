@@ -104,6 +104,22 @@ def test_nothing_vouches_is_info_and_json_conforms(tmp_path):
         shutil.copy(GPTQ / f, d / f)
     r = CliRunner().invoke(main, ["validate", str(d), "--checksums", "--json"])
     doc = json.loads(r.output)
-    assert r.exit_code == 0 and [f["code"] for f in doc["findings"]] == ["checksum-unverified"]
+    assert r.exit_code == 0 and [(f["code"], f["severity"]) for f in doc["findings"]] == \
+        [("checksum-unverified", "warning")]
+    # asked to verify and nothing could be: --strict fails (it said "clean" before, a new user's finding)
+    assert CliRunner().invoke(main, ["validate", str(d), "--checksums", "--strict"]).exit_code == 1
     assert doc["checksums"][0]["expected"] is None and doc["checksums"][0]["match"] is None
     assert len(doc["checksums"][0]["found"]) == 64
+
+
+def test_a_mismatch_does_not_stop_the_other_checks(tmp_path):
+    """A new user's finding: a checksum mismatch made validate stop ('format: not detected, tensors checked: 0')
+    though the files read fine; the finding is reported and every tensor is still checked."""
+    snap = make_cache(tmp_path / "hub", _files())
+    blob = (snap / "model.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0x01
+    blob.write_bytes(bytes(data))
+    rep = validate(snap, checksums=True)
+    assert_finding(rep, "checksum-mismatch", "model.safetensors")
+    assert rep.format == "gptq" and len(rep.tensors) == 7 and rep.unchecked == []
