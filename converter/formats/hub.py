@@ -100,7 +100,7 @@ def resolve_repo_id(text: str) -> Path | None:
     cache = cache_dir()
     try:
         return Path(snapshot_download(m["repo"], revision=m["rev"], local_files_only=True, cache_dir=cache))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as exc:
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
         rev = f" at revision {m['rev']}" if m["rev"] else ""
         revision = f" --revision {m['rev']}" if m["rev"] else ""
         raise InputNotFoundError(
