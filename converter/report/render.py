@@ -229,7 +229,8 @@ def render_dequantize(doc: dict) -> None:
     for name, reason in doc.get("side_files_skipped", {}).items():
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
-        click.echo(f"  not written: {', '.join(names)}: {reason}")
+        partly = reason.startswith("written without")  # a config.json written without some hyperparameters
+        click.echo(f"  {'incomplete' if partly else 'not written'}: {', '.join(names)}: {reason}")
     dropped: dict[str, list[str]] = {}
     for name, reason in doc.get("dropped", {}).items():
         dropped.setdefault(reason, []).append(name)

@@ -288,7 +288,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         or ckpt.config.get("model_type")
     if not isinstance(arch, str) or not arch:
         raise FormatError("no GGUF architecture: source has no general.architecture and config.json no model_type",
-                          file=dst, field="general.architecture", hint="pass arch=...", kind=ErrorKind.CONFIG_MISMATCH)
+                          file=dst, field="general.architecture", kind=ErrorKind.CONFIG_MISMATCH,
+                          hint="convert from a model folder whose config.json names its model_type (or from a GGUF "
+                               "source); library: arch=...")
     source_warnings: dict[str, str] = {}
     made = not src_kv and gguf_metadata is None  # keys made from a Hugging Face source, as convert_hf_to_gguf.py
     if not src_kv or gguf_metadata is not None:  # convert_hf_to_gguf.py's keys, or a given GGUF's
