@@ -24,10 +24,10 @@ from converter.write.atomic import atomic_output, check_not_inside, refuse_exist
 
 # Start-up (issue 18): at module level this file imports only click and modules without numpy (exit codes,
 # errors, run options, the vocabulary and its format names, atomic paths): `qckpt --help` took 2.38 s before and
-# 0.21 s after, at load average 7 on the 2-core VM (ml_dtypes alone takes 0.5 s idle, 2.5 s at that load, to
-# import; benchmarks/bench_startup.py). tests/test_startup.py keeps numpy, ml_dtypes, rich, jsonschema and the
-# formats layer out of `import converter.cli`. Each command imports what it uses inside its body: the formats
-# layer, ops/, validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
+# 0.21 s after, at load average 7 on the 2-core VM (ml_dtypes 0.7.0 alone took 0.5 s idle, 2.5 s at that load, to
+# import; pyproject pins < 0.7: 0.08 s; benchmarks/bench_startup.py). tests/test_startup.py keeps numpy, ml_dtypes,
+# rich, jsonschema and the formats layer out of `import converter.cli`. Each command imports what it uses inside its
+# body: the formats layer, ops/, validate/, report/ (rich) and converter.schemas (jsonschema, only for --json).
 
 
 class _LazyModule:
