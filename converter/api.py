@@ -88,6 +88,12 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     from converter.write.atomic import check_not_inside, refuse_existing
     if granularity is None and group_size is not None:
         granularity = "group"
+    given = {k: v for k, v in (("bits", bits), ("granularity", granularity), ("group_size", group_size),
+                               ("scale_dtype", scale_dtype), ("fp8", fp8), ("block", block)) if v is not None}
+    if fp4 is not None and given:  # the CLI refuses these with --fp4 (the format fixes them)
+        raise FormatError("fp4 fixes the bits, groups and scale dtype", field=", ".join(given),
+                          expected="none of them with fp4=", found=given)
+    _check_writer_options(writer_options, to or "native")
     if fp4 is not None:
         bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
         scale_dtype = "F8_E8M0" if fp4 == "mxfp4" else "F8_E4M3"
@@ -139,6 +145,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     from converter.write.atomic import check_not_inside, refuse_existing
     if to is not None:
         check_writable(to)
+    _check_writer_options(writer_options, to or load(src, format=format).format)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     if target is None and reference is None:
@@ -153,6 +160,20 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
         target = Target(**target)
     return requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite, source_format=format,
                             write_options=writer_options or None)
+
+
+#: writer keyword options -> the one format whose writer takes them (the CLI's --gptq-format / --gguf-metadata)
+_WRITER_OPTIONS = {"checkpoint_format": "gptq", "gguf_metadata": "gguf"}
+
+
+def _check_writer_options(options: dict[str, Any], to: str) -> None:
+    """Refuse a writer option the target's writer does not take (it would be ignored silently)."""
+    from converter.errors import FormatError
+    for key in options:
+        owner = _WRITER_OPTIONS.get(key)
+        if owner != to:
+            raise FormatError(f"{key!r} is not an option of the {to} writer", field=key,
+                              expected=f"an option of the {to} writer" if owner is None else f"to={owner!r}", found=key)
 
 
 def diff(a: str | Path, b: str | Path, *, tolerance: float = 0.0, format_a: str | None = None,

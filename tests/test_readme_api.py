@@ -122,3 +122,19 @@ def test_quantize_fp8_takes_an_explicit_f16_scale_dtype(tmp_path):
     assert code == 0 and scale_dtypes(tmp_path / "api16") == scale_dtypes(tmp_path / "cli16") == {"F16"}
     converter.quantize(src, tmp_path / "own", fp8="e4m3", granularity="channel", to="compressed-tensors")
     assert scale_dtypes(tmp_path / "own") == {"F32"}
+
+
+def test_api_refuses_what_the_cli_refuses(tmp_path):
+    """Review findings: a writer option for another writer, and fp4 with its fixed options, were silently ignored."""
+    import pytest
+
+    from converter.errors import FormatError
+    src = REPO / "sample_checkpoints" / "gptq_w4_g128_sym"
+    with pytest.raises(FormatError, match="'checkpoint_format' is not an option of the awq writer"):
+        converter.convert(src, tmp_path / "a", to="awq", checkpoint_format="gptq")
+    with pytest.raises(FormatError, match="'gguf_metadata' is not an option of the gptq writer"):
+        converter.convert(src, tmp_path / "b", gguf_metadata="x.gguf")  # to: the source's own format, gptq
+    fp16 = REPO / "sample_checkpoints" / "minilm_fp16.safetensors"
+    with pytest.raises(FormatError, match="fp4 fixes the bits"):
+        converter.quantize(fp16, tmp_path / "c", fp4="mxfp4", bits=8)
+    assert not any(tmp_path.iterdir())
