@@ -89,20 +89,21 @@ class SafetensorsHeader:
 
 # --------------------------------------------------------------------------------------------- reader
 
-class _DuplicateKey(Exception):
-    """Raised from the JSON object hook; carries the repeated key."""
+class DuplicateKey(Exception):
+    """Raised from the JSON object hook :func:`no_duplicate_keys`; carries the repeated key."""
 
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """``object_pairs_hook`` refusing repeated keys (the README disallows them; 0.8.0 does not check)."""
+def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads`` ``object_pairs_hook`` refusing repeated keys (the safetensors README disallows them; 0.8.0 does
+    not check; Python's json, and transformers after it, keep the last one silently)."""
     out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
-            raise _DuplicateKey(key)
+            raise DuplicateKey(key)
         out[key] = value
     return out
 
@@ -143,8 +144,8 @@ def _parse_json(path: Path, raw: bytes) -> dict[str, object]:
         raise CorruptFileError("header is not valid UTF-8", file=path, field="header",
                                expected="UTF-8", found=f"invalid byte at offset {8 + exc.start}") from None
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
-    except _DuplicateKey as dup:
+        obj = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_reject_constant)
+    except DuplicateKey as dup:
         raise CorruptFileError("duplicate key in header JSON", file=path, field="header",
                                tensor=dup.key, expected="unique keys", found=f"{dup.key!r} twice") from None
     except (ValueError, RecursionError) as exc:

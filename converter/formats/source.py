@@ -22,7 +22,8 @@ from converter.errors import (ErrorKind, CorruptFileError, FormatError, InputNot
 from converter.tensor import DenseTensor, StoredArray, TensorSpec
 from converter.formats import foreign, hub
 from converter.formats.folder import choose_gguf
-from converter.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
+from converter.formats.safetensors_io import (DuplicateKey, SafetensorsHeader, TensorInfo, no_duplicate_keys,
+                                              read_header, read_tensor)
 from converter.write.files import INDEX_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -62,32 +63,13 @@ def read_json(path: Path, *, required: bool = True) -> Any:
     except OSError as exc:
         raise CorruptFileError(f"cannot read: {exc.strerror}", file=path) from None
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except _DuplicateKey as dup:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as dup:
         raise CorruptFileError("duplicate key in a JSON object: which value a loader takes depends on the loader",
                                file=path, field=dup.key, expected="each key once", found="twice",
                                hint="remove the stale copy of the key") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, huge ints
         raise CorruptFileError(f"not valid JSON: {str(exc)[:200]}", file=path) from None
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads`` object hook: a dict, or :class:`_DuplicateKey` when a key repeats.
-
-    Python's ``json`` (and transformers / safetensors after it) silently keeps the last of two equal
-    keys; a stale duplicate in ``model.safetensors.index.json`` then sends a tensor to the wrong shard.
-    """
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
 
 
 class Source:
