@@ -33,6 +33,20 @@ ACT_SCALE_DROPPED = ("static activation scale not written: it quantizes a layer'
 
 
 def read_plain(src: Source) -> Checkpoint:
+    """Every tensor as stored, dense.
+
+    Raises
+    ------
+    FormatError
+        The config declares a quantization (``--format plain`` forced on a quantized checkpoint would read its
+        packed codes and scales as float parameters: a model that loads and computes garbage).
+    """
+    qm = (src.quantization_config or {}).get("quant_method")
+    if qm:
+        raise FormatError("the config declares a quantized checkpoint: read as plain, its packed codes and scales "
+                          "would pass for float weights", file=src.path, field="quantization_config.quant_method",
+                          expected="no quantization_config for --format plain", found=qm,
+                          hint="leave --format out (or name the quantized format); `qckpt dequantize` writes floats")
     specs = {}
     for name in src.tensor_names():
         specs[name] = src.dense_spec(name)

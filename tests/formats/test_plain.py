@@ -148,3 +148,20 @@ def test_convert_to_gguf_dry_run_lists_what_the_writer_leaves_out(tmp_path):
     dropped = {t["name"] for t in rows if t["mode"] == "dropped"}
     assert len(dropped) == 7 and all(n.endswith(".input_scale") for n in dropped)
     assert {t["name"] for t in plan["tensors"] if t["mode"] == "dropped"} == dropped
+
+
+def test_forced_plain_on_a_quantized_checkpoint_is_refused(tmp_path):
+    """A new user's finding: `--format plain` on a GPTQ folder listed its packed I32 qweight as dense float weights,
+    and `dequantize` would have written them into a 'float' model that loads and computes garbage."""
+    import pytest
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from converter.errors import FormatError
+    from converter.formats.registry import load
+    src = SAMPLES / "gptq_w4_g128_sym"
+    with pytest.raises(FormatError) as e:
+        load(src, format="plain")
+    assert e.value.field == "quantization_config.quant_method" and e.value.found == "gptq"
+    r = CliRunner().invoke(main, ["dequantize", str(src), str(tmp_path / "o"), "--format", "plain"])
+    assert r.exit_code == 3 and "packed codes" in r.output and not (tmp_path / "o").exists()
