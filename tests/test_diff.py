@@ -91,3 +91,42 @@ def test_an_unknown_format_is_a_usage_error(pair, option):
     a, b = pair
     r = run("diff", a, b, option, "bogus")
     assert r.exit_code == 2 and "bogus" in r.output
+
+
+def test_a_tied_head_stored_once_is_compared_with_the_embedding(tmp_path):
+    """Review finding: a GGUF written without output.weight (its head tied to token_embd) against its source
+    listed lm_head only in A and said 'different'; the head is compared with B's embedding instead."""
+    emb = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({"model.embed_tokens.weight": emb, "lm_head.weight": emb.copy()}, str(a))
+    save_file({"model.embed_tokens.weight": emb}, str(b))
+    doc = diff(a, b)
+    validate_document(doc, "diff-report")
+    head = next(r for r in doc["tensors"] if r["name"] == "lm_head.weight")
+    assert head["status"] == "identical" and "model.embed_tokens.weight" in head["tied_to"]
+    assert doc["only_in_a"] == [] and doc["exit_code"] == 0
+    save_file({"model.embed_tokens.weight": emb, "lm_head.weight": emb + 1}, str(a))  # an untied, different head
+    doc = diff(a, b)
+    assert next(r for r in doc["tensors"] if r["name"] == "lm_head.weight")["status"] == "different"
+    assert doc["exit_code"] == 1
+
+
+def test_an_undecodable_tensor_is_listed_not_fatal(tmp_path):
+    """Review finding: one tensor of a type nothing decodes made the whole diff exit 3."""
+    import gguf
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "llama")
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    # Q8_1 (a type gguf-py lists and decodes nowhere): 40 bytes per 32-element block, 2 rows of 64
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((2, 80), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    doc = diff(tmp_path / "a.gguf", tmp_path / "a.gguf")
+    validate_document(doc, "diff-report")
+    rows = {r["name"]: r for r in doc["tensors"]}
+    up = next(r for n, r in rows.items() if "up" in n)
+    assert up["status"] == "not-compared" and "Q8_1" in up["why"]
+    assert doc["summary"]["not_compared"] == 1 and doc["exit_code"] == 1
+    r = run("diff", tmp_path / "a.gguf", tmp_path / "a.gguf")
+    assert r.exit_code == 1 and "not compared" in r.output

@@ -12,6 +12,10 @@ and compared with the error report's own kernel (:func:`converter.kernels.error_
   standard normal from ``numpy.random.default_rng(0)`` (:mod:`converter.kernels.metrics`); leading axes
   (``expert``) are rows. Only for tensors of two or more axes (a bias or norm has no input space).
 
+A head stored on one side only is compared with the other side's token embedding when that side ties them
+(``tied_to``; a writer stores a tied head once). A tensor stored in a type qckpt cannot decode is listed
+``not-compared`` with the reason (the verdict is then not "identical").
+
 A tensor is ``identical`` when every value is bit-identical (``-0.0`` and ``0.0`` compare equal, as floats
 do), ``within_tolerance`` when ``rel_frobenius <= tolerance`` (an all-zero A: when B is all zero too).
 The command's verdict: identical within the tolerance when every tensor of either side is in both, with
@@ -27,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from converter.formats import registry
+from converter.formats.modules import token_embedding_name
+from converter.formats.ties import HEAD
 from converter.kernels.error_sums import compare_rows
 from converter.rows import Rows
-from converter.tensor import QuantizedTensor
+from converter.tensor import QuantizedTensor, opaque_reason
 
 __all__ = ["SCHEMA", "diff"]
 
@@ -71,6 +77,25 @@ def _compare(name: str, a, b, tolerance: float) -> dict[str, Any]:
             "sse": fig.sse, "ssr": fig.ssr}
 
 
+def _row(name: str, ca, cb, a_name: str, b_name: str, tolerance: float) -> dict[str, Any]:
+    """The row of tensor ``name``: ``ca[a_name]`` against ``cb[b_name]``, or an uncompared row when either side
+    is stored in a type qckpt cannot decode (listed, not fatal)."""
+    sa, sb = ca.spec(a_name), cb.spec(b_name)
+    undecodable = [s for s in (sa, sb) if s.kind == "opaque" and not s.decoded_by]
+    if undecodable:
+        return {"name": name, "shape": list(sa.shape), "a": str(sa.dtype), "b": str(sb.dtype),
+                "status": "not-compared", "why": opaque_reason(undecodable[0])}
+    return _compare(name, ca[a_name], cb[b_name], tolerance)
+
+
+def _tied_embedding(ckpt) -> str | None:
+    """The embedding that serves as ``ckpt``'s output head when it stores none: its config ties them (or says
+    nothing, as a GGUF without ``output.weight``), else None."""
+    if HEAD in ckpt.names() or (ckpt.config or {}).get("tie_word_embeddings") is False:
+        return None
+    return token_embedding_name(ckpt.names())
+
+
 def diff(a: str | Path, b: str | Path, *, tolerance: float = 0.0, format_a: str | None = None,
          format_b: str | None = None) -> dict[str, Any]:
     """Compare checkpoint ``b`` against checkpoint ``a`` (the reference); return the diff report.
@@ -99,11 +124,20 @@ def diff(a: str | Path, b: str | Path, *, tolerance: float = 0.0, format_a: str 
     """
     ca, cb = registry.load(a, format=format_a), registry.load(b, format=format_b)
     na, nb = ca.names(), set(cb.names())
-    rows = [_compare(n, ca[n], cb[n], tolerance) for n in na if n in nb]
+    rows = [_row(n, ca, cb, n, n, tolerance) for n in na if n in nb]
     only_a = [n for n in na if n not in nb]
     only_b = sorted(nb - set(na))
+    # a head on one side only, where the other side ties it to its embedding (a writer stores a tied head once)
+    for head_side, other, only in ((ca, cb, only_a), (cb, ca, only_b)):
+        emb = _tied_embedding(other)
+        if HEAD in only and emb is not None:
+            only.remove(HEAD)
+            a_name, b_name = (HEAD, emb) if head_side is ca else (emb, HEAD)
+            row = _row(HEAD, ca, cb, a_name, b_name, tolerance)
+            row["tied_to"] = f"{emb} ({'B' if head_side is ca else 'A'} ties its head to its embedding)"
+            rows.append(row)
     counts = {s: sum(r["status"] == s for r in rows)
-              for s in ("identical", "within-tolerance", "different", "shape-mismatch")}
+              for s in ("identical", "within-tolerance", "different", "shape-mismatch", "not-compared")}
     sse = sum(r.get("sse", 0.0) for r in rows)
     ssr = sum(r.get("ssr", 0.0) for r in rows)
     for r in rows:
@@ -111,7 +145,8 @@ def diff(a: str | Path, b: str | Path, *, tolerance: float = 0.0, format_a: str 
         r.pop("ssr", None)
     worst = max((r for r in rows if r["status"] in ("different", "within-tolerance")),
                 key=lambda r: r["rel_frobenius"] if r["rel_frobenius"] is not None else math.inf, default=None)
-    same = not only_a and not only_b and counts["different"] == 0 and counts["shape-mismatch"] == 0
+    same = (not only_a and not only_b and counts["different"] == 0 and counts["shape-mismatch"] == 0
+            and counts["not-compared"] == 0)  # a tensor not compared is not shown identical
     return {"schema": SCHEMA, "a": str(a), "b": str(b), "format_a": ca.format, "format_b": cb.format,
             "tolerance": tolerance, "tensors": rows, "only_in_a": only_a, "only_in_b": only_b,
             "summary": {"compared": len(rows), **{k.replace("-", "_"): v for k, v in counts.items()},

@@ -8,7 +8,7 @@ from converter.report.render import console, fmt, table
 
 __all__ = ["render_diff"]
 
-_ORDER = {"shape-mismatch": 0, "different": 1, "within-tolerance": 2, "identical": 3}
+_ORDER = {"shape-mismatch": 0, "not-compared": 0, "different": 1, "within-tolerance": 2, "identical": 3}
 
 
 def render_diff(doc: dict[str, Any]) -> None:
@@ -25,6 +25,9 @@ def render_diff(doc: dict[str, Any]) -> None:
             if r["status"] == "shape-mismatch":
                 t.add_row(r["name"], r["status"], f"A {r['shape']} vs B {r['shape_b']}", "", "", "", "")
                 continue
+            if r["status"] == "not-compared":
+                t.add_row(r["name"], r["status"], r["why"], "", "", "", "")
+                continue
             wc = r.get("worst_channel")
             t.add_row(r["name"], r["status"], fmt(r["rel_frobenius"]), fmt(r["sqnr_db"]), fmt(r["max_abs"]),
                       "-" if not wc else f"out {wc['index'][0]} (mse {fmt(wc['mse'])})", fmt(r["output_rel_error"]))
@@ -37,5 +40,6 @@ def render_diff(doc: dict[str, Any]) -> None:
     verdict = {"identical": "IDENTICAL", "within-tolerance": f"identical within tolerance {doc['tolerance']}",
                "different": "DIFFERENT"}[s["verdict"]]
     c.print(f"{s['compared']} tensors compared: {s['identical']} identical, {s['within_tolerance']} within "
-            f"tolerance, {s['different']} different, {s['shape_mismatch']} of another shape; overall rel. "
+            f"tolerance, {s['different']} different, {s['shape_mismatch']} of another shape"
+            + (f", {s['not_compared']} not compared" if s.get("not_compared") else "") + "; overall rel. "
             f"Frobenius {fmt(s['rel_frobenius'])}, SQNR {fmt(s['sqnr_db'])} dB -> {verdict}")
