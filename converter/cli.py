@@ -6,7 +6,6 @@ status from :mod:`converter.exit_codes`, without a traceback (``--debug`` shows 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
 from pathlib import Path
@@ -15,11 +14,10 @@ import click
 
 import converter.exit_codes as exit_codes
 from converter.cli_errors import JsonErrorsGroup, check_format_option, handle_errors, usage_errors
-from converter.errors import ConverterError
-from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
-from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, FP8_GRANULARITY_OPTIONS,
-                                  GRANULARITY_OPTIONS, QUANT_TYPE_OPTION, SCALE_DTYPE_CHOICES, WRITABLE_FORMATS,
-                                  float_dtype_name, granularity_of, granularity_options, parse_block)
+from converter.cli_options import (check_fp4_options, check_table_options, export_tables, fp8_granularity_option,
+                                   gptq_options, granularity_option, run_options_flags, shard_size_flag, table_options)
+from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, QUANT_TYPE_OPTION,
+                                  SCALE_DTYPE_CHOICES, WRITABLE_FORMATS, float_dtype_name)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
 
 # Start-up (issue 18): at module level this file imports only click and modules without numpy (exit codes,
@@ -56,77 +54,6 @@ def _validate_epilog() -> str:
     from converter.validate.findings import codes_help  # lazy: numpy (start-up)
     return exit_codes.epilog() + "\n\n" + codes_help()
 
-
-_MEMORY_HELP = "Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
-#: how each kind of command keeps to the budget, by the run_options_flags ``budget`` word
-_BUDGET_HELP = {"rows": "larger tensors go in row blocks.",
-                "tensors": "tensors are checked whole, as many side by side as fit (at least one)."}
-
-
-def run_options_flags(fn=None, *, budget: str = "rows"):
-    """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
-    writes tensor data (see :mod:`converter.write.engine`). ``budget`` says in ``--help`` how the command keeps
-    to the memory budget: ``"rows"`` (writes: row blocks) or ``"tensors"`` (validate: workers that fit)."""
-    if fn is None:
-        return functools.partial(run_options_flags, budget=budget)
-
-    @click.option("--workers", type=click.IntRange(1), default=None,
-                  help="Worker processes (default: the number of cores); output is identical for any N.")
-    @click.option("--max-memory", default=None, metavar="SIZE", help=_MEMORY_HELP + _BUDGET_HELP[budget])
-    @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
-    @functools.wraps(fn)
-    def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
-        limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
-        fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
-        try:
-            mem = parse_size(max_memory) if max_memory is not None else None
-        except ConverterError as exc:
-            raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
-        with run_options(workers=workers, max_memory=mem, quiet=quiet):
-            return fn(*args, **kwargs)
-    return wrapper
-
-
-def _gptq_options(gptq_format: str | None, to: str) -> dict:
-    """Writer options from ``--gptq-format`` (a usage error for any other target)."""
-    if gptq_format is None:
-        return {}
-    if to != "gptq":
-        raise click.UsageError(f"--gptq-format is an option of the gptq writer, not of {to!r}: "
-                               "drop it or use --to gptq")
-    return {"checkpoint_format": {"v1": "gptq", "v2": "gptq_v2"}[gptq_format]}
-
-
-def shard_size_flag(fn):
-    """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
-    through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
-    @click.option("--max-shard-size", "max_shard_size", default=None, metavar="SIZE",
-                  help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
-                       "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors "
-                       "[default: 5GB]. GGUF output is one file.")
-    @click.option("--dry-run", "dry_run", is_flag=True,
-                  help="Print the plan (per tensor: exact or lossy and why, target scheme; output files and sizes; "
-                       "config changes) and write nothing.")
-    @functools.wraps(fn)
-    def wrapper(*args, max_shard_size=None, dry_run=False, **kwargs):
-        if max_shard_size is not None and (kwargs.get("to") == "gguf" or str(kwargs.get("dst", "")).endswith(".gguf")):
-            raise click.UsageError("--max-shard-size shards model directories; GGUF output is one file, as llama.cpp's "
-                                   "converter writes it (split it with llama.cpp's gguf-split --split-max-size; qckpt "
-                                   "reads split GGUFs)")
-        if max_shard_size is not None and str(kwargs.get("dst", "")).endswith(".safetensors"):
-            raise click.UsageError("--max-shard-size shards model directories; a DST ending in .safetensors is one "
-                                   "file: give a directory DST to shard")
-        try:
-            size = parse_shard_size("5GB" if max_shard_size is None else max_shard_size)
-        except ConverterError as exc:
-            raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
-        if dry_run:
-            for option in ("report", "csv_path", "plot"):
-                if kwargs.get(option) is not None:
-                    raise click.UsageError(f"--dry-run writes nothing: drop --{option.replace('_path', '')}")
-        with run_options(max_shard_size=size, dry_run=dry_run or None):
-            return fn(*args, **kwargs)
-    return wrapper
 
 
 def _emit_or_plan(doc: dict, as_json: bool, renderer, schema: str) -> None:
@@ -167,56 +94,6 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
     check_format_option(fmt)
     from converter.ops.inspect import inspect as do_inspect
     _emit(do_inspect(load(path, format=fmt)), as_json, render.render_inspect, "inspect")
-
-
-def _granularity(per_tensor: bool, per_channel: bool, group_size: int | None, *, required: bool) -> str | None:
-    """The one granularity option given (``tensor`` / ``channel`` / ``group``); a usage error on conflicts."""
-    given = granularity_options(per_tensor, per_channel, group_size)
-    listed = ", ".join(option for option, _ in GRANULARITY_OPTIONS)
-    if len(given) > 1:
-        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
-    if not given:
-        if required:
-            raise click.UsageError(f"missing option: give one of {listed}")
-        return None
-    return granularity_of(given[0])
-
-
-def _fp8_granularity(per_tensor: bool, per_channel: bool, group_size: int | None, block: str | None
-                     ) -> tuple[str, tuple[int | None, int | None] | None]:
-    """The granularity of a ``--fp8`` target (``tensor`` / ``channel`` / ``block``) and its block extents."""
-    listed = ", ".join(option for option, _ in FP8_GRANULARITY_OPTIONS)
-    if group_size is not None:
-        raise click.UsageError(f"--group-size does not apply to --fp8 (groups of FP8 scales are 2-D blocks): "
-                               f"give one of {listed}")
-    on = {"--per-tensor": per_tensor, "--per-channel": per_channel, "--block": block is not None}
-    given = [option for option, _ in FP8_GRANULARITY_OPTIONS if on[option]]
-    if len(given) > 1:
-        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
-    if not given:
-        raise click.UsageError(f"missing option: give one of {listed}")
-    if block is None:
-        return dict(FP8_GRANULARITY_OPTIONS)[given[0]], None
-    try:
-        return "block", parse_block(block)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--block") from None
-
-
-def _check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block) -> None:
-    """``--fp4`` fixes bits (4), groups (32 / 16 along in), scale dtype (E8M0 / E4M3) and symmetry."""
-    if fp8 is not None:
-        raise click.UsageError("conflicting options --fp4 and --fp8: give one")
-    if bits is not None and bits != 4:
-        raise click.UsageError(f"--fp4 codes have 4 bits: drop --bits {bits}")
-    if not sym:
-        raise click.UsageError("--fp4 is symmetric (E2M1 codes, no zero point): drop --asym")
-    if scale_dtype is not None:
-        raise click.UsageError(f"--fp4 {fp4} fixes its scale dtype ({'E8M0' if fp4 == 'mxfp4' else 'E4M3'}): "
-                               "drop --scale-dtype")
-    fixed = 32 if fp4 == "mxfp4" else 16
-    if per_tensor or per_channel or block is not None or (group_size is not None and group_size != fixed):
-        raise click.UsageError(f"--fp4 {fp4} has groups of {fixed} along the input axis: drop the granularity option")
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -264,7 +141,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
     blocks = None
     if fp4 is not None:
         fp4_rule = fp4_rule or ("mlx" if to == "mlx" else "ct")  # the target's own quantizer by default
-        _check_fp4_options(fp4, fp4_rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block)
+        check_fp4_options(fp4, fp4_rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block)
         bits, granularity, group_size = 4, "group", 32 if fp4 == "mxfp4" else 16
     elif fp4_rule is not None:
         raise click.UsageError("--fp4-rule needs --fp4")
@@ -273,14 +150,14 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
             raise click.UsageError(f"--fp8 codes have 8 bits: drop --bits {bits}")
         if not sym:
             raise click.UsageError("--fp8 is symmetric (absmax scales, no zero point): drop --asym")
-        granularity, blocks = _fp8_granularity(per_tensor, per_channel, group_size, block)
+        granularity, blocks = fp8_granularity_option(per_tensor, per_channel, group_size, block)
         bits = 8
     else:
         if block is not None:
             raise click.UsageError("--block needs --fp8 (integer targets: --per-tensor, --per-channel, --group-size)")
         if bits is None:
             raise click.UsageError("Missing option '--bits' (or --fp8 e4m3|e5m2, --fp4 mxfp4|nvfp4).")
-        granularity = _granularity(per_tensor, per_channel, group_size, required=True)
+        granularity = granularity_option(per_tensor, per_channel, group_size, required=True)
     if to is not None:
         with usage_errors():
             check_writable(to)
@@ -297,7 +174,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
     notes: dict = {}
     check_format_option(fmt)
     stats = quantize_model(load(src, format=fmt), dst, opts, overwrite=overwrite, notes=notes,
-                           write_options=_gptq_options(gptq_format, to or "native"), **kw)
+                           write_options=gptq_options(gptq_format, to or "native"), **kw)
     doc = stats if stats.get("dry_run") is True else summarize(stats, opts, str(src), dst, notes=notes, **kw)
     _emit_or_plan(doc, as_json, render.render_quantize, "quantize-report")
 
@@ -349,45 +226,6 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json)
     doc = do_dequantize(src, dst, dtype=dtype or "f32", overwrite=overwrite, source_format=fmt, match_tool=match_tool,
                         tool_dtype=tool_dtype)
     _emit_or_plan(doc, as_json, render.render_dequantize, "dequantize-report")
-
-
-def table_options(f):
-    """``--csv`` / ``--top`` / ``--sort`` / ``--plot``: the per-layer error table of a report (report/tables.py)."""
-    f = click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, metavar="FILE.png|.svg",
-                     help="Draw error against layer index per tensor role (needs: pip install 'qckpt[plot]').")(f)
-    f = click.option("--sort", "sort_key", type=click.Choice(["sqnr", "rel_error", "max_error", "name"]),
-                     default=None, help="Order of the --csv rows, worst first (default sqnr).")(f)
-    f = click.option("--top", type=click.IntRange(1), default=None, help="Keep the first N --csv rows.")(f)
-    return click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, metavar="FILE",
-                        help="Write the per-tensor error table as CSV (name, layer, role, sqnr_db, rel_error, "
-                             "max_error ...).")(f)
-
-
-def _check_table_options(src, csv_path, top, sort_key, plot, overwrite) -> None:
-    """Before any work: --top / --sort need --csv; the outputs are new (or --overwrite) and outside SRC;
-    --plot has a .png / .svg name and matplotlib."""
-    if (top is not None or sort_key is not None) and csv_path is None:
-        raise click.UsageError("--top and --sort order the --csv rows: give --csv FILE")
-    for out in (p for p in (csv_path, plot) if p is not None):
-        check_not_inside(src, out)
-        refuse_existing(out, overwrite)
-    if plot is not None:
-        if Path(plot).suffix.lower() not in (".png", ".svg"):
-            raise click.UsageError(f"--plot writes FILE.png or FILE.svg, not {Path(plot).name}")
-        from converter.report.plot import check_plot_path  # lazy: matplotlib, only for --plot
-        check_plot_path(plot)
-
-
-def _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None:
-    from converter.report import tables  # lazy: only for --csv / --plot
-    rows = tables.error_rows(doc)
-    if csv_path is not None:
-        with atomic_output(csv_path, overwrite=overwrite) as tmp:
-            tables.write_csv(tables.sort_rows(rows, sort_key or "sqnr", top), tmp)
-    if plot is not None:
-        from converter.report.plot import plot_errors  # lazy: matplotlib
-        with atomic_output(plot, overwrite=overwrite) as tmp:
-            plot_errors(rows, tmp, title, Path(plot).suffix.lower().lstrip("."))
 
 
 @main.command(epilog=exit_codes.epilog())
@@ -446,11 +284,11 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             raise click.UsageError("--fp8 is symmetric (absmax scales, no zero point): drop --asym")
         if quant_type is not None or scale_search is not None:
             raise click.UsageError(f"--fp8 takes no {'--quant-type' if quant_type is not None else '--scale-search'}")
-        granularity, blocks = _fp8_granularity(per_tensor, per_channel, group_size, block)
+        granularity, blocks = fp8_granularity_option(per_tensor, per_channel, group_size, block)
     elif block is not None:
         raise click.UsageError("--block needs --fp8 (integer targets: --per-tensor, --per-channel, --group-size)")
     else:
-        granularity = _granularity(per_tensor, per_channel, group_size, required=False)
+        granularity = granularity_option(per_tensor, per_channel, group_size, required=False)
     if to is not None:
         with usage_errors():
             check_writable(to)
@@ -462,7 +300,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
             raise click.UsageError("--report must not be DST or inside it")
         refuse_existing(report, overwrite)
-    _check_table_options(src, csv_path, top, sort_key, plot, overwrite)
+    check_table_options(src, csv_path, top, sort_key, plot, overwrite)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
@@ -474,7 +312,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
                             scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
-        options = {**_gptq_options(gptq_format, to or load(src, format=fmt).format),
+        options = {**gptq_options(gptq_format, to or load(src, format=fmt).format),
                    **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
                                                   source_format=fmt, write_options=options),
@@ -482,7 +320,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
         to = to or load(src, format=fmt).format
-        options = {**_gptq_options(gptq_format, to),
+        options = {**gptq_options(gptq_format, to),
                    **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
         doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt, options=options or None)
         schema, renderer = "convert-report", render.render_convert
@@ -491,7 +329,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         validate_document(doc, schema)
         with atomic_output(report, overwrite=overwrite) as tmp:
             Path(tmp).write_text(render.dumps(doc) + "\n")
-    _export_tables(doc, csv_path, top, sort_key, plot, overwrite,
+    export_tables(doc, csv_path, top, sort_key, plot, overwrite,
                    f"{doc['source_format']} -> {doc['target_format']}: {Path(dst).name}")
     _emit_or_plan(doc, as_json, renderer, schema)
 
@@ -545,11 +383,11 @@ def validate(path, reference, strict, checksums, self_test, fmt, as_json, csv_pa
     check_format_option(fmt)
     if (csv_path is not None or plot is not None) and reference is None:
         raise click.UsageError("--csv and --plot tabulate the --reference check: give --reference FLOAT_CKPT")
-    _check_table_options(path, csv_path, top, sort_key, plot, overwrite)
+    check_table_options(path, csv_path, top, sort_key, plot, overwrite)
     rep = do_validate(path, reference=reference, strict=strict, checksums=checksums, fmt=fmt)
     doc = rep.to_json()
     title = f"validate {Path(path).name} vs {Path(reference).name}" if reference is not None else ""
-    _export_tables(doc, csv_path, top, sort_key, plot, overwrite, title)
+    export_tables(doc, csv_path, top, sort_key, plot, overwrite, title)
     _emit(doc, as_json, render_validation, "validation-report")
     sys.exit(rep.exit_code)
 

@@ -1,0 +1,182 @@
+"""The option groups and option parsing shared by ``qckpt``'s commands (click): run options (``--workers``,
+``--max-memory``, ``--quiet``), output options (``--max-shard-size``, ``--dry-run``), writer options
+(``--gptq-format``), the granularity words of a requantize / quantize target, and the per-tensor error tables
+(``--csv`` / ``--sort`` / ``--top`` / ``--plot``). Kept apart from :mod:`converter.cli` (the commands) so each
+stays one concept; like it, nothing here imports numpy at module level (start-up, tests/test_startup.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from converter.errors import ConverterError
+from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
+from converter.vocabulary import (FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS, granularity_of, granularity_options,
+                                  parse_block)
+from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
+
+_MEMORY_HELP = "Working-memory budget for all workers, e.g. 512M or 2G (default 320M); "
+#: how each kind of command keeps to the budget, by the run_options_flags ``budget`` word
+_BUDGET_HELP = {"rows": "larger tensors go in row blocks.",
+                "tensors": "tensors are checked whole, as many side by side as fit (at least one)."}
+
+__all__ = ["run_options_flags", "shard_size_flag", "gptq_options", "granularity_option", "fp8_granularity_option",
+           "check_fp4_options", "table_options", "check_table_options", "export_tables"]
+
+
+def run_options_flags(fn=None, *, budget: str = "rows"):
+    """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
+    writes tensor data (see :mod:`converter.write.engine`). ``budget`` says in ``--help`` how the command keeps
+    to the memory budget: ``"rows"`` (writes: row blocks) or ``"tensors"`` (validate: workers that fit)."""
+    if fn is None:
+        return functools.partial(run_options_flags, budget=budget)
+
+    @click.option("--workers", type=click.IntRange(1), default=None,
+                  help="Worker processes (default: the number of cores); output is identical for any N.")
+    @click.option("--max-memory", default=None, metavar="SIZE", help=_MEMORY_HELP + _BUDGET_HELP[budget])
+    @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
+    @functools.wraps(fn)
+    def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
+        limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
+        fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
+        try:
+            mem = parse_size(max_memory) if max_memory is not None else None
+        except ConverterError as exc:
+            raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
+        with run_options(workers=workers, max_memory=mem, quiet=quiet):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def gptq_options(gptq_format: str | None, to: str) -> dict:
+    """Writer options from ``--gptq-format`` (a usage error for any other target)."""
+    if gptq_format is None:
+        return {}
+    if to != "gptq":
+        raise click.UsageError(f"--gptq-format is an option of the gptq writer, not of {to!r}: "
+                               "drop it or use --to gptq")
+    return {"checkpoint_format": {"v1": "gptq", "v2": "gptq_v2"}[gptq_format]}
+
+
+def shard_size_flag(fn):
+    """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
+    through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
+    @click.option("--max-shard-size", "max_shard_size", default=None, metavar="SIZE",
+                  help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
+                       "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors "
+                       "[default: 5GB]. GGUF output is one file.")
+    @click.option("--dry-run", "dry_run", is_flag=True,
+                  help="Print the plan (per tensor: exact or lossy and why, target scheme; output files and sizes; "
+                       "config changes) and write nothing.")
+    @functools.wraps(fn)
+    def wrapper(*args, max_shard_size=None, dry_run=False, **kwargs):
+        if max_shard_size is not None and (kwargs.get("to") == "gguf" or str(kwargs.get("dst", "")).endswith(".gguf")):
+            raise click.UsageError("--max-shard-size shards model directories; GGUF output is one file, as llama.cpp's "
+                                   "converter writes it (split it with llama.cpp's gguf-split --split-max-size; qckpt "
+                                   "reads split GGUFs)")
+        if max_shard_size is not None and str(kwargs.get("dst", "")).endswith(".safetensors"):
+            raise click.UsageError("--max-shard-size shards model directories; a DST ending in .safetensors is one "
+                                   "file: give a directory DST to shard")
+        try:
+            size = parse_shard_size("5GB" if max_shard_size is None else max_shard_size)
+        except ConverterError as exc:
+            raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
+        if dry_run:
+            for option in ("report", "csv_path", "plot"):
+                if kwargs.get(option) is not None:
+                    raise click.UsageError(f"--dry-run writes nothing: drop --{option.replace('_path', '')}")
+        with run_options(max_shard_size=size, dry_run=dry_run or None):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def granularity_option(per_tensor: bool, per_channel: bool, group_size: int | None, *, required: bool) -> str | None:
+    """The one granularity option given (``tensor`` / ``channel`` / ``group``); a usage error on conflicts."""
+    given = granularity_options(per_tensor, per_channel, group_size)
+    listed = ", ".join(option for option, _ in GRANULARITY_OPTIONS)
+    if len(given) > 1:
+        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
+    if not given:
+        if required:
+            raise click.UsageError(f"missing option: give one of {listed}")
+        return None
+    return granularity_of(given[0])
+
+
+def fp8_granularity_option(per_tensor: bool, per_channel: bool, group_size: int | None, block: str | None
+                     ) -> tuple[str, tuple[int | None, int | None] | None]:
+    """The granularity of a ``--fp8`` target (``tensor`` / ``channel`` / ``block``) and its block extents."""
+    listed = ", ".join(option for option, _ in FP8_GRANULARITY_OPTIONS)
+    if group_size is not None:
+        raise click.UsageError(f"--group-size does not apply to --fp8 (groups of FP8 scales are 2-D blocks): "
+                               f"give one of {listed}")
+    on = {"--per-tensor": per_tensor, "--per-channel": per_channel, "--block": block is not None}
+    given = [option for option, _ in FP8_GRANULARITY_OPTIONS if on[option]]
+    if len(given) > 1:
+        raise click.UsageError(f"conflicting options {' and '.join(given)}: give one of {listed}")
+    if not given:
+        raise click.UsageError(f"missing option: give one of {listed}")
+    if block is None:
+        return dict(FP8_GRANULARITY_OPTIONS)[given[0]], None
+    try:
+        return "block", parse_block(block)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--block") from None
+
+
+def check_fp4_options(fp4, rule, fp8, bits, sym, scale_dtype, per_tensor, per_channel, group_size, block) -> None:
+    """``--fp4`` fixes bits (4), groups (32 / 16 along in), scale dtype (E8M0 / E4M3) and symmetry."""
+    if fp8 is not None:
+        raise click.UsageError("conflicting options --fp4 and --fp8: give one")
+    if bits is not None and bits != 4:
+        raise click.UsageError(f"--fp4 codes have 4 bits: drop --bits {bits}")
+    if not sym:
+        raise click.UsageError("--fp4 is symmetric (E2M1 codes, no zero point): drop --asym")
+    if scale_dtype is not None:
+        raise click.UsageError(f"--fp4 {fp4} fixes its scale dtype ({'E8M0' if fp4 == 'mxfp4' else 'E4M3'}): "
+                               "drop --scale-dtype")
+    fixed = 32 if fp4 == "mxfp4" else 16
+    if per_tensor or per_channel or block is not None or (group_size is not None and group_size != fixed):
+        raise click.UsageError(f"--fp4 {fp4} has groups of {fixed} along the input axis: drop the granularity option")
+
+
+def table_options(f):
+    """``--csv`` / ``--top`` / ``--sort`` / ``--plot``: the per-layer error table of a report (report/tables.py)."""
+    f = click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, metavar="FILE.png|.svg",
+                     help="Draw error against layer index per tensor role (needs: pip install 'qckpt[plot]').")(f)
+    f = click.option("--sort", "sort_key", type=click.Choice(["sqnr", "rel_error", "max_error", "name"]),
+                     default=None, help="Order of the --csv rows, worst first (default sqnr).")(f)
+    f = click.option("--top", type=click.IntRange(1), default=None, help="Keep the first N --csv rows.")(f)
+    return click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, metavar="FILE",
+                        help="Write the per-tensor error table as CSV (name, layer, role, sqnr_db, rel_error, "
+                             "max_error ...).")(f)
+
+
+def check_table_options(src, csv_path, top, sort_key, plot, overwrite) -> None:
+    """Before any work: --top / --sort need --csv; the outputs are new (or --overwrite) and outside SRC;
+    --plot has a .png / .svg name and matplotlib."""
+    if (top is not None or sort_key is not None) and csv_path is None:
+        raise click.UsageError("--top and --sort order the --csv rows: give --csv FILE")
+    for out in (p for p in (csv_path, plot) if p is not None):
+        check_not_inside(src, out)
+        refuse_existing(out, overwrite)
+    if plot is not None:
+        if Path(plot).suffix.lower() not in (".png", ".svg"):
+            raise click.UsageError(f"--plot writes FILE.png or FILE.svg, not {Path(plot).name}")
+        from converter.report.plot import check_plot_path  # lazy: matplotlib, only for --plot
+        check_plot_path(plot)
+
+
+def export_tables(doc, csv_path, top, sort_key, plot, overwrite, title) -> None:
+    from converter.report import tables  # lazy: only for --csv / --plot
+    rows = tables.error_rows(doc)
+    if csv_path is not None:
+        with atomic_output(csv_path, overwrite=overwrite) as tmp:
+            tables.write_csv(tables.sort_rows(rows, sort_key or "sqnr", top), tmp)
+    if plot is not None:
+        from converter.report.plot import plot_errors  # lazy: matplotlib
+        with atomic_output(plot, overwrite=overwrite) as tmp:
+            plot_errors(rows, tmp, title, Path(plot).suffix.lower().lstrip("."))
