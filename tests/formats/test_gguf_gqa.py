@@ -147,7 +147,7 @@ def test_readback_proof_is_independent_of_the_permutation_code(tmp_path, monkeyp
         heads = gguf_heads.qk_heads(gguf_name, rows, arch, kv, config, file=file, tensor=tensor)
         return None if heads is None else llama_row_permutation(rows, 4)
 
-    monkeypatch.setattr(gguf_format, "qk_permutation", wrong)
+    monkeypatch.setattr("converter.formats.gguf.tensor_plan.qk_permutation", wrong)  # the writer's lookup
     monkeypatch.setattr("converter.formats.gguf.reader.qk_permutation", wrong)
     bad = requantize_model(src, tmp_path / "bad.gguf", target, to="gguf")
     rows = {r["name"]: r for r in bad["tensors"]}

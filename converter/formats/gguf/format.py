@@ -72,97 +72,38 @@ and then permuting them equals quantizing the permuted rows.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from converter.quant.recode import as_groups, exact_cast
-from converter.errors import ErrorKind, ConverterError, FormatError, NotRepresentableError, UnsupportedError
+from converter.errors import ErrorKind, ConverterError, FormatError, UnsupportedError
 from converter.runtime import current
 from converter.write.atomic import atomic_output
 from converter.write.dry_run import DryRunPlanned
 from converter.write.files import write_at_offsets
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
-from converter.formats.gguf.blocks import BlockFields, codec_for
-from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH, hf_to_gguf, permute_heads_key
+from converter.tensor import Checkpoint
+from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH
 from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
-from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, MAX_DIMS, MAX_NAME_BYTES,
-                                            QUANTIZATION_VERSION, FILE_TYPES, MANAGED_KEYS, WRITE_TYPES, gguf_module,
-                                            quantize_to_gguf, scheme_for, tensor_from_fields)
-from converter.formats.gguf.reader import permute_rows, qk_permutation, detect_gguf, read_gguf
+from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, QUANTIZATION_VERSION, FILE_TYPES,
+                                            MANAGED_KEYS, WRITE_TYPES, gguf_module, quantize_to_gguf, scheme_for,
+                                            tensor_from_fields)
+from converter.formats.gguf.reader import detect_gguf, read_gguf
 from converter.formats.gguf.heads import with_head_count_kv
-from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target, exact_type
-from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier, scale_tensor_name
+from converter.formats.gguf.targets import ACT_SCALE_DROPPED, check_target
+from converter.formats.gguf.fp4 import FP4_TYPES, scale_tensor_name
 from converter.formats.gguf.mix import FILE_TYPES as MIX_FILE_TYPES
 from converter.formats.gguf.mix_targets import FILE_TYPE_KEY
-from converter.formats.gguf.hf_source import (NO_TOKENIZER, VOCAB_NOT_CONVERTED, WIDENED_1D, general_kv,  # noqa: E402
+from converter.formats.gguf.hf_source import (NO_TOKENIZER, VOCAB_NOT_CONVERTED, general_kv,  # noqa: E402
                                              no_vocab_kv, source_kv, tokenizer_warning)
 from converter.formats.ties import resolve_tied_head
 from converter.formats.base import dropped_activation_scales
+from converter.formats.gguf.tensor_plan import TensorPlan, encode, plan_tensor
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
            "LEGACY_TYPES", "DENSE_TYPES", "NO_TOKENIZER"]
-
-def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
-    """``a`` as float16 if every value survives the cast exactly (GGUF block scales are ``ggml_half``)."""
-    return exact_cast(a, np.float16, tensor=tensor, field=field,
-                      message=f"{field} are not exactly representable in fp16 (GGUF block {field} are ggml_half)",
-                      hint="requantize with --scale-dtype f16 (and --group-size 32) to write GGUF")
-
-
-def _legacy_fields(t: QuantizedTensor, type_name: str) -> BlockFields:
-    """Codes and fp16 scales of ``t`` as ``type_name`` block fields (no requantization)."""
-    s = t.scheme
-    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
-    codec = codec_for(type_name)
-    if type_name == "Q8_0":
-        codes = t.codes if s.signed else (t.codes.astype(np.int16) - np.int16(128)).astype(np.int8)
-    elif not codec.affine:
-        if s.signed:
-            codes = (t.codes.astype(np.int16) + np.int16(s.center or (1 << (s.bits - 1)))).astype(np.uint8)
-        else:
-            codes = t.codes
-    else:
-        codes = t.codes
-    scales = _exact_f16(t.scales, tensor=t.name, field="scales").reshape(rows, -1)
-    mins = _exact_f16(t.zero_points, tensor=t.name, field="zero_points").reshape(rows, -1) if codec.affine else None
-    return BlockFields(type_name, np.ascontiguousarray(codes).reshape(rows, t.shape[-1]), scales=scales, mins=mins)
-
-
-def _kquant_fields(t: QuantizedTensor, type_name: str) -> BlockFields:
-    """``t``'s own K-quant super-block fields (its :class:`DoubleQuant` record) as block fields."""
-    dq = t.double_quant
-    if dq is None or dq.kind != type_name:
-        raise NotRepresentableError(f"a {type_name} tensor is written from its super-block fields; this one has none "
-                                    "(only its effective scales)", tensor=t.name, field="double_quant",
-                                    expected=type_name, found=None if dq is None else dq.kind,
-                                    hint="requantize with --quant-type to quantize it with llama.cpp's quantizer")
-    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
-    codec = codec_for(type_name)
-
-    def r(a):
-        return None if a is None else np.ascontiguousarray(a).reshape(rows, -1)
-    return BlockFields(type_name, np.ascontiguousarray(t.codes, dtype=np.uint8).reshape(rows, t.shape[-1]),
-                       super_scales=r(dq.super_scales), super_mins=r(dq.super_mins), sub_scales=r(dq.sub_scales),
-                       sub_mins=r(dq.sub_mins), sub_block_size=codec.sub_block_size)
-
-
-@dataclass
-class _Plan:
-    name: str
-    gguf_name: str
-    type_name: str
-    shape: tuple[int, ...]  # numpy (logical) order
-    nbytes: int
-    perm: np.ndarray | None
-    widened_from: str | None = None  # a 1-D F16 / BF16 tensor written F32 (WIDENED_1D)
-    global_of: bool = False  # the F32 [1] ``<name>.scale`` of NVFP4 tensor ``name`` (its multiplier)
-    scaled: bool = False  # an NVFP4 tensor whose ``<name>.scale`` is planned
-
 
 def _infer_type(v: Any) -> Any:
     if isinstance(v, bool):
@@ -177,72 +118,6 @@ def _infer_type(v: Any) -> Any:
         sub = _infer_type(v[0])
         return ["ARRAY", "ARRAY" if isinstance(sub, list) else sub]
     return None
-
-
-def _plan(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, names: Mapping[str, str],
-          kv: Mapping[str, Any]) -> _Plan:
-    gname = names.get(spec.name) or hf_to_gguf(spec.name, arch)
-    if len(gname.encode("utf-8")) > MAX_NAME_BYTES:
-        raise FormatError("tensor name too long for GGUF", tensor=spec.name, field="name",
-                          expected=f"<= {MAX_NAME_BYTES} bytes (GGML_MAX_NAME)", found=gname)
-    shape = tuple(int(s) for s in spec.shape)
-    if not shape and spec.kind == "dense":  # a 0-d scale (ModelOpt input_scale): F32 [1], as _write_scale_tensor
-        shape = (1,)
-    if not 1 <= len(shape) <= MAX_DIMS:
-        raise NotRepresentableError("GGUF tensors have 1 to 4 dims", tensor=spec.name, field="shape",
-                                    expected=f"1..{MAX_DIMS} dims", found=list(shape))
-    reason = check_target(spec)
-    if reason:
-        raise NotRepresentableError(f"cannot write to GGUF exactly: {reason}", tensor=spec.name, field="scheme",
-                                    hint="requantize with quantize_to_gguf (e.g. Q8_0, Q4_0) to write GGUF")
-    if spec.kind == "dense":
-        type_name = "F32" if len(shape) == 1 and spec.dtype in WIDENED_1D else spec.dtype
-    else:
-        type_name = exact_type(spec)
-        if gguf_type is not None and type_name != gguf_type:
-            raise NotRepresentableError(f"tensor's scheme is {type_name}, not the requested {gguf_type}",
-                                        tensor=spec.name, field="gguf_type", expected=gguf_type, found=type_name,
-                                        hint="requantize with quantize_to_gguf to change the block type")
-    gguf = gguf_module()
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    perm = None
-    if len(shape) <= 2 and permute_heads_key(gname, arch):
-        perm = qk_permutation(gname, shape[0], arch, kv, ckpt.config, file=None, tensor=spec.name)
-    widened = spec.dtype if spec.kind == "dense" and type_name != spec.dtype else None
-    return _Plan(spec.name, gname, type_name, shape, n // block * size, perm, widened)
-
-
-def _encode(t, p: _Plan) -> np.ndarray:
-    """The bytes (numpy array) GGUFWriter writes for tensor ``t`` under plan ``p``."""
-    if p.perm is not None:
-        t = permute_rows(t, p.perm)
-    if isinstance(t, DenseTensor):
-        data = np.ascontiguousarray(t.data)
-        if p.widened_from is not None and data.dtype == DENSE_TYPES[p.widened_from]:
-            data = data.astype(np.float32)  # exact: every F16 / BF16 value is an F32 value
-        if data.ndim == 0 and p.shape == (1,):
-            data = data.reshape(1)
-        if tuple(data.shape) != p.shape or data.dtype != DENSE_TYPES[p.type_name]:
-            raise FormatError("tensor differs from its spec", tensor=p.name, field="data",
-                              expected=f"{p.type_name} {list(p.shape)}", found=f"{data.dtype} {list(data.shape)}")
-        return data.view(np.uint8) if p.type_name == "BF16" else data
-    if isinstance(t, QuantizedTensor) and (p.global_of or p.type_name in FP4_TYPES):
-        g = gguf_multiplier(t)  # refused before any byte is packed when not an exact multiplier
-        if (g is not None) != (p.scaled or p.global_of):  # never drop (or invent) a global scale silently
-            raise FormatError("tensor's global scale differs from its spec", tensor=p.name, field="global_scale",
-                              expected="present" if p.scaled or p.global_of else "none",
-                              found="none" if g is None else float(g))
-        if p.global_of:
-            return np.asarray(g, dtype=np.float32).reshape(1)
-        return codec_for(p.type_name).pack(fp4_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
-    if isinstance(t, QuantizedTensor) and p.type_name in K_TYPES:
-        return codec_for(p.type_name).pack(_kquant_fields(t, p.type_name)).reshape(*p.shape[:-1], -1)
-    if isinstance(t, QuantizedTensor):
-        codec = codec_for(p.type_name)
-        raw = codec.pack(_legacy_fields(as_groups(t, 32), p.type_name))
-        return raw.reshape(*p.shape[:-1], -1)
-    raise FormatError("unknown tensor kind", tensor=p.name, found=type(t).__name__)
 
 
 def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_type: str | None = None,
@@ -306,11 +181,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
     for spec in ckpt.specs():
         if spec.name not in drop and spec.name not in dropped:
-            plans.append(_plan(ckpt, spec, arch, gguf_type, names, src_kv))
+            plans.append(plan_tensor(ckpt, spec, arch, gguf_type, names, src_kv))
             if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
                 plans[-1].scaled = True
-                plans.append(_Plan(spec.name, scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale",
-                                   "F32", (1,), 4, None, global_of=True))
+                scale_name = scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale"
+                plans.append(TensorPlan(spec.name, scale_name, "F32", (1,), 4, None, global_of=True))
     seen: dict[str, str] = {}
     for p in plans:
         if p.gguf_name in seen:
@@ -399,7 +274,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         def produce(i: int):
             p = plans[i]
             try:
-                data = _encode(ckpt[p.name], p)
+                data = encode(ckpt[p.name], p)
             except ConverterError as exc:
                 exc.with_context(tensor=p.name)
                 raise
