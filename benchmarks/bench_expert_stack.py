@@ -25,20 +25,18 @@ Measured 2026-12-02 on the 2-core dev VM (defaults; shared with other jobs)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peak_rss import digest_safetensors, qckpt_process  # noqa: E402
 
 from converter.write.safetensors import write_safetensors  # noqa: E402
 
@@ -57,21 +55,9 @@ def build(dst: Path, experts: int, out: int, inp: int) -> None:
 
 
 def run(src: Path, dst: Path, budget: str) -> tuple[float, int]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "converter", "dequantize", str(src), str(dst), "--workers", "1",
-                             "--max-memory", budget], env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"qckpt dequantize failed (budget {budget})")
-    return time.perf_counter() - t0, usage.ru_maxrss * 1024
-
-
-def digest(d: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(d.glob("*.safetensors")):
-        h.update(f.read_bytes())
-    return h.hexdigest()
+    """``(seconds, peak RSS bytes)`` of one ``qckpt dequantize`` subprocess of this checkout."""
+    secs, rss, _ = qckpt_process(ROOT, "dequantize", src, dst, "--workers", "1", "--max-memory", budget)
+    return secs, rss
 
 
 def main() -> int:
@@ -92,7 +78,7 @@ def main() -> int:
         for label, budget in (("streamed", a.budget), ("whole", big)):
             secs, rss = run(src, work / label, budget)
             rows.append((label, budget, secs, rss))
-        if digest(work / "streamed") != digest(work / "whole"):
+        if digest_safetensors(work / "streamed") != digest_safetensors(work / "whole"):
             raise SystemExit("streamed and whole outputs differ")
         print(f"stack {a.experts} x {a.out} x {a.inp}: float32 {f32 / 1e6:.0f} MB, MXFP4 stored "
               f"{a.experts * a.out * a.inp * 17 / 32 / 1e6:.0f} MB; outputs byte-identical")

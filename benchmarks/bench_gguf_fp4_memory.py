@@ -31,19 +31,18 @@ its ``expert x out`` rows go through the row-blocked kernel (``_stacked_rows``).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peak_rss import digest_safetensors, qckpt_process  # noqa: E402
 NAME = "blk.0.ffn_up_exps.weight"
 #: ggml type -> (elements per block, bytes per block)
 TYPES = {"Q4_0": (32, 18), "MXFP4": (32, 17), "NVFP4": (64, 36)}
@@ -74,23 +73,8 @@ def build(path: Path, type_name: str, experts: int, out: int, inp: int) -> None:
 
 def run(src: Path, dst: Path, budget: str, root: Path = ROOT) -> tuple[float, int]:
     """``(seconds, peak RSS bytes)`` of one ``qckpt dequantize`` subprocess of the checkout at ``root``."""
-    env = dict(os.environ, PYTHONPATH=str(root))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "converter", "dequantize", str(src), str(dst), "--workers", "1",
-                             "--max-memory", budget, "--quiet"], env=env, stdout=subprocess.DEVNULL, cwd=root)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"qckpt dequantize {src.name} failed (budget {budget})")
-    return time.perf_counter() - t0, usage.ru_maxrss * 1024
-
-
-def digest(d: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(d.glob("*.safetensors")):
-        with open(f, "rb") as fh:  # in chunks: the parent stays small (see the module docstring)
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    secs, rss, _ = qckpt_process(root, "dequantize", src, dst, "--workers", "1", "--max-memory", budget, "--quiet")
+    return secs, rss
 
 
 def main() -> int:
@@ -119,7 +103,7 @@ def main() -> int:
                             str(a.inp)], check=True)
             for label, budget in (("bounded", a.budget), ("unbounded", big)):
                 results[t, label] = run(src, work / f"{t}-{label}", budget, a.root.resolve())
-            if digest(work / f"{t}-bounded") != digest(work / f"{t}-unbounded"):
+            if digest_safetensors(work / f"{t}-bounded") != digest_safetensors(work / f"{t}-unbounded"):
                 raise SystemExit(f"{t}: bounded and unbounded outputs differ")
             shutil.rmtree(work / f"{t}-bounded")
             shutil.rmtree(work / f"{t}-unbounded")

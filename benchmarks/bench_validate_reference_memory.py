@@ -33,18 +33,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peak_rss import qckpt_process  # noqa: E402
 
 from converter.write.safetensors import write_safetensors  # noqa: E402
 
@@ -52,18 +51,9 @@ NAME = "model.layers.0.mlp.down_proj.weight"
 
 
 def qckpt(root: Path, *args: str) -> tuple[float, int, str]:
-    """``(seconds, peak RSS bytes, stdout)`` of ``python -m converter ARGS`` with ``root`` on PYTHONPATH."""
-    env = dict(os.environ, PYTHONPATH=str(root))
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen([sys.executable, "-m", "converter", *args], env=env, stdout=out, cwd=root)
-        _, status, usage = os.wait4(proc.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        text = out.read().decode()
-    if code not in (0, 1):
-        raise SystemExit(f"qckpt {' '.join(args)} failed ({code}) in {root}")
-    return time.perf_counter() - t0, usage.ru_maxrss * 1024, text
+    """``(seconds, peak RSS bytes, stdout)`` of ``python -m converter ARGS`` from the checkout at ``root``
+    (exit 1, findings, is a result too)."""
+    return qckpt_process(root, *args, ok=(0, 1))
 
 
 def summary(doc: dict) -> tuple:
