@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gguf_compare import compare_gguf
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(os.environ.get("QCKPT_SMOLLM2", "/work/shared/real/smollm2_135m_instruct_Q4_1.gguf"))
 PROMPT = "The capital of France is"
@@ -52,20 +54,11 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def _compare_files(ours: Path, theirs: Path) -> dict:
-    """Key/values (value and GGUF type) and tensors (name, type, bytes) of two GGUF files."""
-    import gguf
-    import numpy as np
-    a, b = gguf.GGUFReader(ours), gguf.GGUFReader(theirs)
-
-    def kv(r):
-        return {k: (f.contents(), [t.name for t in f.types]) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    ka, kb = kv(a), kv(b)
-    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
-    differing_tensors = sorted(n for n in set(ta) & set(tb) if ta[n].tensor_type != tb[n].tensor_type
-                               or not np.array_equal(np.asarray(ta[n].data).view(np.uint8),
-                                                     np.asarray(tb[n].data).view(np.uint8)))
-    return {"keys": len(kb), "keys_differing": sorted(k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k)),
-            "tensors": len(tb), "tensor_names_equal": set(ta) == set(tb), "tensors_differing": differing_tensors}
+    """Key/values and tensors of two GGUF files (:func:`gguf_compare.compare_gguf`), with the tensor names as one
+    flag (this script's recorded form)."""
+    d = compare_gguf(ours, theirs)
+    return {"keys": d["keys"], "keys_differing": d["keys_differing"], "tensors": d["tensors"],
+            "tensor_names_equal": not d["tensor_names_differing"], "tensors_differing": d["tensors_differing"]}
 
 
 def _qckpt(python: str, *args: str) -> float:

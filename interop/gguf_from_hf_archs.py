@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from gguf_compare import compare_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,21 +69,6 @@ def _folder(base: Path, model_type: str, bpe: Path) -> Path:
             shutil.copy(bpe / f, d / f)
     (d / "config.json").write_text(json.dumps(cfg))
     return d
-
-
-def _compare(ours: Path, theirs: Path) -> dict:
-    import gguf
-    a, b = gguf.GGUFReader(ours), gguf.GGUFReader(theirs)
-
-    def kv(r):
-        return {k: (f.contents(), [t.name for t in f.types]) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    ka, kb = kv(a), kv(b)
-    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
-    return {"keys": len(kb), "keys_differing": sorted(k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k)),
-            "tensors": len(tb), "tensor_names_differing": sorted(set(ta) ^ set(tb)),
-            "tensors_differing": sorted(n for n in set(ta) & set(tb) if ta[n].tensor_type != tb[n].tensor_type
-                                        or not np.array_equal(np.asarray(ta[n].data).view(np.uint8),
-                                                              np.asarray(tb[n].data).view(np.uint8)))}
 
 
 def _greedy(path: Path) -> list[int] | str:
@@ -124,7 +110,7 @@ def main() -> int:
             subprocess.run([sys.executable, str(args.llama_cpp_dir / "convert_hf_to_gguf.py"), str(d), "--outtype",
                             "f32", "--outfile", str(theirs)], check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
-            row = {"model_type": model_type, **_compare(ours, theirs)}
+            row = {"model_type": model_type, **compare_gguf(ours, theirs)}
             row["greedy_qckpt"], row["greedy_llama_cpp_converter"] = _greedy(ours), _greedy(theirs)
             same_greedy = row["greedy_qckpt"] == row["greedy_llama_cpp_converter"]
             row["identical"] = (not row["keys_differing"] and not row["tensor_names_differing"]
