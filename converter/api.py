@@ -145,7 +145,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     from converter.write.atomic import check_not_inside, refuse_existing
     if to is not None:
         check_writable(to)
-    _check_writer_options(writer_options, to or load(src, format=format).format)
+    if writer_options:  # the source's format is the default target: its headers are read only when needed
+        _check_writer_options(writer_options, to or load(src, format=format).format)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     if target is None and reference is None:
