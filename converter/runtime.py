@@ -70,6 +70,9 @@ class RunOptions:
         Default :data:`DEFAULT_MAX_SHARD_SIZE` (5 GB, the Hugging Face convention).
     dry_run : bool
         Plan every write but write nothing (:mod:`converter.write.dry_run`): ``--dry-run``.
+    kernels : str or None
+        ``auto`` | ``numpy`` | ``numba``: which kernel path runs (:mod:`converter.kernels.compiled`);
+        ``None``: ``$QCKPT_KERNELS``, else ``auto``.
     """
 
     workers: int | None = None
@@ -77,6 +80,7 @@ class RunOptions:
     quiet: bool = True
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     dry_run: bool = False
+    kernels: str | None = None
 
     @property
     def n_workers(self) -> int:

@@ -1,0 +1,147 @@
+"""Optional compiled kernels (the ``fast`` extra, ``pip install qckpt[fast]``: numba).
+
+The numpy kernels stay the reference and the default install; a compiled kernel is a second
+implementation of the same function that must give **byte-identical** codes, scales, zero points and
+file bytes (tests run both paths on the same inputs: ``tests/kernels/compiled``). This module decides
+which path runs and compiles lazily; the kernels themselves live beside it, one concept per module.
+
+Which path runs (:func:`use_compiled`):
+
+- ``QCKPT_KERNELS`` (environment) or ``run_options(kernels=...)``: ``auto`` (default), ``numpy``
+  (never compile) or ``numba`` (compiled whatever the size; an error when numba is missing).
+- ``auto``: compiled when numba is installed and the work is at least :data:`MIN_ELEMENTS` values;
+  smaller jobs stay on numpy, which is faster than importing numba (~0.3 s) and loading a cached
+  kernel for them. ``qckpt --version`` and a small ``inspect`` never import numba.
+
+Compilation (:func:`jit`): ``numba.njit(nogil=True, error_model="numpy")``, no ``fastmath`` (IEEE
+results, the same as numpy's), compiled on the first call. Kernels release the GIL and are called
+from qckpt's own row threads (:mod:`converter.kernels.threads`); none uses ``parallel=True``, so no
+numba threading layer is ever started and forked worker processes are safe (numba's OpenMP layer
+aborts after ``fork()``). The machine code is cached on disk where a cache directory is writable:
+``NUMBA_CACHE_DIR`` when set, else numba's own choice (``__pycache__`` beside the source, then the
+user's cache directory); a read-only install with no writable cache compiles in memory each process.
+The first call's compile (or cache load) time is kept per kernel (:func:`compile_seconds`) for
+``--verbose`` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import converter.exit_codes as exit_codes
+from converter.errors import ConverterError
+from converter.runtime import current
+
+__all__ = ["KERNELS_ENV", "MODES", "MIN_ELEMENTS", "mode", "available", "use_compiled", "jit",
+           "compile_seconds", "CompiledKernelsUnavailable"]
+
+#: Environment variable choosing the kernel path: ``auto`` | ``numpy`` | ``numba``.
+KERNELS_ENV = "QCKPT_KERNELS"
+MODES = ("auto", "numpy", "numba")
+
+#: ``auto``: fewest values in one kernel call (one tensor) worth the compiled path. Below, numpy.
+MIN_ELEMENTS = 1 << 20
+
+
+class CompiledKernelsUnavailable(ConverterError):
+    """``QCKPT_KERNELS=numba`` (or ``kernels="numba"``) without numba installed."""
+
+    exit_code = exit_codes.USAGE
+
+
+_AVAILABLE: bool | None = None
+_LOCK = threading.Lock()
+_COMPILE_SECONDS: dict[str, float] = {}
+
+
+def available() -> bool:
+    """numba is installed (found without importing it)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = importlib.util.find_spec("numba") is not None
+    return _AVAILABLE
+
+
+def mode() -> str:
+    """The chosen path: the run option ``kernels`` if set, else ``$QCKPT_KERNELS``, else ``auto``.
+
+    Raises
+    ------
+    CompiledKernelsUnavailable
+        an unknown word, or ``numba`` without numba installed.
+    """
+    chosen = getattr(current(), "kernels", None) or os.environ.get(KERNELS_ENV) or "auto"
+    chosen = chosen.strip().lower()
+    if chosen not in MODES:
+        raise CompiledKernelsUnavailable(f"{KERNELS_ENV}: expected one of {', '.join(MODES)}, found {chosen!r}")
+    if chosen == "numba" and not available():
+        raise CompiledKernelsUnavailable(f"{KERNELS_ENV}=numba but numba is not installed: pip install 'qckpt[fast]'")
+    return chosen
+
+
+def use_compiled(elements: int) -> bool:
+    """Run the compiled kernel for one call on ``elements`` values (see the module's rules)."""
+    m = mode()
+    if m == "numpy":
+        return False
+    if m == "numba":
+        return True
+    return available() and elements >= MIN_ELEMENTS
+
+
+def compile_seconds() -> dict[str, float]:
+    """Seconds each kernel's first call spent compiling or loading its cached machine code."""
+    return dict(_COMPILE_SECONDS)
+
+
+def _njit(fn: Callable, signature: Any) -> Callable:
+    import numba
+
+    options = dict(nogil=True, error_model="numpy", cache=True)
+    try:
+        return numba.njit(signature, **options)(fn) if signature else numba.njit(**options)(fn)
+    except RuntimeError:  # no writable cache locator (read-only install, no NUMBA_CACHE_DIR)
+        options["cache"] = False
+        return numba.njit(signature, **options)(fn) if signature else numba.njit(**options)(fn)
+
+
+class _Lazy:
+    """A kernel compiled on its first call (numba imported then, not at qckpt's import)."""
+
+    def __init__(self, fn: Callable, signature: Any) -> None:
+        self.py_func, self._signature, self._compiled = fn, signature, None
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def compiled(self) -> Callable:
+        if self._compiled is None:
+            with _LOCK:
+                if self._compiled is None:
+                    self._compiled = _njit(self.py_func, self._signature)
+        return self._compiled
+
+    def __call__(self, *args: Any) -> Any:
+        kernel = self.compiled()
+        key = f"{self.py_func.__module__}.{self.__name__}"
+        if key in _COMPILE_SECONDS:
+            return kernel(*args)
+        t0 = time.perf_counter()
+        out = kernel(*args)  # first call: compiles (or loads the cache) for these argument types
+        _COMPILE_SECONDS.setdefault(key, time.perf_counter() - t0)
+        return out
+
+
+def jit(fn: Callable | None = None, *, signature: Any = None) -> Any:
+    """Decorator: ``fn`` compiled with numba on its first call (``nogil``, numpy error model, cached).
+
+    The undecorated Python function stays available as ``.py_func`` (tests run it to check a kernel's
+    logic without compiling). Calling a kernel imports numba: callers check :func:`use_compiled`.
+    """
+    if fn is None:
+        return lambda f: _Lazy(f, signature)
+    return _Lazy(fn, signature)
