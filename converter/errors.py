@@ -173,6 +173,14 @@ class WorkerDiedError(ConverterError, RuntimeError):
     """A worker process ended without reporting (killed by a signal, e.g. by the kernel for memory)."""
 
 
+class MissingExtraError(UnsupportedError):
+    """An option needs an optional extra that is not installed (``--plot``: ``plot``; compiled kernels:
+    ``fast``); the message names the ``pip install`` line. A usage error: the same command without the
+    option, or with the extra installed, works."""
+
+    exit_code = exit_codes.USAGE
+
+
 class OutputExistsError(ConverterError, FileExistsError):
     """The destination exists and ``overwrite=True`` (the CLI's ``--overwrite``) was not given, or DST
     is (inside) SRC."""

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from converter.cli import main
-from converter.errors import UnsupportedError
+from converter.errors import MissingExtraError
 from converter.formats.layer_roles import layer_index, linear_role
 from tests.conftest import SAMPLES
 
@@ -125,10 +125,10 @@ def test_usage_errors(tmp_path):
 def test_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     from converter.report.plot import check_plot_path
-    with pytest.raises(UnsupportedError, match=r"qckpt\[plot\]"):
+    with pytest.raises(MissingExtraError, match=r"qckpt\[plot\]"):
         check_plot_path(tmp_path / "p.png")
     r = _run("convert", SAMPLES / "gptq_w4_g128_sym", tmp_path / "o", "--to", "awq", "--plot", tmp_path / "p.png")
-    assert r.exit_code == 3 and "pip install 'qckpt[plot]'" in r.output
+    assert r.exit_code == 2 and "pip install 'qckpt[plot]'" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not (tmp_path / "o").exists()  # refused before any data moved
 

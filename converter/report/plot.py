@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from converter.errors import UnsupportedError
+from converter.errors import MissingExtraError, UnsupportedError
 from converter.formats.layer_roles import ROLES
 
 SUFFIXES = (".png", ".svg")
@@ -26,7 +26,9 @@ def check_plot_path(path: Path) -> None:
     Raises
     ------
     UnsupportedError
-        Suffix not ``.png`` / ``.svg``; matplotlib not installed (the message names the extra).
+        Suffix not ``.png`` / ``.svg``.
+    MissingExtraError
+        matplotlib not installed (the message names the extra; exit status 2, usage).
     """
     if Path(path).suffix.lower() not in SUFFIXES:
         raise UnsupportedError("--plot writes .png or .svg", file=path, field="plot", expected=list(SUFFIXES),
@@ -34,7 +36,7 @@ def check_plot_path(path: Path) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UnsupportedError("--plot needs matplotlib: pip install 'qckpt[plot]'", file=path, field="plot",
+        raise MissingExtraError("--plot needs matplotlib: pip install 'qckpt[plot]'", file=path, field="plot",
                                hint="or leave --plot out") from None
 
 

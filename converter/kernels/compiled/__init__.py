@@ -32,8 +32,7 @@ import threading
 import time
 from typing import Any, Callable
 
-import converter.exit_codes as exit_codes
-from converter.errors import ConverterError
+from converter.errors import MissingExtraError
 from converter.runtime import current
 
 __all__ = ["KERNELS_ENV", "MODES", "MIN_ELEMENTS", "mode", "available", "use_compiled", "jit",
@@ -47,10 +46,9 @@ MODES = ("auto", "numpy", "numba")
 MIN_ELEMENTS = 1 << 20
 
 
-class CompiledKernelsUnavailable(ConverterError):
-    """``QCKPT_KERNELS=numba`` (or ``kernels="numba"``) without numba installed."""
-
-    exit_code = exit_codes.USAGE
+class CompiledKernelsUnavailable(MissingExtraError):
+    """``QCKPT_KERNELS=numba`` (or ``kernels="numba"``) without numba installed, or an unknown word
+    (a usage error, exit status 2)."""
 
 
 _AVAILABLE: bool | None = None
