@@ -43,3 +43,45 @@ def test_byte_counts_in_full():
     # GPTQ w4 g128 sym, 1,916,928 weights: N*4/8 = 958,464 payload + 14,976 groups x 2 bytes (fp16 scale)
     r = CliRunner().invoke(main, ["audit", str(SAMPLES / "gptq_w4_g128_sym")])
     assert "e+0" not in r.output and "988,416 bytes" in r.output
+
+
+def test_narrow_tables_print_records_with_whole_names(monkeypatch, tmp_path):
+    """Inspect, convert's error table, validate's findings, diff and the dry-run plan: a table wider than
+    the terminal prints one record per row: the tensor name whole on its own line, then its cells as
+    ``header: value`` pairs (none split across lines), every line within the width."""
+    from converter.report.fit import SEP
+
+    monkeypatch.setenv("COLUMNS", "80")
+    run = CliRunner().invoke
+    src = str(SAMPLES / "gptq_w4_g128_sym")
+    outputs = {
+        "inspect": run(main, ["inspect", src]),
+        "convert": run(main, ["convert", src, str(tmp_path / "o"), "--to", "compressed-tensors", "--per-channel"]),
+        "plan": run(main, ["convert", src, str(tmp_path / "p"), "--to", "compressed-tensors", "--per-channel",
+                           "--dry-run"]),
+        "diff": run(main, ["diff", src, str(tmp_path / "o")]),
+    }
+    name = "encoder.layer.0.attention.output.dense.weight"
+    for cmd, r in outputs.items():
+        assert r.exit_code in (0, 1), (cmd, r.output)
+        lines = r.output.splitlines()
+        assert max(len(line) for line in lines) <= 80, cmd
+        assert name in lines, cmd  # the whole name is a line of its own
+        body = lines[lines.index(name) + 1]
+        assert body.startswith("  ") and ": " in body, (cmd, body)
+    # inspect: every stored array of the weight, in the record under its name
+    lines = outputs["inspect"].output.splitlines()
+    i = lines.index(name) + 1
+    j = next(k for k in range(i, len(lines)) if not lines[k].startswith("  "))
+    record = " ".join(line.strip() for line in lines[i:j])
+    for part in ("kind: quantized", "shape: 384x384", "codes:I32[48, 384]", "scales:F16[3, 384]", "g_idx:I32[384]",
+                 "groups: group(in, 128)"):
+        assert part in record, part
+    # a pair is never split over two lines: every piece between separators holds a 'header: '
+    for line in outputs["convert"].output.splitlines():
+        if line.startswith("  "):
+            assert all(": " in piece for piece in line.strip().split(SEP)), line
+    # wide enough: the table itself (names in one cell)
+    monkeypatch.setenv("COLUMNS", "220")
+    wide = run(main, ["inspect", src]).output
+    assert any(line.startswith("│ " + name) for line in wide.splitlines())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from converter.report.fit import print_table
 from converter.report.render import console, fmt, table
 
 __all__ = ["render_diff"]
@@ -31,7 +32,7 @@ def render_diff(doc: dict[str, Any]) -> None:
             wc = r.get("worst_channel")
             t.add_row(r["name"], r["status"], fmt(r["rel_frobenius"]), fmt(r["sqnr_db"]), fmt(r["max_abs"]),
                       "-" if not wc else f"out {wc['index'][0]} (mse {fmt(wc['mse'])})", fmt(r["output_rel_error"]))
-        c.print(t)
+        print_table(c, t)
     for side in ("a", "b"):
         names = doc[f"only_in_{side}"]
         if names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from converter.report.fit import print_table
 from converter.report.render import console, fmt_bytes, table
 
 __all__ = ["render_plan"]
@@ -18,7 +19,7 @@ def render_plan(doc: dict[str, Any]) -> None:
                     f"({doc['target_format']})")
     for r in doc["tensors"]:
         t.add_row(r["name"], r["mode"], r["target"], r["why"])
-    c.print(t)
+    print_table(c, t)
     for f in doc["files"]:
         size = fmt_bytes(f["bytes"]) if f["bytes"] is not None else "(size known when written)"
         c.print(f"  would write {f['name']}: {size}" + (f", {f['tensors']} tensors" if f.get("tensors") else ""))

@@ -14,6 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from converter.report.fit import print_table
+
 
 def _json_default(o: Any):
     import numpy as np
@@ -87,7 +89,7 @@ def render_inspect(doc: dict) -> None:
         storage = ", ".join(f"{stored_label(s)}:{s['dtype']}{s['shape']}" for s in r["stored"])
         t.add_row(r["name"], r["kind"], "x".join(map(str, r["shape"])), storage,
                   r.get("scheme_label") or r.get("dtype", ""), r.get("groups_label", ""))
-    c.print(t)
+    print_table(c, t)
 
 
 def stored_label(s: dict) -> str:
@@ -107,7 +109,7 @@ def render_quantize(doc: dict) -> None:
         t.add_row(r["name"], "x".join(map(str, r["shape"])), r["groups"], fmt(r["mse"]), fmt(r["max_abs_error"]),
                   fmt(r["sqnr_db"]) if not r["exact"] else "exact", f"{fmt(r['scale_min'])}..{fmt(r['scale_max'])}",
                   fmt(r["ideal_compression_vs_fp32"]), fmt(r["compression_vs_fp32_with_metadata"]))
-    c.print(t)
+    print_table(c, t)
     o = doc["overall"]
     c.print(f"overall: {o['quantized_tensors']} tensors, {o['quantized_weights']} weights, MSE {fmt(o['mse'])}, "
             f"max |err| {fmt(o['max_abs_error'])}, ideal compression vs FP32 {fmt(o['ideal_compression_vs_fp32'])}x, "
@@ -247,7 +249,7 @@ def render_convert(doc: dict) -> None:
         mode = r["mode"] + (" (reshaped {} -> {})".format(*r["reshaped"]) if r.get("reshaped") else "")
         t.add_row(r["name"], mode, fmt(r.get("codes_identical")), fmt(r.get("scales_identical")),
                   fmt(r.get("max_abs_diff")))
-    c.print(t)
+    print_table(c, t)
     s = doc["summary"]
     for kind in ("quantized", "dense"):
         k = s.get(kind)
@@ -337,7 +339,7 @@ def render_error_report(doc: dict) -> None:
         bits = r["metadata"]
         row += [worst, f"{fmt(bits['before']['bits_per_weight'], 3)}->{fmt(bits['after']['bits_per_weight'], 3)}"]
         t.add_row(*row)
-    c.print(t)
+    print_table(c, t)
     o = doc["overall"]
     v = o["vs_source"] or {}
     c.print(f"{o['tensors']} quantized tensors: planned {o['planned_exact']} exact / {o['planned_lossy']} lossy; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from converter.report.fit import print_table
 from converter.report.render import console, fmt, table
 
 #: Tensors shown one per row in the reference table; more: the worst ones by relative error.
@@ -42,7 +43,7 @@ def render_validation(doc: dict[str, Any]) -> None:
     for f in doc["findings"]:
         ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None and k != "reader_error")
         t.add_row(f["severity"], f["code"], f["tensor"] or "-", f["message"], ev[:240])
-    c.print(t)
+    print_table(c, t, key=2)
 
 
 def _sqnr_db(rel: float | None) -> str:
@@ -77,7 +78,7 @@ def _render_reference(c, doc: dict[str, Any]) -> None:
         t.add_row(name, "0 (exact)" if rel == 0 else fmt(rel), _sqnr_db(rel), fmt(r.get("rms_steps")),
                   fmt(r.get("max_abs_error")), fmt(r.get("matmul_rel_error")),
                   f"{best[0]} ({fmt(best[1])})" if best else "-")
-    c.print(t)
+    print_table(c, t)
     rels = sorted(r["rel_rms"] for _, r in rows)
     worst = max(rows, key=lambda r: r[1]["rel_rms"])
     c.print(f"reference: {len(rows)} quantized tensors compared; relative error median {fmt(rels[len(rels) // 2])}, "
@@ -98,5 +99,5 @@ def render_self_test(doc: dict[str, Any]) -> None:
                   "yes" if r["declared_exact"] else "NO", f"{sum(alts.values())}/{len(alts)}"
                   + (f" (matched: {', '.join(missed)})" if missed else ""),
                   "pass" if r["passed"] else ("error: " + r["error"][:60] if r["error"] else "FAIL"))
-    c.print(t)
+    print_table(c, t)
     c.print("formats: " + ", ".join(f"{k}: {v}" for k, v in doc["formats"].items()))
