@@ -107,7 +107,7 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         raise FormatError("quantize needs bits and a granularity (or fp8= / fp4=)", field="bits / granularity",
                           expected="e.g. bits=4, group_size=128", found=f"bits={bits}, granularity={granularity}")
     if to is not None:
-        check_writable(to)
+        check_writable(to, dst)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     # the target's own default selection, as the CLI (--to mlx: mlx-lm's predicate, the embedding quantized)
@@ -144,7 +144,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     from converter.formats.registry import check_writable, load
     from converter.write.atomic import check_not_inside, refuse_existing
     if to is not None:
-        check_writable(to)
+        check_writable(to, dst)
     if writer_options:  # the source's format is the default target: its headers are read only when needed
         _check_writer_options(writer_options, to or load(src, format=format).format)
     check_not_inside(src, dst)

@@ -160,7 +160,7 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
         granularity = granularity_option(per_tensor, per_channel, group_size, required=True)
     if to is not None:
         with usage_errors():
-            check_writable(to)
+            check_writable(to, dst)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     sd = float_dtype_name(scale_dtype) if scale_dtype is not None else (None if fp8 is not None else "F16")
@@ -291,7 +291,7 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
         granularity = granularity_option(per_tensor, per_channel, group_size, required=False)
     if to is not None:
         with usage_errors():
-            check_writable(to)
+            check_writable(to, dst)
     check_format_option(fmt)
     if gguf_metadata is not None and to != "gguf":
         raise click.UsageError("--gguf-metadata is for --to gguf")

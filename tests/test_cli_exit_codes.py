@@ -65,3 +65,24 @@ def test_library_error_names_the_argument_and_the_cli_names_the_option(tmp_path)
                                   "--per-channel"])
     assert r.exit_code == 2 and "pass --overwrite to replace it" in r.output
     assert dst.read_bytes() == b"x"
+
+
+def test_directory_writer_refuses_a_file_name_as_destination(tmp_path):
+    """``--to awq out.safetensors`` made a directory called out.safetensors; now a usage error naming the
+    directory to give instead, before anything is written (a single-file writer takes the name)."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    src = str(SAMPLES / "gptq_w4_g128_sym")
+    r = CliRunner().invoke(main, ["convert", src, str(tmp_path / "x.safetensors"), "--to", "awq"])
+    assert r.exit_code == 2
+    assert "awq writes a model directory" in r.output and f"e.g. {tmp_path / 'x'}" in r.output
+    assert not (tmp_path / "x.safetensors").exists()
+    r = CliRunner().invoke(main, ["quantize", str(SAMPLES / "minilm_fp16.safetensors"), str(tmp_path / "y.gguf"),
+                                  "--bits", "4", "--group-size", "128", "--to", "compressed-tensors"])
+    assert r.exit_code == 2 and "compressed-tensors writes a model directory" in r.output
+    r = CliRunner().invoke(main, ["convert", src, str(tmp_path / "x.gguf"), "--to", "gguf"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "x.gguf").is_file()

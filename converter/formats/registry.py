@@ -280,19 +280,29 @@ def writable() -> list[str]:
     return sorted(n for n, h in formats().items() if h.write is not None)
 
 
-def check_writable(name: str) -> FormatHandler:
-    """The handler called ``name`` if it has a writer.
+#: Destination suffixes that name one file: a directory writer refuses them (``--to awq out.safetensors``
+#: would make a directory called ``out.safetensors``).
+FILE_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".json", ".npz")
+
+
+def check_writable(name: str, dst: "str | Path | None" = None) -> FormatHandler:
+    """The handler called ``name`` if it has a writer (and, given ``dst``, one that can write there).
 
     Raises
     ------
     UnknownFormatError
         No such format (the known names are listed).
     UnsupportedError
-        The format is read-only (the writable names are listed).
+        The format is read-only (the writable names are listed); or its writer makes a model directory
+        and ``dst`` ends in a file suffix (``.safetensors``, ``.gguf`` ...), the directory name suggested.
     """
     handler = get(name)
     if handler.write is None:
         raise UnsupportedError("format has no writer", field="--to", expected=writable(), found=name)
+    if dst is not None and handler.output.suffix is None and Path(dst).suffix.lower() in FILE_SUFFIXES:
+        raise UnsupportedError(f"{name} writes a model directory (config.json and safetensors shards), not one file",
+                               file=dst, field="DST", expected="a directory name", found=Path(dst).name,
+                               hint=f"e.g. {Path(dst).with_suffix('')}")
     return handler
 
 
