@@ -119,7 +119,9 @@ def types_from_targets(ckpt, path: str | Path) -> dict[str, tuple[Any, str]]:
                                             f"it as {stored} (float tensors are not cast, quantized ones not "
                                             "dequantized here)", file=path, tensor=where, field="ggml_type",
                                             expected=t, found=stored,
-                                            hint=f"dequantize the source with --dtype {t.lower()} first")
+                                            hint=("1-D float tensors are written F32, as convert_hf_to_gguf.py "
+                                                  "writes them" if len(s.shape) == 1 else
+                                                  f"dequantize the source with --dtype {t.lower()} first"))
             continue
         if t not in WRITE_TYPES:
             raise NotRepresentableError(f"{TYPES_FROM_OPTION}: qckpt does not write the GGUF's type of this tensor",
@@ -130,7 +132,7 @@ def types_from_targets(ckpt, path: str | Path) -> dict[str, tuple[Any, str]]:
     if missing:
         raise NotRepresentableError(f"{TYPES_FROM_OPTION}: the GGUF has tensors the output would not have "
                                     f"({len(missing)})", file=path, tensor=missing[0], field="name",
-                                    expected=missing[:5], found=None,
+                                    expected="only tensors the output has", found=missing[:5],
                                     hint="give the GGUF this checkpoint was made from (same tensors)")
     if file_type is not None:  # the writer's general.file_type: the file's own (mix_targets.FILE_TYPE_KEY)
         ckpt.metadata[FILE_TYPE_KEY] = file_type
