@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from converter.cli import main
 from converter.formats.gguf.schemes import quantize_to_gguf
+from converter.schemas import validate_document
 
 Q8, Q41 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1
 #: the tiny model's mix: (GGUF name, logical shape (out, in), type); norms are F32
@@ -112,6 +113,7 @@ def test_types_and_bytes_come_back(folder, tmp_path, with_metadata):
     assert _file_type(dst) == _file_type(src) == int(gguf.LlamaFileType.MOSTLY_Q8_0)  # the file's, not the rule's
     doc = json.loads(res.output)
     assert doc["target"]["types_from"] == str(src)
+    validate_document(doc, "error-report")
     assert all(r["readback_bit_exact"] for r in doc["tensors"])
 
 
