@@ -302,6 +302,9 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     target, filled = _complete(ckpt, handler, target, src=src, dst=dst, to=to, overwrite=overwrite,
                                reference=reference, source_format=source_format, write_options=write_options)
     target = effective(target, handler)  # (what a float-bias source becomes; the one scale dtype it stores)
+    if target.types_from is not None and handler.requant_targets is None:  # it would be ignored silently
+        raise NotRepresentableError(f"the {to} writer does not take per-tensor types from a file", field="types_from",
+                                    expected="a target format with per-tensor types", found=target.types_from)
     # the target format's per-module targets (GGUF's output head), with their reasons in the report
     chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}
     overrides = {name: t for name, (t, _) in chosen.items()}

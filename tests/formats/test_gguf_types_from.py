@@ -224,3 +224,14 @@ def test_usage_errors(folder, tmp_path, extra, word):
     res = CliRunner().invoke(main, ["convert", str(hf), str(tmp_path / "u"), "--to", "mlx",
                                     "--gguf-types-from", str(src)])
     assert res.exit_code == 2 and "--to gguf" in res.output, res.output
+
+
+def test_api_refuses_types_from_for_another_format(folder, tmp_path):
+    import converter
+    from converter.errors import NotRepresentableError
+    src, hf = folder
+    with pytest.raises(NotRepresentableError, match="mlx writer does not take per-tensor types"):
+        converter.convert(hf, tmp_path / "m", to="mlx", target={"types_from": str(src)})
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(Exception, match="no other target option"):
+        converter.convert(hf, tmp_path / "g.gguf", to="gguf", target={"types_from": str(src), "bits": 4})
