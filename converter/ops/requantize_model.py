@@ -38,7 +38,8 @@ from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.plan_doc import plan_document, tensor_rows
-from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
+from converter.ops.module_policy import (KEPT_DENSE, QUANTIZED, apply_module_policy, summarize_decisions,
+                                         verify_dequantized)
 from converter.ops.value_source import point_at_stored
 from converter.ops.target_plan import command_line, complete_target, describe_changes, effective, target_blocking
 
@@ -311,6 +312,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     for d in modules:
         if d["tensor"] in chosen:
             d["reason"] = chosen[d["tensor"]][1]
+            if d["decision"] == KEPT_DENSE:  # a float weight the target format's own quantizer quantizes
+                d["decision"] = QUANTIZED
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                         overrides=overrides)

@@ -114,6 +114,8 @@ def test_types_and_bytes_come_back(folder, tmp_path, with_metadata):
     doc = json.loads(res.output)
     assert doc["target"]["types_from"] == str(src)
     validate_document(doc, "error-report")
+    # the float weights the file stores quantized are reported quantized (they used to read "kept dense")
+    assert doc["module_summary"] == {"quantized": 8, "dequantized": 0, "kept dense": 0}
     assert all(r["readback_bit_exact"] for r in doc["tensors"])
 
 
