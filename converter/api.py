@@ -132,7 +132,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     Without ``target``: an exact repack, proven by reading ``dst`` back; returns
     ``schemas/convert-report.schema.json``. With ``target`` (a :class:`converter.quant.requant.Target`, or a
     dict of its fields: ``bits``, ``granularity``, ``group_size``, ``symmetric``, ``scale_dtype``,
-    ``quant_type`` ...; ``reference``: a float checkpoint to measure against): a requantization, returning
+    ``quant_type``, ``types_from`` (a GGUF whose per-tensor types each tensor gets, ``--gguf-types-from``) ...;
+    ``reference``: a float checkpoint to measure against): a requantization, returning
     the error report (``schemas/error-report.schema.json``). Other keyword options go to the writer (GPTQ
     ``checkpoint_format``, GGUF ``gguf_metadata``).
 

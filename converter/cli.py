@@ -261,6 +261,10 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json)
               default=None, metavar="FILE.gguf",
               help="--to gguf: take the key/values (tokenizer, hyperparameters) from this GGUF "
                    "(e.g. a vocab-only file).")
+@click.option("--gguf-types-from", "gguf_types_from",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, metavar="FILE.gguf",
+              help="--to gguf: give every tensor the ggml type its namesake has in this GGUF (e.g. the one SRC was "
+                   "dequantized from: its own Q4_1 / Q8_0 ... mix); a requantization, no other target option.")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Also write the JSON report here.")
 @click.option("--format", "fmt", default=None, metavar="FORMAT",
@@ -272,8 +276,8 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json)
 @shard_size_flag
 @handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
-            reference, quant_type, gptq_format, gguf_metadata, overwrite, report, fmt, as_json, csv_path, top,
-            sort_key, plot):
+            reference, quant_type, gptq_format, gguf_metadata, gguf_types_from, overwrite, report, fmt, as_json,
+            csv_path, top, sort_key, plot):
     """Convert SRC into format --to at DST: an exact repack, or a requantization with an error report."""
     from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
     blocks = None
@@ -295,6 +299,14 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     check_format_option(fmt)
     if gguf_metadata is not None and to != "gguf":
         raise click.UsageError("--gguf-metadata is for --to gguf")
+    if gguf_types_from is not None:
+        if to != "gguf":
+            raise click.UsageError("--gguf-types-from is for --to gguf")
+        given = [o for o, v in (("--quant-type", quant_type), ("--fp8", fp8), ("--bits", bits), ("--sym/--asym", sym),
+                                ("--scale-dtype", scale_dtype), ("--scale-search", scale_search),
+                                ("--per-tensor / --per-channel / --group-size", granularity)) if v is not None]
+        if given:
+            raise click.UsageError(f"--gguf-types-from takes each tensor's type from the file: drop {given[0]}")
     if report:  # checked before any data moves, so a refused report leaves no DST behind
         check_not_inside(src, report)
         if Path(report).resolve() == Path(dst).resolve() or Path(dst).resolve() in Path(report).resolve().parents:
@@ -304,14 +316,15 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
     requant = granularity is not None or any(v is not None for v in (bits, sym, scale_dtype, scale_search, reference,
-                                                                     quant_type, fp8))
+                                                                     quant_type, fp8, gguf_types_from))
     if requant:
         from converter.ops.requantize_model import requantize_model  # lazy: imports the formats layer
         from converter.quant.requant import Target
         with usage_errors():
             target = Target(bits=bits, granularity=granularity,
                             group_size=group_size, symmetric=sym, scale_dtype=scale_dtype,
-                            scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks)
+                            scale_search=scale_search or "none", quant_type=quant_type, element=fp8, block=blocks,
+                            types_from=str(gguf_types_from) if gguf_types_from is not None else None)
         options = {**gptq_options(gptq_format, to or load(src, format=fmt).format),
                    **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
         doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,

@@ -26,6 +26,7 @@ output loads, tokenizes like the source, its ``tokenizer.*`` keys read by llama.
 the same greedy tokens. The greedy tokens against the *source* are recorded with the first differing position:
 the source computes Q4_1 x Q8_1 dot products, the F32 file F32 ones, and a requantized file differs from the source
 where its types do (``--quant-type Q4_1`` is llama-quantize ``--pure``: ``token_embd`` Q4_1, the source's is Q8_0).
+``interop/gguf_types_roundtrip.py`` writes the source's own types (``--gguf-types-from``) and gets its tokens.
 """
 
 from __future__ import annotations

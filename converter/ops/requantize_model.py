@@ -38,7 +38,8 @@ from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.plan_doc import plan_document, tensor_rows
-from converter.ops.module_policy import apply_module_policy, summarize_decisions, verify_dequantized
+from converter.ops.module_policy import (KEPT_DENSE, QUANTIZED, apply_module_policy, summarize_decisions,
+                                         verify_dequantized)
 from converter.ops.value_source import point_at_stored
 from converter.ops.target_plan import command_line, complete_target, describe_changes, effective, target_blocking
 
@@ -302,12 +303,17 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     target, filled = _complete(ckpt, handler, target, src=src, dst=dst, to=to, overwrite=overwrite,
                                reference=reference, source_format=source_format, write_options=write_options)
     target = effective(target, handler)  # (what a float-bias source becomes; the one scale dtype it stores)
+    if target.types_from is not None and handler.requant_targets is None:  # it would be ignored silently
+        raise NotRepresentableError(f"the {to} writer does not take per-tensor types from a file", field="types_from",
+                                    expected="a target format with per-tensor types", found=target.types_from)
     # the target format's per-module targets (GGUF's output head), with their reasons in the report
     chosen = handler.requant_targets(ckpt, target) if handler.requant_targets is not None else {}
     overrides = {name: t for name, (t, _) in chosen.items()}
     for d in modules:
         if d["tensor"] in chosen:
             d["reason"] = chosen[d["tensor"]][1]
+            if d["decision"] == KEPT_DENSE:  # a float weight the target format's own quantizer quantizes
+                d["decision"] = QUANTIZED
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                         overrides=overrides)

@@ -98,6 +98,8 @@ def target_words(target: Target) -> list[str]:
         words += ["--fp8", target.element]
     elif target.quant_type is not None:
         words += ["--quant-type", target.quant_type]
+    elif target.types_from is not None:
+        words += ["--gguf-types-from", str(target.types_from)]
     for name in FIELDS:
         if target.element is not None and name in ("bits", "symmetric"):
             continue
@@ -127,7 +129,7 @@ def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool
 def effective(target: Target, handler) -> Target:
     """``target`` with the defaults ``requantize_model`` applies for ``handler``: what a float-bias
     source becomes (``Target.float_bias``) and the one scale dtype the format stores."""
-    if target.element is not None or target.quant_type is not None:
+    if target.element is not None or target.named_types:
         return target
     if target.symmetric is None:
         target = dataclasses.replace(target, float_bias=handler.float_bias)
@@ -323,7 +325,7 @@ def complete_target(ckpt: Checkpoint, handler, given: Target | None = None, *, r
     chk = _Checker(ckpt, handler, strict_values=True)
     if not chk.specs:
         return None
-    if given.element is not None or given.quant_type is not None:
+    if given.element is not None or given.named_types:
         return TargetPlan(given, exact=chk.exact(given)) if chk.blocking(given) is None else None
     choices = _choices(ckpt, handler, given)
     # the order fields are changed in (the last first): a codebook source is requantized by --bits,

@@ -53,6 +53,10 @@ class Target:
         layout transformers 5.24 cannot load). Set from the target format, not by the user.
     quant_type : str, optional
         A type the target format defines by name (``--quant-type``).
+    types_from : str, optional
+        Path of an existing checkpoint of the target format whose per-tensor types the target format's quantizer
+        gives each tensor of the same name (``--gguf-types-from``; GGUF:
+        :mod:`converter.formats.gguf.types_from`).
     element : ``"e4m3" | "e5m2"``, optional
         Requantize to this FP8 element (``--fp8``; :data:`converter.codebooks.ELEMENTS`) with absmax
         scales (:func:`converter.quant.float_quant.quantize_float`); the granularity is then
@@ -69,6 +73,7 @@ class Target:
     scale_search: str = "none"
     float_bias: str = "keep"
     quant_type: str | None = None
+    types_from: str | None = None
     element: str | None = None
     block: tuple[int | None, int | None] | None = None
 
@@ -76,6 +81,11 @@ class Target:
         if self.element is not None:
             self._check_element()
             return
+        if self.types_from is not None and (self.quant_type is not None or self.scale_search != "none" or any(
+                v is not None for v in (self.bits, self.granularity, self.group_size, self.symmetric,
+                                        self.scale_dtype, self.block))):
+            raise UnsupportedError("the types come from the given file: no other target option", field="types_from",
+                                   found=self.types_from, hint="drop --quant-type / --bits / --group-size ...")
         if self.block is not None:
             raise UnsupportedError("--block needs --fp8", field="--block", found=self.block,
                                    hint="integer targets: --per-tensor, --per-channel, --group-size")
@@ -138,11 +148,17 @@ class Target:
             return GroupMap.per_block(*self.block)
         return group_map_for(self.granularity, self.group_size)
 
+    @property
+    def named_types(self) -> bool:
+        """True when the target format's quantizer chooses each tensor's type by name (``quant_type`` or
+        ``types_from``): no scheme fields to resolve or complete."""
+        return self.quant_type is not None or self.types_from is not None
+
     def is_identity(self) -> bool:
         """True when no field asks for a change (only a repack)."""
         return (self.bits is None and self.granularity is None and self.symmetric is None
                 and self.scale_dtype is None and self.scale_search == "none" and self.quant_type is None
-                and self.element is None)
+                and self.element is None and self.types_from is None)
 
     def to_json(self) -> dict:
         gran = self.granularity.value if self.granularity is not None else None
@@ -150,6 +166,8 @@ class Target:
                "symmetric": self.symmetric, "scale_dtype": self.scale_dtype, "scale_search": self.scale_search}
         if self.quant_type is not None:
             out["quant_type"] = self.quant_type
+        if self.types_from is not None:
+            out["types_from"] = self.types_from
         if self.element is not None:
             out["element"] = self.element
             if self.block is not None:

@@ -205,6 +205,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         file_type = int(src_kv["general.file_type"])
     elif mix in MIX_FILE_TYPES:  # a --quant-type mix: llama-quantize's llama_ftype
         file_type = MIX_FILE_TYPES[mix][0]
+    elif isinstance(mix, int) and not isinstance(mix, bool):  # --gguf-types-from: that file's general.file_type
+        file_type = mix
     else:
         weight = Counter()
         for p in plans:

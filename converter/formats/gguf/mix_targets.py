@@ -22,7 +22,8 @@ from converter.formats.gguf.hf_source import config_kv
 
 __all__ = ["mix_targets", "FILE_TYPE_KEY"]
 
-#: ``ckpt.metadata`` key of the llama.cpp file type a mix was resolved for (read by the writer).
+#: ``ckpt.metadata`` key of the llama.cpp file type a mix was resolved for (read by the writer): its name, or the
+#: ``general.file_type`` integer of a ``--gguf-types-from`` file (:mod:`converter.formats.gguf.types_from`).
 FILE_TYPE_KEY = "gguf_file_type"
 
 

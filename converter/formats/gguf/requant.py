@@ -204,10 +204,14 @@ def output_head(ckpt) -> str | None:
 
 
 def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
-    """``{name: (Target, reason)}``: with ``--quant-type`` every tensor's type of the mix
-    (:func:`converter.formats.gguf.mix_targets.mix_targets`); else the output head (or tied
+    """``{name: (Target, reason)}``: with ``--gguf-types-from FILE`` each tensor's type in FILE
+    (:func:`converter.formats.gguf.types_from.types_from_targets`); with ``--quant-type`` every tensor's type of the
+    mix (:func:`converter.formats.gguf.mix_targets.mix_targets`); else the output head (or tied
     embedding) at Q8_0 when ``target`` asks for fewer than 8 bits (empty when there is no
     quantized head or it gets 8 bits anyway)."""
+    if getattr(target, "types_from", None) is not None:
+        from converter.formats.gguf.types_from import types_from_targets
+        return types_from_targets(ckpt, target.types_from)
     if getattr(target, "quant_type", None) is not None:
         from converter.formats.gguf.mix_targets import mix_targets
         return mix_targets(ckpt, target.quant_type)
