@@ -137,13 +137,14 @@ def test_a_requantized_value_is_not_blamed_on_a_stored_array(tmp_path):
 
 def test_gguf_block_field_keeps_the_tensor_name(tmp_path):
     """A GGUF Q4_1 min (``m``) is a field inside each block, not an array of its own: the refusal names the
-    tensor ``blk.0.attn_q.weight`` and the file, not a made-up ``blk.0.attn_q.weight:m``. Q4_1 mins of a real
+    tensor (its logical name, ``blk.0.attn_q.weight`` in the file) and the file, not a made-up
+    ``blk.0.attn_q.weight:m``. Q4_1 mins of a real
     llama.cpp file are not integer zero points (e.g. -m/d = 9.308 in block [0, 0] of the shipped MiniLM)."""
     from tests.conftest import SAMPLES
 
     src = SAMPLES / "gguf" / "minilm_gguf_Q4_1.gguf"
     with pytest.raises(NotRepresentableError) as e:
         convert_exact(src, tmp_path / "o", "gptq")
-    assert e.value.tensor == "blk.0.attn_q.weight" and e.value.field == "zero_points"
+    assert e.value.tensor == "encoder.layer.0.attention.self.query.weight" and e.value.field == "zero_points"
     assert Path(e.value.file).name == "minilm_gguf_Q4_1.gguf"
     assert ":m" not in str(e.value)
