@@ -66,6 +66,7 @@ class CoordinatorJob:
         self.fn, self.args, self.kwargs, self.options = fn, args, kwargs, options
         self.retries = retries
         self.used = False
+        self.attempts: dict[int, int] = {}
         self.facts: list[tuple[str, int, dict]] = []
         self.seconds: dict[str, float] = {}
 
@@ -119,12 +120,13 @@ class CoordinatorJob:
                                    found=f"SHA-256 {got['tensors'].get(first, '')[:16]}" if bad else got["header"],
                                    hint="nothing was committed; check the shared filesystem and run again")
         self._run("proof", proof_task, specs, proven)
+        self.attempts = self.staging.attempts()  # (the control directory goes at the commit)
         self.used = True
         return dir_summary(written, sum(len(s) for s in shards), ckpt, tied_head, failed)
 
     def report(self, *, startup: float, nodes: int, total: float) -> dict:
         """The report's ``engine`` section (``schemas/engine.schema.json``)."""
-        attempts = self.staging.attempts()
+        attempts = self.attempts
         per_node: dict[str, dict] = {}
         for kind, _, facts in self.facts:
             row = per_node.setdefault(facts["node"], {"node": facts["node"], "write_tasks": 0, "proof_tasks": 0,

@@ -9,6 +9,8 @@ this machine (``ray.init(num_cpus=workers)``, no dashboard) and shut down by :me
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import ray
@@ -37,6 +39,17 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, address: str | None, *, workers: int) -> None:
+        # the driver prints the raylet's messages ("a worker died ...") to sys.stdout from its own thread:
+        # while connected they go to stderr, so stdout stays the command's (one JSON document under --json)
+        self._stdout = contextlib.redirect_stdout(sys.stderr)
+        self._stdout.__enter__()
+        try:
+            self._connect(address, workers)
+        except BaseException:
+            self._stdout.__exit__(None, None, None)
+            raise
+
+    def _connect(self, address: str | None, workers: int) -> None:
         self._started = not ray.is_initialized()
         if address is None:
             ray.init(num_cpus=max(1, int(workers)), include_dashboard=False, log_to_driver=False,
@@ -76,5 +89,8 @@ class RayExecutor:
                     pass
 
     def close(self) -> None:
-        if self._started:
-            ray.shutdown()
+        try:
+            if self._started:
+                ray.shutdown()
+        finally:
+            self._stdout.__exit__(None, None, None)
