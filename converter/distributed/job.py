@@ -16,10 +16,14 @@ option. The command plans from the source's headers as it always does; when it r
    back on a node must hold the header and tensor bytes the writer read back after its fsync, else
    :class:`~converter.errors.ProofFailedError`.
 
-The command then goes on as on one machine: its own read-back proof (convert, requantize) reads the
-staged directory. Only when the command returns is the staging directory renamed onto the
-destination and the parent fsynced; any failure (a task's qckpt error, a lost task past its retries,
-a failed proof, Ctrl-C) cancels the tasks left and removes the staging directory.
+The command then goes on as on one machine. Its own read-back proof (convert's
+:func:`converter.ops.convert.verify_output`) asks the job (:meth:`CoordinatorJob.verify_output`), which runs
+one more task per shard: the node runs the command again up to its proof and proves the source tensors
+of its shard against the staged directory (the rows merged in the command's order are the local run's);
+requantize's read-back still runs on this machine, on the staged directory. Only when the command
+returns is the staging directory renamed onto the destination and the parent fsynced; any failure (a
+task's qckpt error, a lost task past its retries, a failed proof, Ctrl-C) cancels the tasks left and
+removes the staging directory.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from converter.distributed.executor import DEFAULT_RETRIES, Executor, open_executor
 from converter.distributed.staging import Staging
-from converter.distributed.task import TaskSpec, proof_task, qckpt_version, write_task
+from converter.distributed.task import TaskSpec, proof_task, qckpt_version, rows_task, write_task
 from converter.errors import ConverterError, EngineError, ProofFailedError
 from converter.runtime import current, run_options
 from converter.write import atomic
@@ -69,6 +74,8 @@ class CoordinatorJob:
         self.attempts: dict[int, int] = {}
         self.facts: list[tuple[str, int, dict]] = []
         self.seconds: dict[str, float] = {}
+        self.specs: list[TaskSpec] = []
+        self.summary: dict = {}
 
     def _run(self, kind: str, fn: Callable[[TaskSpec], tuple], specs: list[TaskSpec], on_ok) -> None:
         t0 = time.perf_counter()
@@ -122,7 +129,22 @@ class CoordinatorJob:
         self._run("proof", proof_task, specs, proven)
         self.attempts = self.staging.attempts()  # (the control directory goes at the commit)
         self.used = True
-        return dir_summary(written, sum(len(s) for s in shards), ckpt, tied_head, failed)
+        self.specs = specs
+        self.summary = dir_summary(written, sum(len(s) for s in shards), ckpt, tied_head, failed)
+        return dict(self.summary)
+
+    def verify_output(self, names: list[str], prove) -> list[dict]:
+        """The command's read-back proof rows of ``names``, one task per shard: each node proves the source
+        tensors its shard holds (``prove`` is the local computation, not used here)."""
+        rows: dict[str, dict] = {}
+        specs = [replace(spec, mode="rows", summary=self.summary) for spec in self.specs]
+        self._run("rows", rows_task, specs, lambda i, res: rows.update(res[1]))
+        self.attempts = self.staging.attempts()
+        missing = [n for n in names if n not in rows]
+        if missing:
+            raise EngineError("a source tensor was proven by no task", tensor=missing[0], field="--engine",
+                              expected=f"{len(names)} rows", found=f"{len(names) - len(missing)} rows")
+        return [rows[n] for n in names]
 
     def report(self, *, startup: float, nodes: int, total: float) -> dict:
         """The report's ``engine`` section (``schemas/engine.schema.json``)."""
@@ -130,7 +152,7 @@ class CoordinatorJob:
         per_node: dict[str, dict] = {}
         for kind, _, facts in self.facts:
             row = per_node.setdefault(facts["node"], {"node": facts["node"], "write_tasks": 0, "proof_tasks": 0,
-                                                      "seconds": 0.0, "peak_rss_bytes": 0})
+                                                      "rows_tasks": 0, "seconds": 0.0, "peak_rss_bytes": 0})
             row[f"{kind}_tasks"] += 1
             row["seconds"] += facts["seconds"]
             row["peak_rss_bytes"] = max(row["peak_rss_bytes"], facts["peak_rss_bytes"])
@@ -138,6 +160,7 @@ class CoordinatorJob:
         return {"name": self.executor.name, "address": self.executor.address, "nodes": nodes,
                 "tasks": len({i for k, i, _ in self.facts if k == "write"}),
                 "proof_tasks": len({i for k, i, _ in self.facts if k == "proof"}),
+                "rows_tasks": len({i for k, i, _ in self.facts if k == "rows"}),
                 "retries": max(0, sum(attempts.values()) - n_tasks),
                 "startup_seconds": startup, "seconds": {"total": total, **self.seconds},
                 "per_node": sorted(per_node.values(), key=lambda r: r["node"])}

@@ -37,7 +37,8 @@ from converter.write.engine import collect_results, pack_error
 from converter.write.files import shard_file_names, write_plans
 from converter.write.staged import StagedShardWriter, shard_digests
 
-__all__ = ["TaskSpec", "ShardWritten", "WorkerJob", "write_task", "proof_task", "qckpt_version", "node_name"]
+__all__ = ["TaskSpec", "ShardWritten", "ShardProven", "WorkerJob", "write_task", "rows_task", "proof_task",
+           "qckpt_version", "node_name"]
 
 
 @lru_cache(maxsize=1)
@@ -92,6 +93,12 @@ class TaskSpec:
         The staging directory and its control directory (attempt markers).
     shard_file : str
         The shard's file name in the staging directory, as the coordinator planned it.
+    mode : str
+        ``write`` (fill the shard) or ``rows`` (the command's own read-back proof of the source tensors
+        this shard holds, on the complete staging directory: :func:`rows_task`).
+    summary : dict, optional
+        With ``rows``: the write's summary on the coordinator (tied head, renames), which the command's
+        proof needs; the node does not write again.
     version : str
         The coordinator's :func:`qckpt_version`: a node running another refuses the task.
     hooks : dict
@@ -108,6 +115,8 @@ class TaskSpec:
     version: str
     shard_file: str = ""
     hooks: dict = field(default_factory=dict)
+    mode: str = "write"
+    summary: dict | None = None
 
 
 class ShardWritten(Exception):  # noqa: N818 - a signal that the task's work is done, not an error
@@ -118,11 +127,34 @@ class ShardWritten(Exception):  # noqa: N818 - a signal that the task's work is 
         self.digests = digests
 
 
+class ShardProven(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by :class:`WorkerJob` once its shard's proof rows are computed: stops the command there."""
+
+    def __init__(self, rows: dict) -> None:
+        super().__init__("shard proven")
+        self.rows = rows
+
+
 class WorkerJob:
-    """The ``shard_job`` run option on a worker: :meth:`write_model_dir` writes one shard and stops."""
+    """The ``shard_job`` run option on a worker: :meth:`write_model_dir` writes one shard and stops
+    (``write``), or returns the coordinator's summary so that the command goes on to its proof, where
+    :meth:`verify_output` proves this shard's source tensors and stops (``rows``)."""
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
+        self._mine: set[str] = set()
+        self._planned: set[str] = set()
+
+    def proves(self, name: str) -> bool:
+        """Source tensor ``name`` is proven by this task: its plan is in this shard, or it is in no shard
+        (a tied head, a dropped tensor) and this is the first shard."""
+        return name in self._mine or (self.spec.shard == 0 and name not in self._planned)
+
+    def verify_output(self, names: list[str], prove) -> list:
+        if self.spec.mode != "rows":
+            raise EngineError("a write task reached the proof", field="--engine", expected="rows", found=self.spec.mode)
+        subset = [n for n in names if self.proves(n)]
+        raise ShardProven(dict(zip(subset, prove(subset))))
 
     def write_model_dir(self, dst: Path, shards, ckpt, *, metadata, **_: Any) -> dict:
         spec = self.spec
@@ -130,6 +162,10 @@ class WorkerJob:
         if not 0 <= spec.shard < len(shards) or names[spec.shard] != spec.shard_file:
             raise EngineError("the worker planned other shards than the coordinator", file=dst, field="shards",
                               expected=spec.shard_file, found=f"{len(shards)} shards")
+        self._mine = {p.source for p in shards[spec.shard]}
+        self._planned = {p.source for shard in shards for p in shard}
+        if spec.mode == "rows":
+            return dict(spec.summary or {})
         path = Path(dst) / names[spec.shard]
         _test_kill(spec, path)
         write_plans(path, shards[spec.shard], ckpt, metadata, open_writer=StagedShardWriter)
@@ -174,17 +210,15 @@ def _attempt(spec: TaskSpec, kind: str) -> None:
     (Path(spec.ctl) / "attempts" / f"{spec.shard}-{kind}-{secrets.token_hex(4)}").touch()
 
 
-def write_task(spec: TaskSpec) -> tuple:
-    """Write shard ``spec.shard`` (see the module). Returns ``("ok", results, digests, facts)`` or
-    ``("error", packed error, facts)``; raises an ``OSError`` (the engine retries it)."""
+def _run_command(spec: TaskSpec) -> tuple:
     t0 = time.perf_counter()
-    _attempt(spec, "write")
+    _attempt(spec, spec.mode)
     try:
         if qckpt_version() != spec.version:
             raise EngineError("a node runs another qckpt", field="version", expected=spec.version,
                               found=f"{qckpt_version()} on {node_name()}",
                               hint="install the same qckpt on every node of the cluster")
-        if spec.hooks.get("fail") == spec.shard:  # test-only: a qckpt error in one task
+        if spec.hooks.get("fail") == spec.shard and spec.mode == "write":  # test-only: a qckpt error in one task
             raise FormatError("injected failure (QCKPT_TEST_ENGINE_FAIL)", file=spec.staging, tensor="shard",
                               field="test", expected="no failure", found=f"shard {spec.shard}")
         options = dict(spec.options)
@@ -195,14 +229,28 @@ def write_task(spec: TaskSpec) -> tuple:
                 spec.fn(*spec.args, **spec.kwargs)
             except ShardWritten as done:
                 return "ok", dict(got), done.digests, _facts(t0)
-        raise EngineError("the command finished on the worker without writing its shard", field="--engine",
-                          expected="a model directory output", found="no shard written")
+            except ShardProven as done:
+                return "ok", done.rows, _facts(t0)
+        raise EngineError(f"the command finished on the worker without reaching its shard ({spec.mode})",
+                          field="--engine", expected="a model directory output", found="no shard written")
     except OSError as exc:
         if isinstance(exc, ConverterError):
             return "error", pack_error(exc), _facts(t0)
         raise
     except Exception as exc:  # noqa: BLE001 - a qckpt error (or a bug): a value, never retried
         return "error", pack_error(exc), _facts(t0)
+
+
+def write_task(spec: TaskSpec) -> tuple:
+    """Write shard ``spec.shard`` (see the module). Returns ``("ok", results, digests, facts)`` or
+    ``("error", packed error, facts)``; raises an ``OSError`` (the engine retries it)."""
+    return _run_command(spec)
+
+
+def rows_task(spec: TaskSpec) -> tuple:
+    """The command's own read-back proof of shard ``spec.shard``'s source tensors (``spec.mode`` ``rows``):
+    ``("ok", {name: row}, facts)`` or ``("error", packed error, facts)``."""
+    return _run_command(spec)
 
 
 def proof_task(spec: TaskSpec) -> tuple:

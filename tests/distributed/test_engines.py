@@ -61,7 +61,8 @@ def test_output_and_report_identical_to_local_pool(cluster, reference, tmp_path)
     assert without_engine(doc, dst, ref_dst) == ref_doc  # rows merged exactly as the local run's
     validate_document(doc, "convert-report")
     eng = doc["engine"]
-    assert (eng["name"], eng["tasks"], eng["proof_tasks"], eng["retries"]) == (cluster[0], 6, 6, 0)
+    counts = (eng["tasks"], eng["proof_tasks"], eng["rows_tasks"], eng["retries"])
+    assert eng["name"] == cluster[0] and counts == (6, 6, 6, 0)
     assert sum(n["write_tasks"] for n in eng["per_node"]) == 6
     assert siblings(dst) == []
 
