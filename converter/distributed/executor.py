@@ -62,19 +62,18 @@ def open_executor(name: str, address: str | None, *, workers: int) -> Executor:
     EngineError
         An unknown engine, its extra not installed, or the cluster cannot be reached.
     """
-    if name == "ray":
-        from converter.distributed.ray_engine import RayExecutor as cls
-        extra = "ray"
-    elif name == "dask":
-        from converter.distributed.dask_engine import DaskExecutor as cls  # type: ignore[assignment]
-        extra = "dask"
-    else:
+    if name not in ("ray", "dask"):
         raise EngineError("unknown engine", field="--engine", expected=" | ".join(ENGINES), found=name)
     try:
-        return cls(address, workers=workers)
+        if name == "ray":
+            from converter.distributed.ray_engine import RayExecutor as cls
+        else:
+            from converter.distributed.dask_engine import DaskExecutor as cls  # type: ignore[assignment]
     except ImportError as exc:
         raise EngineError(f"--engine {name} needs its extra: {exc}", field="--engine", found=name,
-                          hint=f"pip install 'qckpt[{extra}]'") from None
+                          hint=f"pip install 'qckpt[{name}]'") from None
+    try:
+        return cls(address, workers=workers)
     except EngineError:
         raise
     except Exception as exc:  # noqa: BLE001 - the engine's own connection errors, named
