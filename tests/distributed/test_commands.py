@@ -58,3 +58,24 @@ def test_convert_requantize(tmp_path, address):
     doc = _same(["convert", str(SOURCE), "{dst}", "--to", "compressed-tensors", "--per-channel", "--bits", "8",
                  "--max-shard-size", "300KB"], tmp_path, address)
     assert doc["tensors"]
+
+
+@pytest.mark.parametrize("command", ["convert", "dequantize"])
+def test_coordinator_reads_no_tensor(tmp_path, address, monkeypatch, command):
+    """Planning on the coordinator is header-only: no tensor of the source (or of the output, whose proof
+    runs on the nodes) is loaded in this process; the Dask workers are other processes."""
+    from converter.tensor import Checkpoint
+    loaded: list[str] = []
+    real = Checkpoint.__getitem__
+
+    def spy(self, name):
+        loaded.append(name)
+        return real(self, name)
+    monkeypatch.setattr(Checkpoint, "__getitem__", spy)
+    args = {"convert": ["convert", str(SOURCE), "{dst}", "--to", "compressed-tensors"],
+            "dequantize": ["dequantize", str(SOURCE), "{dst}"]}[command]
+    code, doc, out = qckpt(args + ["--max-shard-size", "300KB", "--quiet", "--json", "--engine", "dask",
+                                   "--address", address], tmp_path / "out")
+    assert code == 0, out
+    assert doc["engine"]["tasks"] >= 3
+    assert loaded == []
