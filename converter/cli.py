@@ -74,6 +74,9 @@ def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None
         click.echo(render.dumps(doc))
     else:
         renderer(doc)
+        if doc.get("engine"):  # --engine ray|dask: where the tasks ran
+            from converter.report.engine import render_engine  # lazy: only after a distributed run
+            render_engine(doc)
 
 
 @click.group(cls=JsonErrorsGroup, epilog=exit_codes.epilog(), context_settings={"help_option_names": ["-h", "--help"]})

@@ -177,3 +177,21 @@ def test_staging_lease_and_stale_cleanup(tmp_path):
     assert live.path.exists()  # this process's own, alive
     live.remove()
     assert siblings(dst) == []
+
+
+def test_text_report_names_the_engine(inline, tmp_path):
+    args = [a for a in CONVERT if a != "--json"] + ["--engine", "ray"]
+    code, _, out = qckpt(args, tmp_path / "out")
+    assert code == 0, out
+    assert "engine: ray (local), 1 node(s): 6 shard tasks, 6 read-back, 6 proof-row tasks, 0 retried" in out
+    assert "node-a" not in out and out.count("peak RSS") == 1  # one node ran every task
+
+
+def test_stale_staging_of_a_dead_coordinator_on_this_host(tmp_path):
+    import subprocess
+    from converter.distributed.staging import _host
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # its pid is now free (no process)
+    dead = tmp_path / f".out.qckpt-stage-{_host()}-{proc.pid}-abcd"
+    dead.mkdir()
+    assert clean_stale_staging(tmp_path / "out") == [dead] and not dead.exists()
