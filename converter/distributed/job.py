@@ -17,10 +17,11 @@ option. The command plans from the source's headers as it always does; when it r
    :class:`~converter.errors.ProofFailedError`.
 
 The command then goes on as on one machine. Its own read-back proof (convert's
-:func:`converter.ops.convert.verify_output`) asks the job (:meth:`CoordinatorJob.verify_output`), which runs
-one more task per shard: the node runs the command again up to its proof and proves the source tensors
-of its shard against the staged directory (the rows merged in the command's order are the local run's);
-requantize's read-back still runs on this machine, on the staged directory. Only when the command
+:func:`converter.ops.convert.verify_output`, requantize's :func:`converter.ops.requantize_model.verify_readback`)
+asks the job (:meth:`CoordinatorJob.prove_rows`), which runs one more task per shard: the node runs the
+command again up to its proof (the encoders' results handed back to it, nothing encoded again) and proves
+the source tensors of its shard against the staged directory; the values merged in the command's order
+are the local run's. Only when the command
 returns is the staging directory renamed onto the destination and the parent fsynced; any failure (a
 task's qckpt error, a lost task past its retries, a failed proof, Ctrl-C) cancels the tasks left and
 removes the staging directory.
@@ -76,6 +77,7 @@ class CoordinatorJob:
         self.seconds: dict[str, float] = {}
         self.specs: list[TaskSpec] = []
         self.summary: dict = {}
+        self.results: dict = {}
 
     def _run(self, kind: str, fn: Callable[[TaskSpec], tuple], specs: list[TaskSpec], on_ok) -> None:
         t0 = time.perf_counter()
@@ -110,6 +112,7 @@ class CoordinatorJob:
         with Progress("writing", len(shards), sum(sizes)) as progress:
             def written_ok(i: int, res: tuple) -> None:
                 deliver_results(res[1])
+                self.results.update(res[1])
                 digests[i] = res[2]
                 progress.advance(1, sizes[i])
             self._run("write", write_task, specs, written_ok)
@@ -133,11 +136,12 @@ class CoordinatorJob:
         self.summary = dir_summary(written, sum(len(s) for s in shards), ckpt, tied_head, failed)
         return dict(self.summary)
 
-    def verify_output(self, names: list[str], prove) -> list[dict]:
-        """The command's read-back proof rows of ``names``, one task per shard: each node proves the source
-        tensors its shard holds (``prove`` is the local computation, not used here)."""
-        rows: dict[str, dict] = {}
-        specs = [replace(spec, mode="rows", summary=self.summary) for spec in self.specs]
+    def prove_rows(self, names: list[str], prove) -> list:
+        """The command's read-back proof of ``names`` (convert's rows, requantize's read-back checks), one
+        task per shard: each node proves the source tensors its shard holds (``prove`` is the local
+        computation, which the nodes run on their subsets)."""
+        rows: dict[str, Any] = {}
+        specs = [replace(spec, mode="rows", summary=self.summary, results=self.results) for spec in self.specs]
         self._run("rows", rows_task, specs, lambda i, res: rows.update(res[1]))
         self.attempts = self.staging.attempts()
         missing = [n for n in names if n not in rows]

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from converter.errors import ConverterError, EngineError, FormatError
 from converter.runtime import run_options
-from converter.write.engine import collect_results, pack_error
+from converter.write.engine import collect_results, deliver_results, pack_error
 from converter.write.files import shard_file_names, write_plans
 from converter.write.staged import StagedShardWriter, shard_digests
 
@@ -99,6 +99,9 @@ class TaskSpec:
     summary : dict, optional
         With ``rows``: the write's summary on the coordinator (tied head, renames), which the command's
         proof needs; the node does not write again.
+    results : dict, optional
+        With ``rows``: what the write tasks' encoders reported (:func:`converter.write.engine.task_result`),
+        delivered to the command again on the node (requantize's digests, which its read-back checks).
     version : str
         The coordinator's :func:`qckpt_version`: a node running another refuses the task.
     hooks : dict
@@ -117,6 +120,7 @@ class TaskSpec:
     hooks: dict = field(default_factory=dict)
     mode: str = "write"
     summary: dict | None = None
+    results: dict | None = None
 
 
 class ShardWritten(Exception):  # noqa: N818 - a signal that the task's work is done, not an error
@@ -138,7 +142,7 @@ class ShardProven(Exception):  # noqa: N818 - a signal, not an error
 class WorkerJob:
     """The ``shard_job`` run option on a worker: :meth:`write_model_dir` writes one shard and stops
     (``write``), or returns the coordinator's summary so that the command goes on to its proof, where
-    :meth:`verify_output` proves this shard's source tensors and stops (``rows``)."""
+    :meth:`prove_rows` proves this shard's source tensors and stops (``rows``)."""
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
@@ -150,7 +154,9 @@ class WorkerJob:
         (a tied head, a dropped tensor) and this is the first shard."""
         return name in self._mine or (self.spec.shard == 0 and name not in self._planned)
 
-    def verify_output(self, names: list[str], prove) -> list:
+    def prove_rows(self, names: list[str], prove) -> list:
+        """The command's read-back proof (``prove(names) -> one value per name``), on this shard's names:
+        stops the command with them (:class:`ShardProven`)."""
         if self.spec.mode != "rows":
             raise EngineError("a write task reached the proof", field="--engine", expected="rows", found=self.spec.mode)
         subset = [n for n in names if self.proves(n)]
@@ -164,7 +170,8 @@ class WorkerJob:
                               expected=spec.shard_file, found=f"{len(shards)} shards")
         self._mine = {p.source for p in shards[spec.shard]}
         self._planned = {p.source for shard in shards for p in shard}
-        if spec.mode == "rows":
+        if spec.mode == "rows":  # the staging is complete: the encoders' results as the coordinator got them
+            deliver_results(spec.results or {})
             return dict(spec.summary or {})
         path = Path(dst) / names[spec.shard]
         _test_kill(spec, path)

@@ -268,7 +268,7 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
         return rows
     job = current().shard_job
     if job is not None:  # --engine ray|dask: each node proves its own shard's tensors (converter.distributed)
-        return job.verify_output(ckpt.names(), prove)
+        return job.prove_rows(ckpt.names(), prove)
     return prove(ckpt.names())
 
 

@@ -57,10 +57,11 @@ def test_quantize(tmp_path, address, float_source):
 def test_convert_requantize(tmp_path, address):
     doc = _same(["convert", str(SOURCE), "{dst}", "--to", "compressed-tensors", "--per-channel", "--bits", "8",
                  "--max-shard-size", "300KB"], tmp_path, address)
-    assert doc["tensors"]
+    assert doc["tensors"] and all(r["readback_bit_exact"] for r in doc["tensors"])  # read back on the nodes
+    assert doc["engine"]["rows_tasks"] == doc["engine"]["tasks"]
 
 
-@pytest.mark.parametrize("command", ["convert", "dequantize"])
+@pytest.mark.parametrize("command", ["convert", "dequantize", "requantize"])
 def test_coordinator_reads_no_tensor(tmp_path, address, monkeypatch, command):
     """Planning on the coordinator is header-only: no tensor of the source (or of the output, whose proof
     runs on the nodes) is loaded in this process; the Dask workers are other processes."""
@@ -73,7 +74,9 @@ def test_coordinator_reads_no_tensor(tmp_path, address, monkeypatch, command):
         return real(self, name)
     monkeypatch.setattr(Checkpoint, "__getitem__", spy)
     args = {"convert": ["convert", str(SOURCE), "{dst}", "--to", "compressed-tensors"],
-            "dequantize": ["dequantize", str(SOURCE), "{dst}"]}[command]
+            "dequantize": ["dequantize", str(SOURCE), "{dst}"],
+            "requantize": ["convert", str(SOURCE), "{dst}", "--to", "compressed-tensors", "--per-channel",
+                           "--bits", "8"]}[command]
     code, doc, out = qckpt(args + ["--max-shard-size", "300KB", "--quiet", "--json", "--engine", "dask",
                                    "--address", address], tmp_path / "out")
     assert code == 0, out
