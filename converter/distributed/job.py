@@ -204,6 +204,10 @@ def run_command(fn: Callable[..., Any], src: str | os.PathLike, dst: str | os.Pa
     if engine == "local" or current().dry_run:
         return fn(src, dst, overwrite=overwrite, **kwargs)
     dst = Path(dst)
+    if dst.suffix in (".safetensors", ".gguf"):
+        raise EngineError(f"--engine {engine} writes a model directory, one output shard per task; {dst.name} is "
+                          "one file", file=dst, field="--engine", expected="a directory DST", found=dst.name,
+                          hint="give a directory DST, or drop --engine")
     atomic.refuse_existing(dst, overwrite)
     opts = current()
     t0 = time.perf_counter()

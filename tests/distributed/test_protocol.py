@@ -195,3 +195,15 @@ def test_stale_staging_of_a_dead_coordinator_on_this_host(tmp_path):
     dead = tmp_path / f".out.qckpt-stage-{_host()}-{proc.pid}-abcd"
     dead.mkdir()
     assert clean_stale_staging(tmp_path / "out") == [dead] and not dead.exists()
+
+
+def test_python_api_takes_the_engine(inline, tmp_path):
+    import converter
+    with run_options(max_shard_size="300KB", workers=1):
+        ref = converter.convert(SOURCE, tmp_path / "local", to="compressed-tensors")
+        doc = converter.convert(SOURCE, tmp_path / "out", to="compressed-tensors", engine="ray")
+    assert files_of(tmp_path / "out") == files_of(tmp_path / "local")
+    assert without_engine(doc, tmp_path / "out", tmp_path / "local") == ref and doc["engine"]["tasks"] == 6
+    with pytest.raises(EngineError, match="one file"):
+        converter.dequantize(SOURCE, tmp_path / "x.safetensors", engine="ray")
+    assert not (tmp_path / "x.safetensors").exists() and siblings(tmp_path / "x.safetensors") == []
