@@ -54,9 +54,11 @@ def test_hooks() -> dict:
     """Test-only fault injection, read from the coordinator's environment and sent with every task:
     ``QCKPT_TEST_ENGINE_KILL=k`` (shard ``k``'s first attempt kills its worker mid-write),
     ``QCKPT_TEST_ENGINE_FAIL=k`` (shard ``k`` raises a qckpt error), ``QCKPT_TEST_ENGINE_CORRUPT=k``
-    (shard ``k`` loses a byte after its writer read it back: the proof fails)."""
+    (shard ``k`` loses a byte after its writer read it back: the proof fails), ``QCKPT_TEST_ENGINE_KILL_ALWAYS=k``
+    (every attempt of shard ``k`` is killed: the retries run out), ``QCKPT_TEST_ENGINE_OSERROR=k`` (shard ``k``'s
+    first attempt raises an ``OSError``: retried)."""
     hooks = {}
-    for key in ("kill", "fail", "corrupt"):
+    for key in ("kill", "fail", "corrupt", "kill_always", "oserror"):
         value = os.environ.get(f"QCKPT_TEST_ENGINE_{key.upper()}")
         if value is not None and value.strip().isdigit():
             hooks[key] = int(value)

@@ -190,16 +190,27 @@ def _flip_last_byte(path: Path) -> None:
         fh.write(bytes([b[0] ^ 0xFF]))
 
 
-def _test_kill(spec: TaskSpec, path: Path) -> None:
-    """Test-only: the first attempt of shard ``hooks["kill"]`` scribbles over its data and SIGKILLs its
-    own worker process (a node lost mid-task); the marker file makes the retry run normally."""
-    if spec.hooks.get("kill") != spec.shard:
-        return
+def _first(spec: TaskSpec, marker: str) -> bool:
+    """True once per staging directory for ``marker`` (test hooks: the first attempt only)."""
     try:
-        fd = os.open(Path(spec.ctl) / "killed", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(Path(spec.ctl) / f"{marker}-{spec.shard}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        return
+        return False
     os.close(fd)
+    return True
+
+
+def _test_kill(spec: TaskSpec, path: Path) -> None:
+    """Test-only: the first attempt of shard ``hooks["kill"]`` (every attempt of ``hooks["kill_always"]``)
+    scribbles over its data and SIGKILLs its own worker process (a node lost mid-task); the marker file
+    makes the retry run normally. ``hooks["oserror"]``: the first attempt raises an ``OSError``."""
+    if spec.hooks.get("oserror") == spec.shard and _first(spec, "oserror"):
+        raise OSError(5, "injected I/O error (QCKPT_TEST_ENGINE_OSERROR)", str(path))
+    always = spec.hooks.get("kill_always") == spec.shard
+    if spec.hooks.get("kill") != spec.shard and not always:
+        return
+    if not always and not _first(spec, "killed"):
+        return
     with open(path, "r+b") as fh:
         fh.seek(-16, os.SEEK_END)
         fh.write(b"\xa5" * 16)
@@ -219,8 +230,8 @@ def _attempt(spec: TaskSpec, kind: str) -> None:
 
 def _run_command(spec: TaskSpec) -> tuple:
     t0 = time.perf_counter()
-    _attempt(spec, spec.mode)
     try:
+        _attempt(spec, spec.mode)
         if qckpt_version() != spec.version:
             raise EngineError("a node runs another qckpt", field="version", expected=spec.version,
                               found=f"{qckpt_version()} on {node_name()}",
@@ -243,6 +254,10 @@ def _run_command(spec: TaskSpec) -> tuple:
     except OSError as exc:
         if isinstance(exc, ConverterError):
             return "error", pack_error(exc), _facts(t0)
+        if not Path(spec.staging).is_dir():  # the job failed or was cancelled meanwhile: nothing to retry
+            gone = EngineError("the staging directory is gone (the job was cancelled)", file=spec.staging,
+                               field="--engine", found=str(exc))
+            return "error", pack_error(gone), _facts(t0)
         raise
     except Exception as exc:  # noqa: BLE001 - a qckpt error (or a bug): a value, never retried
         return "error", pack_error(exc), _facts(t0)
@@ -263,12 +278,16 @@ def rows_task(spec: TaskSpec) -> tuple:
 def proof_task(spec: TaskSpec) -> tuple:
     """Read staged shard ``spec.shard`` back on this node: ``("ok", digests, facts)`` or ``("error", ...)``."""
     t0 = time.perf_counter()
-    _attempt(spec, "proof")
     try:
+        _attempt(spec, "proof")
         return "ok", shard_digests(Path(spec.staging) / spec.shard_file), _facts(t0)
     except OSError as exc:
         if isinstance(exc, ConverterError):
             return "error", pack_error(exc), _facts(t0)
+        if not Path(spec.staging).is_dir():
+            gone = EngineError("the staging directory is gone (the job was cancelled)", file=spec.staging,
+                               field="--engine", found=str(exc))
+            return "error", pack_error(gone), _facts(t0)
         raise
     except Exception as exc:  # noqa: BLE001
         return "error", pack_error(exc), _facts(t0)

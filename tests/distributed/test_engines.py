@@ -30,7 +30,7 @@ def cluster(request):
         pytest.importorskip("distributed")
         import dask
         from distributed import LocalCluster
-        with dask.config.set({"distributed.worker.daemon": False}):
+        with dask.config.set({"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": 2}):
             lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                               dashboard_address=None, silence_logs=50)
         yield "dask", lc.scheduler_address
@@ -93,4 +93,22 @@ def test_failed_proof_commits_nothing(cluster, tmp_path, monkeypatch):
     code, doc, out = qckpt(CONVERT + _engine_args(cluster), dst)
     assert code == 3, out
     assert doc["error"] == "ProofFailedError" and doc["file"].endswith("model-00001-of-00006.safetensors"), doc
+    assert not dst.exists() and siblings(dst) == []
+
+
+def test_an_oserror_is_retried(cluster, reference, tmp_path, monkeypatch):
+    ref_dst, _ = reference
+    dst = tmp_path / "out"
+    monkeypatch.setenv("QCKPT_TEST_ENGINE_OSERROR", "1")
+    code, doc, out = qckpt(CONVERT + _engine_args(cluster), dst)
+    assert code == 0, out
+    assert files_of(dst) == files_of(ref_dst) and doc["engine"]["retries"] >= 1
+    assert siblings(dst) == []
+
+
+def test_retries_are_bounded(cluster, tmp_path, monkeypatch):
+    dst = tmp_path / "out"
+    monkeypatch.setenv("QCKPT_TEST_ENGINE_KILL_ALWAYS", "0")  # every attempt of shard 1 dies
+    code, doc, out = qckpt(CONVERT + _engine_args(cluster), dst)
+    assert code == 3 and doc["error"] == "EngineError", out
     assert not dst.exists() and siblings(dst) == []
