@@ -50,13 +50,17 @@ def validate(path: str | Path, *, reference: str | Path | None = None, strict: b
 
 
 def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrite: bool = False,
-               format: str | None = None, match_tool: bool = False, tool_dtype: str | None = None) -> dict[str, Any]:
+               format: str | None = None, match_tool: bool = False, tool_dtype: str | None = None,
+               engine: str = "local", address: str | None = None) -> dict[str, Any]:
     """``qckpt dequantize``: plain float safetensors (a file when ``dst`` ends in ``.safetensors``, else a
     model directory), ``dtype`` ``"f32"`` / ``"f16"`` / ``"bf16"``; ``match_tool``: each tensor as its
-    producing tool decodes it. Returns ``schemas/dequantize-report.schema.json``."""
+    producing tool decodes it. Returns ``schemas/dequantize-report.schema.json``. ``engine`` /
+    ``address``: as ``--engine`` / ``--address`` (a model directory written on a Ray or Dask cluster,
+    :func:`converter.distributed.job.run_command`)."""
+    from converter.distributed.job import run_command
     from converter.ops.dequantize import dequantize as do_dequantize
-    return do_dequantize(src, dst, dtype=dtype, overwrite=overwrite, source_format=format, match_tool=match_tool,
-                         tool_dtype=tool_dtype)
+    return run_command(do_dequantize, src, dst, engine=engine, address=address, overwrite=overwrite, dtype=dtype,
+                       source_format=format, match_tool=match_tool, tool_dtype=tool_dtype)
 
 
 def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granularity: str | None = None,
@@ -64,7 +68,7 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
              fp8: str | None = None, block: tuple[int | None, int | None] | None = None, fp4: str | None = None,
              fp4_rule: str | None = None, to: str | None = None, include: str | None = None,
              exclude: str | None = None, overwrite: bool = False, format: str | None = None,
-             **writer_options: Any) -> dict[str, Any]:
+             engine: str = "local", address: str | None = None, **writer_options: Any) -> dict[str, Any]:
     """``qckpt quantize``: a float checkpoint ``src`` quantized into ``dst`` (native, or format ``to``).
 
     Integer targets: ``bits`` with ``granularity`` ``"tensor"`` / ``"channel"`` / ``"group"`` (inferred as
@@ -72,8 +76,8 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
     weight's own dtype). FP8: ``fp8="e4m3"`` with
     ``granularity`` ``"tensor"`` / ``"channel"`` / ``"block"`` and ``block=(out, in)``. FP4:
     ``fp4="mxfp4" | "nvfp4"`` (``fp4_rule`` ``"ct"`` / ``"mlx"``; default the target's own). Other keyword
-    options go to the writer (e.g. GPTQ ``checkpoint_format``). Returns
-    ``schemas/quantize-report.schema.json``.
+    options go to the writer (e.g. GPTQ ``checkpoint_format``). ``engine`` / ``address``: as ``--engine`` /
+    ``--address``. Returns ``schemas/quantize-report.schema.json``.
 
     Raises
     ------
@@ -82,8 +86,9 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
         target that cannot hold the result.
     """
     from converter.errors import FormatError
-    from converter.formats.registry import check_writable, load
-    from converter.ops.quantize_model import QuantizeOptions, default_selection, quantize_model, summarize
+    from converter.distributed.job import run_command
+    from converter.formats.registry import check_writable
+    from converter.ops.quantize_model import QuantizeOptions, default_selection, quantize_report
     from converter.vocabulary import float_dtype_name
     from converter.write.atomic import check_not_inside, refuse_existing
     if granularity is None and group_size is not None:
@@ -116,17 +121,14 @@ def quantize(src: str | Path, dst: str | Path, *, bits: int | None = None, granu
                            scale_dtype=scale_dtype, include=include, **selection, element=fp8, block=block,
                            fp4=fp4, fp4_rule=fp4_rule or "ct")
     kw = {"to": to} if to is not None else {}
-    notes: dict = {}
-    stats = quantize_model(load(src, format=format), dst, opts, overwrite=overwrite, notes=notes,
-                           write_options=writer_options, **kw)
-    if stats.get("dry_run") is True:  # run_options(dry_run=True): the plan
-        return stats
-    return summarize(stats, opts, str(src), Path(dst), notes=notes, **kw)
+    # the report, or under run_options(dry_run=True) the plan
+    return run_command(quantize_report, src, dst, engine=engine, address=address, overwrite=overwrite, opts=opts,
+                       source_format=format, write_options=writer_options, **kw)
 
 
 def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: Any = None,
             reference: str | Path | None = None, overwrite: bool = False, format: str | None = None,
-            **writer_options: Any) -> dict[str, Any]:
+            engine: str = "local", address: str | None = None, **writer_options: Any) -> dict[str, Any]:
     """``qckpt convert``: ``src`` into format ``to`` (default: the source's own) at ``dst``.
 
     Without ``target``: an exact repack, proven by reading ``dst`` back; returns
@@ -135,7 +137,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     ``quant_type``, ``types_from`` (a GGUF whose per-tensor types each tensor gets, ``--gguf-types-from``) ...;
     ``reference``: a float checkpoint to measure against): a requantization, returning
     the error report (``schemas/error-report.schema.json``). Other keyword options go to the writer (GPTQ
-    ``checkpoint_format``, GGUF ``gguf_metadata``).
+    ``checkpoint_format``, GGUF ``gguf_metadata``). ``engine`` / ``address``: as ``--engine`` / ``--address``
+    (a model directory written on a Ray or Dask cluster, :func:`converter.distributed.job.run_command`).
 
     Raises
     ------
@@ -150,18 +153,21 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
         _check_writer_options(writer_options, to or load(src, format=format).format)
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
+    from converter.distributed.job import run_command
     if target is None and reference is None:
         from converter.ops.convert import convert_exact
-        return convert_exact(src, dst, to or load(src, format=format).format, overwrite=overwrite,
-                             source_format=format, options=writer_options or None)
+        return run_command(convert_exact, src, dst, engine=engine, address=address, overwrite=overwrite,
+                           to=to or load(src, format=format).format, source_format=format,
+                           options=writer_options or None)
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     if target is None:
         target = Target()
     elif isinstance(target, dict):
         target = Target(**target)
-    return requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite, source_format=format,
-                            write_options=writer_options or None)
+    return run_command(requantize_model, src, dst, engine=engine, address=address, overwrite=overwrite,
+                       target=target, to=to, reference=reference, source_format=format,
+                       write_options=writer_options or None)
 
 
 #: writer keyword options -> the one format whose writer takes them (the CLI's --gptq-format / --gguf-metadata)

@@ -14,8 +14,9 @@ import click
 
 import converter.exit_codes as exit_codes
 from converter.cli_errors import JsonErrorsGroup, check_format_option, handle_errors, usage_errors
-from converter.cli_options import (check_fp4_options, check_table_options, export_tables, fp8_granularity_option,
-                                   gptq_options, granularity_option, run_options_flags, shard_size_flag, table_options)
+from converter.cli_options import (check_fp4_options, check_table_options, engine_options, export_tables,
+                                   fp8_granularity_option, gptq_options, granularity_option, run_on_engine,
+                                   run_options_flags, shard_size_flag, table_options)
 from converter.vocabulary import (DENSE_DTYPE_CHOICES, FORMAT_NAMES, FP8_ELEMENTS, QUANT_TYPE_OPTION,
                                   SCALE_DTYPE_CHOICES, WRITABLE_FORMATS, float_dtype_name)
 from converter.write.atomic import atomic_output, check_not_inside, refuse_existing
@@ -73,6 +74,9 @@ def _emit(doc: dict, as_json: bool, renderer, schema: str | None = None) -> None
         click.echo(render.dumps(doc))
     else:
         renderer(doc)
+        if doc.get("engine"):  # --engine ray|dask: where the tasks ran
+            from converter.report.engine import render_engine  # lazy: only after a distributed run
+            render_engine(doc)
 
 
 @click.group(cls=JsonErrorsGroup, epilog=exit_codes.epilog(), context_settings={"help_option_names": ["-h", "--help"]})
@@ -131,13 +135,14 @@ def inspect(path: Path, fmt: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/quantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
+@engine_options
 @handle_errors
 def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_size, block, sym, scale_dtype, to,
              gptq_format, include, exclude, overwrite, fmt, as_json):
     """Quantize a float checkpoint SRC into DST (a native qckpt file, or --to FORMAT), with an error report."""
-    from converter.formats.registry import check_writable, load  # lazy: the formats layer (see the top)
+    from converter.formats.registry import check_writable  # lazy: the formats layer (see the top)
     from converter.ops.quantize_model import (QuantizeOptions, default_selection,  # lazy: imports the formats layer
-                                              quantize_model, summarize)
+                                              quantize_report)
     blocks = None
     if fp4 is not None:
         fp4_rule = fp4_rule or ("mlx" if to == "mlx" else "ct")  # the target's own quantizer by default
@@ -171,11 +176,9 @@ def quantize(src, dst, bits, fp8, fp4, fp4_rule, per_tensor, per_channel, group_
                            scale_dtype=sd, include=include, **selection,
                            element=fp8, block=blocks, fp4=fp4, fp4_rule=fp4_rule)
     kw = {"to": to} if to is not None else {}
-    notes: dict = {}
     check_format_option(fmt)
-    stats = quantize_model(load(src, format=fmt), dst, opts, overwrite=overwrite, notes=notes,
-                           write_options=gptq_options(gptq_format, to or "native"), **kw)
-    doc = stats if stats.get("dry_run") is True else summarize(stats, opts, str(src), dst, notes=notes, **kw)
+    doc = run_on_engine(quantize_report, src, dst, opts=opts, overwrite=overwrite, source_format=fmt,
+                        write_options=gptq_options(gptq_format, to or "native"), **kw)
     _emit_or_plan(doc, as_json, render.render_quantize, "quantize-report")
 
 
@@ -212,6 +215,7 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
               help="Print a summary as JSON (schemas/dequantize-report.schema.json).")
 @run_options_flags
 @shard_size_flag
+@engine_options
 @handle_errors
 def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
@@ -223,8 +227,8 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json)
     if tool_dtype is not None and not match_tool:
         raise click.UsageError("--tool-dtype needs --match-tool")
     check_format_option(fmt)
-    doc = do_dequantize(src, dst, dtype=dtype or "f32", overwrite=overwrite, source_format=fmt, match_tool=match_tool,
-                        tool_dtype=tool_dtype)
+    doc = run_on_engine(do_dequantize, src, dst, dtype=dtype or "f32", overwrite=overwrite, source_format=fmt,
+                        match_tool=match_tool, tool_dtype=tool_dtype)
     _emit_or_plan(doc, as_json, render.render_dequantize, "dequantize-report")
 
 
@@ -274,6 +278,7 @@ def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json)
 @table_options
 @run_options_flags
 @shard_size_flag
+@engine_options
 @handle_errors
 def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block, sym, scale_dtype, scale_search,
             reference, quant_type, gptq_format, gguf_metadata, gguf_types_from, overwrite, report, fmt, as_json,
@@ -327,15 +332,16 @@ def convert(src, dst, to, per_tensor, per_channel, group_size, bits, fp8, block,
                             types_from=str(gguf_types_from) if gguf_types_from is not None else None)
         options = {**gptq_options(gptq_format, to or load(src, format=fmt).format),
                    **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
-        doc, schema, renderer = (requantize_model(src, dst, target, to=to, reference=reference, overwrite=overwrite,
-                                                  source_format=fmt, write_options=options),
+        doc, schema, renderer = (run_on_engine(requantize_model, src, dst, target=target, to=to, reference=reference,
+                                               overwrite=overwrite, source_format=fmt, write_options=options),
                                  "error-report", render.render_error_report)
     else:
         from converter.ops.convert import convert_exact  # lazy: imports the formats layer
         to = to or load(src, format=fmt).format
         options = {**gptq_options(gptq_format, to),
                    **({"gguf_metadata": gguf_metadata} if gguf_metadata is not None else {})}
-        doc = convert_exact(src, dst, to, overwrite=overwrite, source_format=fmt, options=options or None)
+        doc = run_on_engine(convert_exact, src, dst, to=to, overwrite=overwrite, source_format=fmt,
+                            options=options or None)
         schema, renderer = "convert-report", render.render_convert
     if report:
         from converter.schemas import validate_document  # lazy: jsonschema, only for --report

@@ -7,11 +7,14 @@ stays one concept; like it, nothing here imports numpy at module level (start-up
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
+from converter.distributed.executor import ENGINES
 from converter.errors import ConverterError
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
 from converter.vocabulary import (FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS, granularity_of, granularity_options,
@@ -23,7 +26,8 @@ _MEMORY_HELP = "Working-memory budget for all workers, e.g. 512M or 2G (default 
 _BUDGET_HELP = {"rows": "larger tensors go in row blocks.",
                 "tensors": "tensors are checked whole, as many side by side as fit (at least one)."}
 
-__all__ = ["run_options_flags", "shard_size_flag", "gptq_options", "granularity_option", "fp8_granularity_option",
+__all__ = ["run_options_flags", "shard_size_flag", "engine_options", "run_on_engine", "gptq_options",
+           "granularity_option", "fp8_granularity_option",
            "check_fp4_options", "table_options", "check_table_options", "export_tables"]
 
 
@@ -91,6 +95,48 @@ def shard_size_flag(fn):
         with run_options(max_shard_size=size, dry_run=dry_run or None):
             return fn(*args, **kwargs)
     return wrapper
+
+
+#: The command's ``--engine`` / ``--address`` (set by :func:`engine_options`).
+_ENGINE: contextvars.ContextVar[tuple[str, str | None]] = contextvars.ContextVar("qckpt_engine",
+                                                                                 default=("local", None))
+
+
+def engine_options(fn):
+    """``--engine local|ray|dask`` and ``--address auto|HOST:PORT`` for the commands that write a model
+    directory; the command body runs its work through :func:`run_on_engine`."""
+    @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+                  help="Where the shards are written: this machine's process pool, or a Ray / Dask cluster, one "
+                       "output shard per task, committed atomically (needs pip install 'qckpt[ray]' / "
+                       "'qckpt[dask]' and a filesystem every node shares).")
+    @click.option("--address", default=None, metavar="auto|HOST:PORT",
+                  help="With --engine ray|dask: the cluster to join (Ray: auto finds a running one) [default: start "
+                       "a local cluster of --workers slots on 127.0.0.1].")
+    @functools.wraps(fn)
+    def wrapper(*args, engine="local", address=None, **kwargs):
+        if address is not None and engine == "local":
+            raise click.UsageError("--address names a Ray or Dask cluster: give --engine ray or --engine dask")
+        if engine != "local":
+            dst = str(kwargs.get("dst", ""))
+            if kwargs.get("to") == "gguf" or dst.endswith((".gguf", ".safetensors")):
+                raise click.UsageError(f"--engine {engine} writes a model directory, one output shard per task; "
+                                       f"{Path(dst).name} is one file: give a directory DST or drop --engine")
+        token = _ENGINE.set((engine, address))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _ENGINE.reset(token)
+    return wrapper
+
+
+def run_on_engine(fn: Callable[..., Any], src, dst, *, overwrite: bool, **kwargs: Any) -> Any:
+    """``fn(src, dst, overwrite=overwrite, **kwargs)`` here, or under ``--engine ray|dask`` through
+    :func:`converter.distributed.job.run_command` (``fn`` must then be a module-level function)."""
+    engine, address = _ENGINE.get()
+    if engine == "local":
+        return fn(src, dst, overwrite=overwrite, **kwargs)
+    from converter.distributed.job import run_command  # lazy: numpy and the write engine
+    return run_command(fn, src, dst, engine=engine, address=address, overwrite=overwrite, **kwargs)
 
 
 def granularity_option(per_tensor: bool, per_channel: bool, group_size: int | None, *, required: bool) -> str | None:

@@ -181,6 +181,16 @@ class MissingExtraError(UnsupportedError):
     exit_code = exit_codes.USAGE
 
 
+class EngineError(ConverterError, RuntimeError):
+    """A distributed engine (``--engine ray|dask``) cannot run the job: its extra is not installed, the
+    cluster cannot be reached, a node runs another qckpt version, or a task was lost more times than
+    the retries allow."""
+
+
+class ProofFailedError(ConverterError):
+    """The staged output read back does not match what was written: nothing is committed."""
+
+
 class OutputExistsError(ConverterError, FileExistsError):
     """The destination exists and ``overwrite=True`` (the CLI's ``--overwrite``) was not given, or DST
     is (inside) SRC."""

@@ -73,6 +73,10 @@ class RunOptions:
     kernels : str or None
         ``auto`` | ``numpy`` | ``numba``: which kernel path runs (:mod:`converter.kernels.compiled`);
         ``None``: ``$QCKPT_KERNELS``, else ``auto``.
+    shard_job : object or None
+        Set by :mod:`converter.distributed` (``--engine ray|dask``): the object that writes a model
+        directory's shards instead of the local pool (its ``write_model_dir``, called by
+        :func:`converter.write.files.write_model_dir`). ``None``: the local pool.
     """
 
     workers: int | None = None
@@ -81,6 +85,7 @@ class RunOptions:
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     dry_run: bool = False
     kernels: str | None = None
+    shard_job: Any = None
 
     @property
     def n_workers(self) -> int:

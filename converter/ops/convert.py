@@ -30,7 +30,7 @@ from converter.layout import IN
 from converter.ops.compare import compare_tensors
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.ops.value_source import point_at_stored
-from converter.runtime import auto_workers
+from converter.runtime import auto_workers, current
 from converter.quant.requant import target_probe
 from converter.quant.target import Target
 from converter.ops.plan_doc import plan_document, tensor_rows
@@ -248,22 +248,28 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
     in the worker processes of the options in force (:func:`converter.runtime.auto_workers`
     on the source's stored bytes; forked, each task reads one source tensor and its output
     counterpart from their files); ``meanwhile`` (no arguments) runs in this process while they
-    work (:func:`converter.write.engine.run_tasks`).
+    work (:func:`converter.write.engine.run_tasks`). Under a distributed engine (the ``shard_job`` run
+    option, :mod:`converter.distributed`) the rows come from the cluster: each node proves the source
+    tensors of the shard it wrote, with this same function on its subset.
 
     Raises
     ------
     ConverterError
         Whatever reading a tensor raises (the first failure, with its fields).
     """
-    names = ckpt.names()
-    total = sum(int(a.nbytes) for spec in ckpt.specs() for a in spec.stored)
-    rows: list[dict[str, Any]] = [{} for _ in names]
+    def prove(names: list[str]) -> list[dict[str, Any]]:
+        total = sum(int(a.nbytes) for name in names for a in ckpt.spec(name).stored)
+        rows: list[dict[str, Any]] = [{} for _ in names]
 
-    def done(i: int, row: dict[str, Any]) -> None:
-        rows[i] = row
-    run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed, dropped),
-              workers=auto_workers(total, len(names)), on_result=done, meanwhile=meanwhile)
-    return rows
+        def done(i: int, row: dict[str, Any]) -> None:
+            rows[i] = row
+        run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed, dropped),
+                  workers=auto_workers(total, len(names)), on_result=done, meanwhile=meanwhile)
+        return rows
+    job = current().shard_job
+    if job is not None:  # --engine ray|dask: each node proves its own shard's tensors (converter.distributed)
+        return job.prove_rows(ckpt.names(), prove)
+    return prove(ckpt.names())
 
 
 def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool = False,

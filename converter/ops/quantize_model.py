@@ -296,6 +296,20 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
 
 
+def quantize_report(src: str | Path, dst: str | Path, opts: QuantizeOptions, *, overwrite: bool = False,
+                    source_format: str | None = None, to: str = NATIVE,
+                    write_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``qckpt quantize`` from a path: :func:`quantize_model` of ``registry.load(src)``, then its report
+    (:func:`summarize`), or under ``run_options(dry_run=True)`` the plan. A module-level command of paths
+    and options, so a distributed engine's worker can run it again (:mod:`converter.distributed`)."""
+    notes: dict = {}
+    stats = quantize_model(registry.load(src, format=source_format), dst, opts, overwrite=overwrite, notes=notes,
+                           write_options=write_options, to=to)
+    if stats.get("dry_run") is True:
+        return stats
+    return summarize(stats, opts, str(src), Path(dst), notes=notes, to=to)
+
+
 def fp4_hint(opts: QuantizeOptions, field: str | None, hint: str | None = None) -> str:
     """What ``qckpt quantize --fp4`` can change when the ``--to`` target refuses its tensors (``hint``: the
     target's own, kept where it applies to a float source)."""

@@ -33,7 +33,7 @@ from converter.scheme import QuantScheme
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
 from converter.quant.recode import as_integer_zero, as_unsigned
-from converter.runtime import auto_workers
+from converter.runtime import auto_workers, current
 from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
@@ -92,17 +92,24 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, s
     The tensors are read and digested in the worker processes of the options in force
     (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
     """
-    names = list(rows)
     total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
 
-    def check(i: int) -> bool:
-        back = out[names[i]] if names[i] in out else None
-        mine = written.get(names[i])
-        return bool(mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine)
+    def prove(names: list[str]) -> list[bool]:
+        oks = [False] * len(names)
 
-    def done(i: int, ok: bool) -> None:
-        rows[names[i]]["readback_bit_exact"] = ok
-    run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
+        def check(i: int) -> bool:
+            back = out[names[i]] if names[i] in out else None
+            mine = written.get(names[i])
+            return bool(mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine)
+
+        def done(i: int, ok: bool) -> None:
+            oks[i] = ok
+        run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
+        return oks
+    job = current().shard_job  # --engine ray|dask: each node reads back its own shard's tensors
+    names = list(rows)
+    for name, ok in zip(names, job.prove_rows(names, prove) if job is not None else prove(names)):
+        rows[name]["readback_bit_exact"] = ok
 
 
 def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,

@@ -46,7 +46,8 @@ from converter.kernels.threads import forget_pool, shutdown_pool
 from converter.runtime import limit_blas_threads, mark_worker_process
 from converter.write.background import drain_process, pause_threads
 
-__all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError",
+__all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError", "deliver_results",
+           "pack_error", "unpack_error",
            "prepare_fork"]
 
 
@@ -275,3 +276,21 @@ def run_tasks(n_tasks: int, fn: Callable[[int], Any], *, workers: int,
         pool.shutdown(wait=True)
     finally:
         _TASK_FN = None
+
+
+# --------------------------------------------------------------------------------------------- other engines
+
+def deliver_results(results: dict) -> None:
+    """Hand results a task reported elsewhere (a distributed engine's task, :mod:`converter.distributed`)
+    to the :func:`collect_results` blocks open here, as :func:`run_tasks` does with a worker's."""
+    _deliver(results)
+
+
+def pack_error(exc: BaseException) -> tuple:
+    """A task's exception as a picklable value that keeps its class and fields (see :func:`unpack_error`)."""
+    return _pack_error(exc)
+
+
+def unpack_error(packed: tuple) -> BaseException:
+    """The exception :func:`pack_error` packed, its ``__cause__`` the remote traceback text."""
+    return _unpack_error(packed)

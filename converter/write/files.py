@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from converter.errors import ConverterError, FormatError
+from converter.errors import ConverterError, FormatError, UnsupportedError
 from converter.runtime import auto_workers, current, drop_pages
 from converter import tensor
 from converter.write.atomic import atomic_output
@@ -30,7 +30,8 @@ from converter.write.plan import TensorPlan, block_rows, shard_plans
 from converter.write.progress import Progress
 from converter.write.safetensors import SafetensorsWriter
 
-__all__ = ["INDEX_NAME", "write_plans", "write_single_file", "write_model_dir", "write_at_offsets", "shard_name"]
+__all__ = ["INDEX_NAME", "write_plans", "write_single_file", "write_model_dir", "write_at_offsets", "shard_name",
+           "shard_file_names", "shard_index", "write_side_files", "dir_summary", "dump_json"]
 
 #: The shard index of a sharded model directory (huggingface_hub naming).
 INDEX_NAME = "model.safetensors.index.json"
@@ -92,12 +93,15 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
 
 
 def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping[str, str] | None,
-                progress: Progress | None = None) -> None:
+                progress: Progress | None = None, open_writer: Callable[..., SafetensorsWriter] = SafetensorsWriter
+                ) -> None:
     """Stream the planned arrays of ``plans`` into one safetensors file at ``path`` (not atomic itself).
 
     One task per plan, in the worker processes and memory budget in force
     (:func:`converter.runtime.auto_workers`; the default forks a pool only when the work repays
     it). Each task's return value names the arrays it wrote; the parent counts them as written.
+    ``open_writer(path, entries, metadata)``: the file's writer (a shard pre-created by a distributed
+    write: :class:`converter.write.staged.StagedShardWriter`).
     """
     entries = [o for p in plans for o in p.outputs]
     names = [e[0] for e in entries]
@@ -111,7 +115,7 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
     if own:
         progress = Progress("writing", len(plans), total)
     try:
-        with SafetensorsWriter(path, entries, metadata) as w:
+        with open_writer(path, entries, metadata) as w:
             def done(i: int, res: tuple[list[str], int]) -> None:
                 written, nbytes = res
                 w.adopt(written)
@@ -129,6 +133,11 @@ def _test_shard_delay() -> None:
     delay = os.environ.get("QCKPT_TEST_SHARD_DELAY")
     if delay:
         time.sleep(float(delay))
+
+
+def dump_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as the JSON side files of a model directory are written (indented, sorted keys)."""
+    _dump(path, obj)
 
 
 def _dump(path: Path, obj: Any) -> None:
@@ -163,6 +172,10 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
                                        for n, sh in zip(names, shards)]
                              + ([{"name": INDEX_NAME, "bytes": None, "tensors": 0}] if len(shards) > 1 else []),
                              "config": dict(config) if config is not None else None})
+    job = current().shard_job
+    if job is not None:  # --engine ray|dask: one task per shard on the cluster (converter.distributed)
+        return job.write_model_dir(dst, shards, ckpt, metadata=metadata, config=config, extra_json=extra_json,
+                                   extra_files=extra_files, tied_head=tied_head)
     written: list[str] = []
     with atomic_output(dst, overwrite=overwrite, is_dir=True) as tmp, \
             Progress("writing", len(plans), sum(p.nbytes for p in plans)) as progress:
@@ -171,41 +184,70 @@ def write_model_dir(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata: M
             write_plans(tmp / "model.safetensors", shards[0], ckpt, metadata, progress)
             written.append("model.safetensors")
         else:
-            weight_map: dict[str, str] = {}
-            total = 0
             for i, shard in enumerate(shards, 1):
                 fname = shard_name(i, len(shards))
                 write_plans(tmp / fname, shard, ckpt, metadata, progress)
                 written.append(fname)
                 _test_shard_delay()
-                for p in shard:
-                    total += p.nbytes
-                    for o in p.outputs:
-                        weight_map[o[0]] = fname
-            _dump(tmp / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+            _dump(tmp / INDEX_NAME, shard_index(shards))
             written.append(INDEX_NAME)
-        if config is not None:
-            _dump(tmp / "config.json", config)
-            written.append("config.json")
-        for fname, obj in (extra_json or {}).items():
-            _dump(tmp / fname, obj)
+        failed = write_side_files(tmp, written, ckpt, config=config, extra_json=extra_json, extra_files=extra_files)
+    return dir_summary(written, len(plans), ckpt, tied_head, failed)
+
+
+def shard_file_names(shards: Sequence[Sequence[TensorPlan]]) -> list[str]:
+    """The file of each shard: ``model.safetensors`` alone, else :func:`shard_name` ``i`` of ``n``."""
+    if len(shards) == 1:
+        return ["model.safetensors"]
+    return [shard_name(i, len(shards)) for i in range(1, len(shards) + 1)]
+
+
+def shard_index(shards: Sequence[Sequence[TensorPlan]]) -> dict:
+    """The :data:`INDEX_NAME` document of a sharded directory: total tensor bytes, output name -> shard file."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for fname, shard in zip(shard_file_names(shards), shards):
+        for p in shard:
+            total += p.nbytes
+            for o in p.outputs:
+                weight_map[o[0]] = fname
+    return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+
+
+def write_side_files(tmp: Path, written: list[str], ckpt, *, config: Mapping[str, Any] | None,
+                     extra_json: Mapping[str, Any] | None = None, extra_files: Sequence[str | Path] = ()
+                     ) -> dict[str, str]:
+    """Write a model directory's files other than the shards and index into ``tmp`` (appending their names
+    to ``written``): ``config.json``, ``extra_json``, copied ``extra_files``, the source's generated side
+    files. Returns the side files the source could not make (file name -> reason)."""
+    if config is not None:
+        _dump(tmp / "config.json", config)
+        written.append("config.json")
+    for fname, obj in (extra_json or {}).items():
+        _dump(tmp / fname, obj)
+        written.append(fname)
+    for f in extra_files:
+        f = Path(f)
+        if f.name not in written:
+            shutil.copyfile(f, tmp / f.name)
+            written.append(f.name)
+    failed: dict[str, str] = {}
+    for fname, make in getattr(ckpt, "side_files", {}).items():
+        if fname not in written:
+            try:
+                data = make()
+            except ConverterError as exc:  # a side file the source cannot make: the tensors still go
+                failed[fname] = exc.render()
+                continue
+            (tmp / fname).write_bytes(data)
             written.append(fname)
-        for f in extra_files:
-            f = Path(f)
-            if f.name not in written:
-                shutil.copyfile(f, tmp / f.name)
-                written.append(f.name)
-        failed: dict[str, str] = {}
-        for fname, make in getattr(ckpt, "side_files", {}).items():
-            if fname not in written:
-                try:
-                    data = make()
-                except ConverterError as exc:  # a side file the source cannot make: the tensors still go
-                    failed[fname] = exc.render()
-                    continue
-                (tmp / fname).write_bytes(data)
-                written.append(fname)
-    result: dict[str, Any] = {"files": written, "tensors": len(plans)}
+    return failed
+
+
+def dir_summary(written: list[str], n_plans: int, ckpt, tied_head: Mapping[str, Any] | None,
+                failed: Mapping[str, str]) -> dict:
+    """:func:`write_model_dir`'s summary (see there) from the names written and the side files that failed."""
+    result: dict[str, Any] = {"files": written, "tensors": n_plans}
     if tied_head is not None:
         result["tied_head"] = tied_head
     skipped = {k: (v if k not in written else f"written without the model's hyperparameters: {v}")
@@ -223,6 +265,10 @@ def write_single_file(dst: Path, plans: Sequence[TensorPlan], ckpt, *, metadata:
     if current().dry_run:
         raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": sum(p.nbytes for p in plans),
                                         "tensors": len(plans)}], "config": None})
+    if current().shard_job is not None:
+        raise UnsupportedError("a distributed engine writes model directories (one task per shard), not one file",
+                               file=dst, field="--engine", expected="a directory DST", found=Path(dst).name,
+                               hint="give a directory DST, or drop --engine")
     with atomic_output(dst, overwrite=overwrite) as tmp:
         write_plans(tmp, plans, ckpt, metadata)
     return {"files": [Path(dst).name], "tensors": len(plans)}
