@@ -1,7 +1,6 @@
 """The compiled twin of :func:`converter.kernels.rtn.quantize_rows` (the ``fast`` extra): the same
 row blocks, threads and parameter formulas, with the per-element passes in the compiled kernels of
-:mod:`converter.kernels.compiled.requant` (see there for what is bit-identical and what is summed
-in another order)."""
+:mod:`converter.kernels.compiled.requant` (every result bit-identical: see there)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import Any, Callable, TYPE_CHECKING
 import numpy as np
 
 from converter.errors import QuantizationError
+from converter.kernels.blas import blas_threads
 from converter.kernels.compiled.requant import codes_errors, decode_extrema, decode_source
 from converter.kernels.dequant import block_rows
 from converter.kernels.error_sums import ErrorSums
@@ -27,8 +27,8 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     """:func:`converter.kernels.rtn.quantize_rows` by the compiled kernels: the same arguments,
     preconditions (checked by the caller) and results as ``(scales, zero_points, codes,
     degenerate_groups)`` (bit-identical; ``params_from_extrema`` and ``block_elements`` are the
-    reference's own formulas and block size, passed in by it), or None where it returns None.
-    ``compare``'s maximum and changed count are exact, its sums within ~1e-6 relative. A row
+    reference's own formulas and block size, passed in by it), or None where it returns None;
+    ``compare`` receives the same sums (bit for bit). A row
     source offering ``decode_plan(r0, r1)`` (:class:`converter.rows.Rows` of a quantized tensor)
     whose codes decode bytewise is unpacked and dequantized inside the kernel; any other source
     gives its float32 rows."""
@@ -42,9 +42,6 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     fork = getattr(values, "fork", None)
     if fork is not None:
         step = max(1, min(step, values.step))
-    X = None
-    if compare is not None:  # the fixed-seed inputs the numpy sums multiply by, as float64
-        X = np.ascontiguousarray(compare.x32 if compare.large else compare.x, dtype=np.float64)
     center = float(s.center)
 
     def work(a: int, b: int):
@@ -54,6 +51,9 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
         super_step = max(step, getattr(vals, "step", step))
         xbuf = np.empty((step, n), dtype=np.float32)
         ext = np.empty((2, step, n_groups), dtype=np.float32)
+        if part is not None:
+            bbuf = np.empty((step, n), dtype=np.float32)
+            ebuf = np.empty((step, n), dtype=np.float32)
         plan, p0, p1 = None, 0, 0
         deg_total = 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -87,15 +87,18 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
                     zps[r0:r1] = z
                 s32 = np.ascontiguousarray(sc, dtype=np.float32)
                 zf = None if z is None else np.ascontiguousarray(z, dtype=np.float32)
+                bq, eq = (bbuf[:k], ebuf[:k]) if part is not None else (None, None)
                 changed, worst = codes_errors(x, s32, zf, center if zf is None else 0.0, G, s.rounding, s.qmin,
-                                              s.qmax, codes[r0:r1], part, X, r0)
-                if part is not None:
+                                              s.qmax, codes[r0:r1], bq, eq)
+                if part is not None:  # the counts from the kernel, the sums by the reference's own code
                     part.changed += changed
                     part.max_abs = max(part.max_abs, worst)
+                    part.add_sums(r0, x, bq, eq)
         return deg_total, part
 
     try:
-        parts = run_rows(work, rows, step, kernel_threads(rows * n))
+        with blas_threads():  # the error sums' products: one BLAS thread per row range
+            parts = run_rows(work, rows, step, kernel_threads(rows * n))
     except QuantizationError:
         return None
     if any(p is None for p in parts):
