@@ -73,6 +73,9 @@ class RunOptions:
     kernels : str or None
         ``auto`` | ``numpy`` | ``numba``: which kernel path runs (:mod:`converter.kernels.compiled`);
         ``None``: ``$QCKPT_KERNELS``, else ``auto``.
+    verbose : bool
+        Diagnostics on stderr: each compiled kernel's first-call compile (or cache-load) seconds, in
+        every process that calls it (``--verbose``).
     """
 
     workers: int | None = None
@@ -81,6 +84,7 @@ class RunOptions:
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     dry_run: bool = False
     kernels: str | None = None
+    verbose: bool = False
 
     @property
     def n_workers(self) -> int:
