@@ -214,3 +214,26 @@ def test_kernel_logic_without_compiling_matches():
                   True, amax, amax, amax)
         want = [np.abs(x[:, g:g + 16]).max(axis=1) for g in (0, 16, 32)]
         assert np.array_equal(amax, np.stack(want, axis=1))
+
+
+def test_row_ranges_on_two_threads_give_the_single_thread_results(monkeypatch):
+    """A 2M-value matrix on two kernel threads (``workers=2``: two row ranges, each with its own reader,
+    buffers and error-sum part) and on one: the same codes, scales and figures on both paths."""
+    rng = np.random.default_rng(7)
+    rows, n = 512, 4096
+    plan = RowPlan(rng.integers(0, 256, (rows, n // 2), dtype=np.uint8),
+                   (rng.random((rows, n // 128)) * 0.01).astype(np.float32), None, n, "none", 128, 0.0,
+                   byte_table(4, signed=False, flip=False, center=8.0), None)
+    from converter.kernels.compiled import rtn_rows
+
+    threads = []
+    real = rtn_rows.run_rows
+    monkeypatch.setattr(rtn_rows, "run_rows", lambda fn, r, step, t: threads.append(t) or real(fn, r, step, t))
+    results = []
+    for workers in (1, 2):
+        with run_options(workers=workers):
+            pair = both(PlanRows(plan, step=64), grid(8, True, False), None)
+        assert_same(pair)
+        results.append(pair[1])
+    assert threads == [1, 2]  # the compiled path ran on one, then two threads
+    assert_same(results)
