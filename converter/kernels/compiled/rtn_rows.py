@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # (annotations only: converter.kernels.rtn calls this module)
 
 __all__ = ["quantize_rows_compiled"]
 
+#: Values per chunk whose extrema and parameters are formed in one call (a few row blocks).
+CHUNK_ELEMENTS = 1 << 20
+
 
 def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group_size: int | None,
                            tensor: str | None, compare: ErrorSums | None, params_from_extrema: Callable[..., Any],
@@ -44,37 +47,30 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
         step = max(1, min(step, values.step))
     center = float(s.center)
 
+    # extrema and parameters per chunk of several blocks (fewer small numpy calls; the parameters
+    # of a group do not depend on which groups share a call), codes and sums per block as numpy has them
+    chunk = step * max(1, CHUNK_ELEMENTS // (step * n))
+
     def work(a: int, b: int):
         vals = values if a == 0 or fork is None else fork()
         part = compare if a == 0 or compare is None else compare.part()
         planner = getattr(vals, "decode_plan", None)
-        super_step = max(step, getattr(vals, "step", step))
-        xbuf = np.empty((step, n), dtype=np.float32)
-        ext = np.empty((2, step, n_groups), dtype=np.float32)
+        xbuf = np.empty((chunk, n), dtype=np.float32)
+        ext = np.empty((2, chunk, n_groups), dtype=np.float32)
         if part is not None:
             bbuf = np.empty((step, n), dtype=np.float32)
             ebuf = np.empty((step, n), dtype=np.float32)
-        plan, p0, p1 = None, 0, 0
         deg_total = 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            for r0 in range(a, b, step):
-                r1 = min(b, r0 + step)
-                k = r1 - r0
-                x = xbuf[:k]
-                if planner is not None and not (p0 <= r0 and r1 <= p1):
-                    p0, p1 = r0, min(rows, r0 + super_step)
-                    plan = decode_source(planner(p0, p1), n)
-                    if plan is None:
-                        planner = None  # this source decodes through numpy
-                if planner is not None:
-                    lo, hi = r0 - p0, r1 - p0
-                    src = (plan[0][lo:hi], plan[1], plan[2][lo:hi] if plan[2].shape[0] > 1 else plan[2],
-                           plan[3][lo:hi] if plan[3].shape[0] > 1 else plan[3], plan[4], plan[5])
-                else:
-                    np.copyto(x, vals[r0:r1], casting="unsafe")
-                    src = None
-                hi_, lo_ = ext[0, :k], ext[1, :k]
-                if not decode_extrema(x, src, G, s.symmetric, hi_, hi_, lo_):
+            for c0 in range(a, b, chunk):
+                c1 = min(b, c0 + chunk)
+                xc = xbuf[:c1 - c0]
+                src = decode_source(planner(c0, c1), n) if planner is not None else None
+                if src is None:  # this source decodes through numpy
+                    planner = None
+                    np.copyto(xc, vals[c0:c1], casting="unsafe")
+                hi_, lo_ = ext[0, :c1 - c0], ext[1, :c1 - c0]
+                if not decode_extrema(xc, src, G, s.symmetric, hi_, hi_, lo_):
                     return None  # a NaN / inf: the whole-array path says where
                 extrema = {"amax": hi_} if s.symmetric else {"mx": hi_, "mn": lo_}
                 got = params_from_extrema(s, tensor=tensor, **extrema)
@@ -82,18 +78,23 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
                     return None
                 sc, z, deg = got
                 deg_total += deg
-                scales[r0:r1] = sc
+                scales[c0:c1] = sc
                 if zps is not None:
-                    zps[r0:r1] = z
+                    zps[c0:c1] = z
                 s32 = np.ascontiguousarray(sc, dtype=np.float32)
                 zf = None if z is None else np.ascontiguousarray(z, dtype=np.float32)
-                bq, eq = (bbuf[:k], ebuf[:k]) if part is not None else (None, None)
-                changed, worst = codes_errors(x, s32, zf, center if zf is None else 0.0, G, s.rounding, s.qmin,
-                                              s.qmax, codes[r0:r1], bq, eq)
-                if part is not None:  # the counts from the kernel, the sums by the reference's own code
-                    part.changed += changed
-                    part.max_abs = max(part.max_abs, worst)
-                    part.add_sums(r0, x, bq, eq)
+                for r0 in range(c0, c1, step):
+                    r1 = min(c1, r0 + step)
+                    k, lo, hi = r1 - r0, r0 - c0, r1 - c0
+                    x = xc[lo:hi]
+                    bq, eq = (bbuf[:k], ebuf[:k]) if part is not None else (None, None)
+                    changed, worst = codes_errors(x, s32[lo:hi], None if zf is None else zf[lo:hi],
+                                                  center if zf is None else 0.0, G, s.rounding, s.qmin, s.qmax,
+                                                  codes[r0:r1], bq, eq)
+                    if part is not None:  # the counts from the kernel, the sums by the reference's own code
+                        part.changed += changed
+                        part.max_abs = max(part.max_abs, worst)
+                        part.add_sums(r0, x, bq, eq)
         return deg_total, part
 
     try:
