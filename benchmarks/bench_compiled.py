@@ -13,7 +13,10 @@ first-run compile time a new install pays once).
 
 Also checks, in the same run, that the two paths give identical codes, scales and error figures.
 
-Usage: ``python benchmarks/bench_compiled.py [--scale 1.0] [--repeat 5]`` (``--scale
+With ``--cli``: also the whole one-layer checkpoint through ``qckpt convert ... --per-channel --bits 8
+--workers 1``, ``QCKPT_KERNELS=numpy`` vs ``auto``, outputs compared byte for byte.
+
+Usage: ``python benchmarks/bench_compiled.py [--scale 1.0] [--repeat 5] [--cli]`` (``--scale
 0.25``: quarter-size matrices, for a quick look on a shared machine).
 """
 
@@ -92,10 +95,40 @@ def _same(a, b) -> bool:
     return bool(same and a.vs_source.to_json() == b.vs_source.to_json())
 
 
+def _cli(src: Path, work: Path, repeat: int) -> None:
+    """End to end: the CLI requantize of the whole one-layer checkpoint, ``QCKPT_KERNELS=numpy`` vs the
+    default ``auto`` with numba installed (a fresh process each run: ``auto`` includes numba's import
+    and the cached kernels' load), outputs compared byte for byte."""
+    import filecmp
+
+    times: dict[str, list[float]] = {"numpy": [], "auto": []}  # auto: compiled on tensors of 2^20 values or more
+    for i in range(repeat):
+        for kernels in times:
+            dst = work / f"cli-{kernels}-{i}"
+            env = dict(os.environ, QCKPT_KERNELS=kernels, PYTHONPATH=str(ROOT))
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "converter", "convert", str(src), str(dst), "--to",
+                            "compressed-tensors", "--per-channel", "--bits", "8", "--workers", "1", "--quiet"],
+                           env=env, check=True, capture_output=True)
+            times[kernels].append(time.perf_counter() - t0)
+    a, b = work / "cli-numpy-0", work / "cli-auto-0"
+    names = sorted(p.name for p in a.iterdir())
+    same = names == sorted(p.name for p in b.iterdir()) and all(
+        filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+    nw, cw = statistics.median(times["numpy"]), statistics.median(times["auto"])
+    print(f"qckpt convert (whole checkpoint, --workers 1, fresh process, median of {repeat}): "
+          f"QCKPT_KERNELS=numpy {nw:.2f} s, auto (compiled from 2^20 values) {cw:.2f} s, ratio {nw / cw:.2f}x; "
+          f"outputs byte-identical: {same}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="matrix sides times this (0.25: a quick look)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cli", action="store_true",
+                    help="also time `qckpt convert SRC DST --to compressed-tensors --per-channel --bits 8 "
+                         "--workers 1` on the one-layer checkpoint, QCKPT_KERNELS=numpy vs auto, and compare "
+                         "the outputs byte for byte")
     args = ap.parse_args()
     if not compiled.available():
         sys.exit("numba is not installed: pip install 'qckpt[fast]'")
@@ -135,6 +168,8 @@ def main() -> None:
                 ns = 1e9 / numel
                 print(f"{label:>14} {nw * ns:7.2f} / {nc * ns:5.2f}  {cw * ns:7.2f} / {cc * ns:5.2f}    "
                       f"{nw / cw:5.2f}x / {nc / cc:4.2f}x {copy * ns:7.2f}  {_same(res['numpy'], res['numba'])}")
+        if args.cli:
+            _cli(src, Path(work), args.repeat)
     print("first call in this process (compile or cache load): "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {v:.2f} s" for k, v in first.items()))
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
