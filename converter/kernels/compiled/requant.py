@@ -45,7 +45,7 @@ __all__ = ["decode_source", "decode_extrema", "codes_errors"]
 #: Source zero-point kinds as the kernels number them.
 _SRC_KIND = {"none": 0, "integer": 1, "float": 2}
 
-
+#: Stand-ins for the arguments a call does not use (the kernels are typed once for every call).
 _NO_BYTES = np.zeros((1, 1), dtype=np.uint8)
 _NO_TABLE = np.zeros((256, 1), dtype=np.float32)
 _NO_PARAMS = np.zeros((1, 1), dtype=np.float32)
@@ -226,11 +226,9 @@ def decode_source(plan, n: int):
             _SRC_KIND[plan.zero_kind], int(G))
 
 
-
-
 def decode_extrema(x: np.ndarray, source, G: int, symmetric: bool, amax: np.ndarray, mx: np.ndarray,
                    mn: np.ndarray) -> bool:
-    """Step 1 on one block: ``x`` float32 ``(rows, in)`` (C-contiguous) filled from ``source``
+    """Step 1 on a block of rows: ``x`` float32 ``(rows, in)`` (C-contiguous) filled from ``source``
     (rows of :func:`decode_source`'s tuple) or, ``source=None``, already holding the values;
     extrema per group of ``G`` along ``in`` into float32 ``(rows, groups)`` arrays. False: a NaN / inf."""
     if source is None:
