@@ -226,7 +226,10 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
     -------
     QuantizedRows or None
         Same formulas and operation order as :func:`converter.quant.quantize.choose_params` and
-        :func:`~converter.quant.quantize.codes_for` (bit-identical results).
+        :func:`~converter.quant.quantize.codes_for` (bit-identical results). When
+        :func:`~converter.kernels.compiled.use_compiled` says so (the ``fast`` extra), the work runs in
+        :func:`~converter.kernels.compiled.rtn_rows.quantize_rows_compiled` instead: the same
+        results and ``compare`` sums, bit for bit.
     """
     if len(values.shape) != 2 or s.codebook is not None or s.zero_point.value == "float":
         return None
