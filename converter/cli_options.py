@@ -1,5 +1,5 @@
 """The option groups and option parsing shared by ``qckpt``'s commands (click): run options (``--workers``,
-``--max-memory``, ``--quiet``), output options (``--max-shard-size``, ``--dry-run``), writer options
+``--max-memory``, ``--quiet``, ``--verbose``), output options (``--max-shard-size``, ``--dry-run``), writer options
 (``--gptq-format``), the granularity words of a requantize / quantize target, and the per-tensor error tables
 (``--csv`` / ``--sort`` / ``--top`` / ``--plot``). Kept apart from :mod:`converter.cli` (the commands) so each
 stays one concept; like it, nothing here imports numpy at module level (start-up, tests/test_startup.py).
@@ -32,7 +32,7 @@ __all__ = ["run_options_flags", "shard_size_flag", "engine_options", "run_on_eng
 
 
 def run_options_flags(fn=None, *, budget: str = "rows"):
-    """``--workers N``, ``--max-memory SIZE``, ``--quiet``: one place for every command that reads or
+    """``--workers N``, ``--max-memory SIZE``, ``--quiet``, ``--verbose``: one place for every command that reads or
     writes tensor data (see :mod:`converter.write.engine`). ``budget`` says in ``--help`` how the command keeps
     to the memory budget: ``"rows"`` (writes: row blocks) or ``"tensors"`` (validate: workers that fit)."""
     if fn is None:
@@ -42,15 +42,18 @@ def run_options_flags(fn=None, *, budget: str = "rows"):
                   help="Worker processes (default: the number of cores); output is identical for any N.")
     @click.option("--max-memory", default=None, metavar="SIZE", help=_MEMORY_HELP + _BUDGET_HELP[budget])
     @click.option("--quiet", is_flag=True, help="No progress bar on stderr.")
+    @click.option("--verbose", is_flag=True,
+                  help="Diagnostics on stderr: compiled kernels' first-call compile / cache-load seconds "
+                       "(pip install 'qckpt[fast]'; QCKPT_KERNELS=auto|numpy|numba).")
     @functools.wraps(fn)
-    def wrapper(*args, workers=None, max_memory=None, quiet=False, **kwargs):
+    def wrapper(*args, workers=None, max_memory=None, quiet=False, verbose=False, **kwargs):
         limit_blas_threads(1)  # processes, not BLAS threads, share the cores (--workers)
         fixed_mmap_threshold()  # large buffers go back to the system when freed: flat RSS
         try:
             mem = parse_size(max_memory) if max_memory is not None else None
         except ConverterError as exc:
             raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
-        with run_options(workers=workers, max_memory=mem, quiet=quiet):
+        with run_options(workers=workers, max_memory=mem, quiet=quiet, verbose=verbose):
             return fn(*args, **kwargs)
     return wrapper
 

@@ -7,6 +7,7 @@ import numpy as np
 from converter.groups import Granularity
 from converter.layout import EXPERT, IN, OUT
 from converter.tensor import QuantizedTensor, Tensor, row_splittable, take_rows
+from converter.values import RowPlan, row_plan
 
 #: Elements per super-block when values are produced on demand (:class:`Rows`).
 SUPER_ELEMENTS = 1 << 20
@@ -40,6 +41,14 @@ class Rows:
     def fork(self) -> "Rows":
         """A reader of the same values with its own cache (one per thread)."""
         return Rows(self.source)
+
+    def decode_plan(self, r0: int, r1: int) -> "RowPlan | None":
+        """How rows ``r0:r1`` decode (:func:`converter.values.row_plan` of those rows: the arrays and
+        formula ``self[r0:r1]`` dequantizes by), for a kernel that decodes them itself; None when
+        the rows are not a row-local quantized ``(out, in)`` tensor's."""
+        if not self._lazy or not isinstance(self.source, QuantizedTensor):
+            return None
+        return row_plan(take_rows(self.source, r0, r1))
 
     def array(self) -> np.ndarray:
         """All values at once (for whole-array fallbacks)."""

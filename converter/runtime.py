@@ -77,6 +77,9 @@ class RunOptions:
         Set by :mod:`converter.distributed` (``--engine ray|dask``): the object that writes a model
         directory's shards instead of the local pool (its ``write_model_dir``, called by
         :func:`converter.write.files.write_model_dir`). ``None``: the local pool.
+    verbose : bool
+        Diagnostics on stderr: each compiled kernel's first-call compile (or cache-load) seconds, in
+        every process that calls it (``--verbose``).
     """
 
     workers: int | None = None
@@ -86,6 +89,7 @@ class RunOptions:
     dry_run: bool = False
     kernels: str | None = None
     shard_job: Any = None
+    verbose: bool = False
 
     @property
     def n_workers(self) -> int:

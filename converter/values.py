@@ -13,6 +13,7 @@ arithmetic is the formula of :func:`dequantize_parts`, operand for operand.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -66,6 +67,49 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     rows, n = t.shape
     if rows * n == 0:
         return np.empty((rows, n), dtype=np.float32)
+    return row_plan(t).dequantize()
+
+
+@dataclass(frozen=True, eq=False)
+class RowPlan:
+    """What :func:`dequantize` hands :func:`~converter.kernels.dequant.dequantize_rows` for a row-local
+    ``(out, in)`` tensor (the arguments of that call, as plain arrays): a compiled kernel decoding the
+    same rows (:mod:`converter.kernels.compiled.requant`) reads the very arrays and formula.
+
+    Attributes
+    ----------
+    codes : ndarray ``(out, in)`` integer codes, or with ``table`` ``(out, in * bits / 8)`` uint8 bytes.
+    scales : ndarray of float32, ``(out, groups)``, ``(out, 1)`` or ``(1, 1)``.
+    zero_points : ndarray of float32 like ``scales``, or None.
+    n_in, zero_kind, group_size, center, table, codebook : as :func:`dequantize_rows` takes them.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    n_in: int
+    zero_kind: str
+    group_size: int | None
+    center: float
+    table: np.ndarray | None
+    codebook: np.ndarray | None
+
+    def dequantize(self) -> np.ndarray:
+        """Float32 ``(out, in)`` values (:func:`~converter.kernels.dequant.dequantize_rows`)."""
+        return dequantize_rows(self.codes, self.scales, self.zero_points, n_in=self.n_in, zero_kind=self.zero_kind,
+                               group_size=self.group_size, center=self.center, table=self.table,
+                               codebook=self.codebook)
+
+
+def row_plan(t: "QuantizedTensor") -> RowPlan | None:
+    """The :class:`RowPlan` :func:`dequantize` decodes a 2-D row-local tensor by; None for any other
+    (block-tiled, ``g_idx``, N-D ...: those take other routes)."""
+    if t.global_scale is not None:
+        t = with_effective_scales(t)
+    s, gm = t.scheme, t.group_map
+    if gm.granularity is Granularity.BLOCK or len(t.shape) != 2 or not gm.row_local(t.axes):
+        return None
+    n = t.shape[1]
     codebook = np.asarray(s.codebook, dtype=np.float32) if s.codebook is not None else None
     kind = ZeroPoint.NONE.value if codebook is not None else s.zero_point.value
     center = float(s.center) if kind == ZeroPoint.NONE.value and codebook is None else 0.0
@@ -77,9 +121,8 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     else:
         codes = np.ascontiguousarray(t.codes)
     zp = t.zero_points.astype(np.float32) if t.zero_points is not None and codebook is None else None
-    return dequantize_rows(codes, t.scales.astype(np.float32), zp, n_in=n, zero_kind=kind,
-                           group_size=gm.group_size if gm.granularity is Granularity.GROUP else None,
-                           center=center, table=table, codebook=codebook)
+    return RowPlan(codes, t.scales.astype(np.float32), zp, n, kind,
+                   gm.group_size if gm.granularity is Granularity.GROUP else None, center, table, codebook)
 
 
 def _leading_step(shape: Sequence[int], scales, zero_points, group_map: GroupMap, axes: Sequence[str]) -> int | None:

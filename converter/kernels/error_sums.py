@@ -98,22 +98,31 @@ class ErrorSums:
     def add(self, r0: int, A: np.ndarray, B: np.ndarray | None = None, E: np.ndarray | None = None) -> None:
         """Rows ``r0 : r0 + len(A)``. ``B=None``: identical to ``A`` (only its own figures).
         ``E``: a float32 buffer of ``A``'s shape to hold ``B - A`` (allocated when omitted)."""
+        if B is None:
+            self.add_sums(r0, A)
+            return
+        e = np.subtract(B, A, out=E)  # float32, as error_stats forms it
+        self.changed += int(np.count_nonzero(e != 0))
+        if e.size:
+            self.max_abs = max(self.max_abs, float(e.max()), -float(e.min()))
+        self.add_sums(r0, A, B, e)
+
+    def add_sums(self, r0: int, A: np.ndarray, B: np.ndarray | None = None, e: np.ndarray | None = None) -> None:
+        """The summed figures of :meth:`add` (per-row and per-group sums) for a caller that formed
+        ``e = B - A`` (float32) and counted its changed elements and maximum itself (the compiled
+        requantize kernel: :mod:`converter.kernels.compiled.requant`)."""
         r1 = r0 + A.shape[0]
         y = self._products(A)
         self.row_orf[r0:r1] = np.einsum("ij,ij->i", y, y)
         self.row_sr[r0:r1] = self._chunk_squares(A).sum(axis=1)
         if B is None:
             return
-        e = np.subtract(B, A, out=E)  # float32, as error_stats forms it
         if self.large:
             dy = (e @ self.x32).astype(np.float64)
         else:
             dy = B.astype(np.float64) @ self.x
             dy -= y
         self.row_oe[r0:r1] = np.einsum("ij,ij->i", dy, dy)
-        self.changed += int(np.count_nonzero(e != 0))
-        if e.size:
-            self.max_abs = max(self.max_abs, float(e.max()), -float(e.min()))
         se = self._chunk_squares(e)
         self.grp_se[r0:r1] = se if self.grouped else se.sum(axis=1, keepdims=True)
 

@@ -24,6 +24,8 @@ import numpy as np
 
 from converter.errors import QuantizationError, exact_str
 from converter.kernels.blas import blas_threads
+from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled.rtn_rows import quantize_rows_compiled
 from converter.kernels.dequant import _apply, block_rows, dequantize_block
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rounding import round_values
@@ -224,7 +226,10 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
     -------
     QuantizedRows or None
         Same formulas and operation order as :func:`converter.quant.quantize.choose_params` and
-        :func:`~converter.quant.quantize.codes_for` (bit-identical results).
+        :func:`~converter.quant.quantize.codes_for` (bit-identical results). When
+        :func:`~converter.kernels.compiled.use_compiled` says so (the ``fast`` extra), the work runs in
+        :func:`~converter.kernels.compiled.rtn_rows.quantize_rows_compiled` instead: the same
+        results and ``compare`` sums, bit for bit.
     """
     if len(values.shape) != 2 or s.codebook is not None or s.zero_point.value == "float":
         return None
@@ -233,6 +238,10 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
     rows, n = values.shape
     if rows == 0 or n == 0:
         return None
+    if use_compiled(rows * n) and (compare is None or compare.G == (n if group_size is None else group_size)):
+        got = quantize_rows_compiled(values, s, group_size=group_size, tensor=tensor, compare=compare,
+                                     params_from_extrema=params_from_extrema, block_elements=QUANT_BLOCK_ELEMENTS)
+        return None if got is None else QuantizedRows(*got)
     G = n if group_size is None else int(group_size)
     nfull, full = n // G, (n // G) * G
     n_groups = nfull + (1 if full < n else 0)

@@ -21,13 +21,15 @@ aborts after ``fork()``). The machine code is cached on disk where a cache direc
 ``NUMBA_CACHE_DIR`` when set, else numba's own choice (``__pycache__`` beside the source, then the
 user's cache directory); a read-only install with no writable cache compiles in memory each process.
 The first call's compile (or cache load) time is kept per kernel (:func:`compile_seconds`) for
-``--verbose`` and the benchmarks.
+the benchmarks and printed on stderr under ``--verbose`` (run option ``verbose``) by each process
+at that call (worker processes compile or load for themselves).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -130,7 +132,12 @@ class _Lazy:
             return kernel(*args)
         t0 = time.perf_counter()
         out = kernel(*args)  # first call: compiles (or loads the cache) for these argument types
-        _COMPILE_SECONDS.setdefault(key, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        if key not in _COMPILE_SECONDS:
+            _COMPILE_SECONDS[key] = seconds
+            if getattr(current(), "verbose", False):  # --verbose: every process reports its own
+                sys.stderr.write(f"qckpt: compiled kernel {key}: first call {seconds:.2f} s "
+                                 f"(compile or cache load; process {os.getpid()})\n")
         return out
 
 
