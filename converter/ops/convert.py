@@ -314,11 +314,11 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                 exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise
-        out = registry.load(dst, format=to)
+        out = registry.load((written or {}).get("path") or dst, format=to)  # a split output: its first part
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
                              renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"))
     if handler.prove_written is not None:  # the format's check that does not go through its reader
-        failed = handler.prove_written(view, Path(dst), out)
+        failed = handler.prove_written(view, Path((written or {}).get("path") or dst), out)
         for r in rows:
             if r["name"] in failed:
                 r.update(mode="changed", bit_exact=False, reason=failed[r["name"]])
