@@ -211,6 +211,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         if ckpt.format == "gguf" else 32
     notes = {p.name: [f"{p.widened_from} widened to F32 (values exact; convert_hf_to_gguf.py writes 1-D tensors F32)"]
              for p in plans if p.widened_from}
+    offsets = {p.name: p.offset for p in plans if p.offset is not None}
+    for name in offsets:
+        notes.setdefault(name, []).append(f"stored as w + {offsets[name]:g} (llama.cpp's {arch} norm convention)")
     opts = current()
     split_size = opts.gguf_split_size if split_max_size is None else int(split_max_size)
     split_tensors = opts.gguf_split_tensors if split_max_tensors is None else int(split_max_tensors)
@@ -236,7 +239,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
             check_staged(staged[0], {p.gguf_name: p.type_name for p in plans if not p.global_of}, len(parts))
     result = {"files": [path.name for path in paths], "path": str(paths[0]), "tensors": len(plans), "types": types,
               "architecture": arch,
-              "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
+              "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {}),
+              **({"offsets": offsets} if offsets else {})}
     skipped = {**tokenizer_warning(ckpt, src_kv, source_warnings),
                **{k: v for k, v in source_warnings.items() if k != VOCAB_NOT_CONVERTED}}
     if made and arch not in ARCH_TABLES:  # Hugging Face names written as they are: llama.cpp knows none of them
@@ -255,6 +259,7 @@ from converter.formats.tool_decode import in_float32  # noqa: E402
 from converter.formats.gguf.qk_proof import prove_qk_rows  # noqa: E402
 from converter.formats.gguf.fallback import block_scales as fallback_block_scales  # noqa: E402
 from converter.formats.gguf.experts import stack_experts  # noqa: E402
+from converter.formats.gguf.mla import split_kv_b  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -264,7 +269,7 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  requant_targets=requant_targets,
                                  # llama.cpp's gpt-oss tensors: gate / up experts apart (GptOssModel)
                                  # and Qwen2/3-MoE float experts stacked (Qwen2MoeModel)
-                                 arrange=lambda ckpt: stack_experts(gpt_oss_arrange.for_stacked(ckpt)),
+                                 arrange=lambda ckpt: split_kv_b(stack_experts(gpt_oss_arrange.for_stacked(ckpt))),
                                  # the stored q/k rows against llama.cpp's permute of the source (not via read_gguf)
                                  prove_written=prove_qk_rows,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the
