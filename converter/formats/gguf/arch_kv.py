@@ -2,7 +2,9 @@
 
 Each function returns ``(values, drop)``: key (without the ``{arch}.`` prefix) -> value with its Python type giving
 the GGUF type (int: UINT32, float: FLOAT32, bool: BOOL), and the keys of the generic set
-(:func:`converter.formats.gguf.hf_source.config_kv`) the architecture's converter does not write.
+(:func:`converter.formats.gguf.hf_source.config_kv`) the architecture's converter does not write. ``vocab_size`` is
+left to :func:`~converter.formats.gguf.hf_source.source_kv` (dropped when a vocabulary is written, kept for a file
+without one, which llama.cpp then loads as ``tokenizer.ggml.model 'none'``).
 Sources: llama.cpp ``conversion/gemma.py`` (``Gemma2Model`` / ``Gemma3Model.set_gguf_parameters``) and
 ``conversion/deepseek.py`` (``DeepseekV2Model.set_gguf_parameters``), with ``TextModel.set_gguf_parameters``
 (``conversion/base.py``) where they call it.
@@ -20,7 +22,7 @@ def _num(v: Any) -> bool:
 
 
 def _gemma2(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """``Gemma2Model.set_gguf_parameters`` replaces TextModel's: no RoPE base, no vocabulary size; key / value
+    """``Gemma2Model.set_gguf_parameters`` replaces TextModel's: no RoPE base; key / value
     length = ``head_dim``; the two soft-capping values and the sliding window."""
     out: dict[str, Any] = {}
     for key, field in (("attn_logit_softcapping", "attn_logit_softcapping"),
@@ -31,7 +33,7 @@ def _gemma2(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]
         out["attention.sliding_window"] = int(config["sliding_window"])
     if config.get("num_key_value_heads") is None and _num(config.get("num_attention_heads")):
         out["attention.head_count_kv"] = int(config["num_attention_heads"])
-    return out, ("rope.freq_base", "vocab_size", "expert_count", "expert_used_count")
+    return out, ("rope.freq_base", "expert_count", "expert_used_count")
 
 
 def _gemma3(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -53,7 +55,7 @@ def _gemma3(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]
         out["final_logit_softcapping"] = float(config["final_logit_softcapping"])
     if config.get("sliding_window_pattern") != 1 and _num(config.get("sliding_window")):
         out["attention.sliding_window"] = int(config["sliding_window"])
-    return out, ("vocab_size",)
+    return out, ()
 
 
 def _deepseek2(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
