@@ -1,5 +1,5 @@
 """GGUF written from tiny Hugging Face gemma2 / gemma3 / deepseek_v2 folders (issue 16): names, Gemma's norm offset,
-DeepSeek-V2's kv_b_proj cut, hyperparameters; and read back.
+DeepSeek-V2's kv_b_proj cut, hyperparameters; and read back (config.json for Gemma; none for deepseek2).
 
 Expected names: gguf-py 0.19's own tables (``get_tensor_name_map(arch, n).get_name``, ``MODEL_TENSORS``). Expected
 values and keys: by hand from llama.cpp's ``conversion/gemma.py`` (``data_torch + 1`` for every ``*norm.weight``) and
@@ -220,8 +220,8 @@ def test_read_back_gives_the_hugging_face_values(tmp_path):
     for name, a in src.items():
         want = (a + np.float32(1)) - np.float32(1) if name.endswith("norm.weight") else a
         assert np.array_equal(back[name], want), name
-    assert "config.json" in r.output  # not written: no Hugging Face config mapping for gemma3 (named)
-    assert not (tmp_path / "hf" / "config.json").exists()
+    cfg_back = json.loads((tmp_path / "hf" / "config.json").read_text())  # rebuilt from the GGUF keys
+    assert cfg_back["model_type"] == "gemma3_text" and cfg_back["num_hidden_layers"] == 2
 
 
 def test_kv_b_proj_rows_not_matching_config_refused(tmp_path):
@@ -235,3 +235,39 @@ def test_kv_b_proj_rows_not_matching_config_refused(tmp_path):
     (d / "config.json").write_text(json.dumps({**cfg, "qk_nope_head_dim": NOPE + 1}))
     with pytest.raises(NotRepresentableError, match="kv_b_proj rows"):
         split_kv_b(load(d))
+
+
+def test_gemma_config_from_gguf_keys_by_hand():
+    """config.json rebuilt from gemma2 / gemma3 keys as llama.cpp runs them (``llama-model.cpp``): GELU-tanh,
+    soft-capping (gemma2 defaults 50 / 30), sliding pattern 2 / 6 starting with a sliding layer,
+    ``query_pre_attn_scalar`` = head_dim except at llama.cpp's 27B block counts (46 / 62: hidden / heads), gemma3's
+    RoPE per layer type (freq_base_swa default 10000). interop/gemma_gguf_roundtrip.py: transformers on the round
+    trip gives the original logits (max |dlogit| 0.0) and llama.cpp agrees (argmax equal)."""
+    from converter.formats.gguf.hf_config import hf_config_from_gguf
+    names = ["token_embd.weight", "blk.0.attn_q.weight"]
+    base = {"context_length": 512, "embedding_length": 64, "block_count": 7, "feed_forward_length": 96,
+            "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 16,
+            "attention.value_length": 16, "attention.layer_norm_rms_epsilon": 1e-6, "attention.sliding_window": 128,
+            "vocab_size": 300}
+    g2 = hf_config_from_gguf({"general.architecture": "gemma2", **{f"gemma2.{k}": v for k, v in base.items()}}, names)
+    assert (g2["model_type"], g2["architectures"]) == ("gemma2", ["Gemma2ForCausalLM"])
+    assert g2["hidden_activation"] == "gelu_pytorch_tanh" and "hidden_act" not in g2
+    assert (g2["attn_logit_softcapping"], g2["final_logit_softcapping"]) == (50.0, 30.0)
+    assert g2["layer_types"] == ["sliding_attention", "full_attention"] * 3 + ["sliding_attention"]
+    assert g2["query_pre_attn_scalar"] == 16 and g2["tie_word_embeddings"] is True
+    assert g2["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    kv3 = {"general.architecture": "gemma3", **{f"gemma3.{k}": v for k, v in base.items()},
+           "gemma3.block_count": 62, "gemma3.rope.freq_base": 1e6, "gemma3.rope.scaling.type": "linear",
+           "gemma3.rope.scaling.factor": 8.0}
+    g3 = hf_config_from_gguf(kv3, names)
+    assert (g3["model_type"], g3["architectures"]) == ("gemma3_text", ["Gemma3ForCausalLM"])
+    assert g3["query_pre_attn_scalar"] == 64 // 4  # 62 blocks: llama.cpp's 27B, 1 / sqrt(n_embd / n_head)
+    assert g3["layer_types"][:7] == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]
+    assert g3["rope_parameters"] == {"full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    assert g3["final_logit_softcapping"] is None and g3["attn_logit_softcapping"] is None
+    with pytest.raises(Exception, match="output.weight"):
+        hf_config_from_gguf({**kv3, "gemma3.block_count": 2}, [*names, "output.weight"])
+    with pytest.raises(Exception, match="no Hugging Face config mapping"):
+        hf_config_from_gguf({"general.architecture": "deepseek2", **{f"deepseek2.{k}": v for k, v in base.items()}},
+                            names)
