@@ -271,3 +271,15 @@ def test_gemma_config_from_gguf_keys_by_hand():
     with pytest.raises(Exception, match="no Hugging Face config mapping"):
         hf_config_from_gguf({"general.architecture": "deepseek2", **{f"deepseek2.{k}": v for k, v in base.items()}},
                             names)
+
+
+def test_gemma2_with_an_untied_head_is_refused(tmp_path):
+    src, cfg = _gemma("gemma2")
+    src["lm_head.weight"] = src["model.embed_tokens.weight"] + np.float32(1)  # differs from the embedding
+    d = tmp_path / "g"
+    d.mkdir()
+    save_file(src, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    r = CliRunner().invoke(main, ["convert", str(d), str(tmp_path / "o.gguf"), "--to", "gguf"])
+    assert r.exit_code != 0 and "output tensor" in r.output and "lm_head.weight" in r.output
+    assert not (tmp_path / "o.gguf").exists()

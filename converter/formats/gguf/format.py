@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ErrorKind, FormatError, UnsupportedError
+from converter.errors import ErrorKind, FormatError, NotRepresentableError, UnsupportedError
 from converter.runtime import current
 from converter.write.atomic import atomic_output, atomic_outputs
 from converter.write.dry_run import DryRunPlanned
@@ -176,6 +176,11 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     for spec in ckpt.specs():
         if spec.name not in drop and spec.name not in dropped:
             plans.append(plan_tensor(ckpt, spec, arch, gguf_type, names, src_kv))
+            if arch == "gemma2" and plans[-1].gguf_name == "output.weight":  # MODEL_TENSORS[GEMMA2] has no OUTPUT
+                raise NotRepresentableError("llama.cpp's gemma2 has no output tensor (Gemma2Model drops lm_head: the "
+                                            "head is the embedding); this lm_head differs from the embedding",
+                                            tensor=spec.name, field="tie_word_embeddings", expected="tied head",
+                                            found="a separate lm_head")
             if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
                 plans[-1].scaled = True
                 scale_name = scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale"
