@@ -134,7 +134,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     dict of its fields: ``bits``, ``granularity``, ``group_size``, ``symmetric``, ``scale_dtype``,
     ``quant_type`` ...; ``reference``: a float checkpoint to measure against): a requantization, returning
     the error report (``schemas/error-report.schema.json``). Other keyword options go to the writer (GPTQ
-    ``checkpoint_format``, GGUF ``gguf_metadata``).
+    ``checkpoint_format``, GGUF ``gguf_metadata``, ``split_max_size`` / ``split_max_tensors``: a split GGUF).
 
     Raises
     ------
@@ -164,7 +164,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
 
 
 #: writer keyword options -> the one format whose writer takes them (the CLI's --gptq-format / --gguf-metadata)
-_WRITER_OPTIONS = {"checkpoint_format": "gptq", "gguf_metadata": "gguf"}
+_WRITER_OPTIONS = {"checkpoint_format": "gptq", "gguf_metadata": "gguf", "split_max_size": "gguf",
+                   "split_max_tensors": "gguf"}
 
 
 def _check_writer_options(options: dict[str, Any], to: str) -> None:

@@ -177,3 +177,12 @@ def test_cli_split_dry_run_plan_equals_the_run(tmp_path, llama_dir):
     assert sorted(p.name for p in tmp_path.glob("t-*.gguf")) == [f"t-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     r = run("convert", llama_dir, tmp_path / "d", "--to", "mlx", "--max-shard-tensors", "8")
     assert r.exit_code == 2 and "--max-shard-tensors" in r.output
+
+
+def test_python_api_split_option(tmp_path, llama_dir):
+    import converter
+    doc = converter.convert(llama_dir, tmp_path / "m.gguf", to="gguf", split_max_tensors=10)
+    assert doc["written"]["files"] == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    assert doc["summary"]["all_exact"] and doc["summary"]["tensors"] == 21
+    with pytest.raises(Exception, match="split_max_size"):
+        converter.convert(llama_dir, tmp_path / "d", to="mlx", split_max_size=1000)
