@@ -47,9 +47,10 @@ SPM = ("qwen2", "phi3")
 #: 2 layers, hidden 64, intermediate 96, 4 heads; Gemma 2 kv heads of 16, sliding window 128, the SentencePiece
 #: test vocabulary (300 pieces); DeepSeek-V2 MLA (q_lora_rank 24, kv_lora_rank 32, rope 8, nope 16, v 16; llama.cpp
 #: 0.3.36 requires q_lora_rank unless the model has 26 / 27 layers), 4 routed experts of 32 (2 used), 1 shared,
-#: the first layer dense, the SmolLM2 byte-level BPE vocabulary (49152)
+#: the first layer dense, the SmolLM2 byte-level BPE vocabulary (49152); DeepSeek-V3 the same with 2 expert groups,
+#: routed scaling 2.5, top-k normalised and a random router score correction (exp_probs_b)
 TRANSFORMERS_ARCHS = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                      "deepseek_v2": "DeepseekV2ForCausalLM"}
+                      "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def _folder(base: Path, model_type: str, bpe: Path) -> Path:
@@ -93,17 +94,24 @@ def _transformers_folder(base: Path, model_type: str, bpe: Path) -> Path:
         model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**common, sliding_window=128))
     else:
         common.pop("head_dim")
-        common.update(num_key_value_heads=4, vocab_size=49152)
-        model = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
-            **common, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
-            first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False))
+        common.update(num_key_value_heads=4, vocab_size=49152, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=8,
+                      qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=32, first_k_dense_replace=1, topk_group=1)
+        if model_type == "deepseek_v2":
+            model = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+                **common, n_group=1, routed_scaling_factor=1.0, norm_topk_prob=False))
+        else:
+            model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+                **common, n_group=2, routed_scaling_factor=2.5, norm_topk_prob=True))
     with torch.no_grad():
         for _, p in model.named_parameters():
             if p.ndim == 1:
                 p.normal_(0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.1)
     model.save_pretrained(d)
-    if model_type == "deepseek_v2":
+    if model_type.startswith("deepseek"):
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copy(bpe / f, d / f)
     else:

@@ -283,3 +283,26 @@ def test_gemma2_with_an_untied_head_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["convert", str(d), str(tmp_path / "o.gguf"), "--to", "gguf"])
     assert r.exit_code != 0 and "output tensor" in r.output and "lm_head.weight" in r.output
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_deepseek_mtp_layer_dropped_as_llama_cpp_does(tmp_path):
+    """DeepSeek-V3 keeps its multi-token-prediction block as layer num_hidden_layers (61 of 61); llama.cpp's
+    DeepseekV2Model (which also converts V3) skips it: the file is byte for byte the one made without it, and each
+    of its tensors is a ``dropped`` row naming why."""
+    src, cfg = _deepseek()
+    cfg = {**cfg, "model_type": "deepseek_v3", "num_nextn_predict_layers": 1}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _convert(tmp_path / "a", src, cfg)
+    mtp = {k.replace("model.layers.1.", "model.layers.2."): v for k, v in src.items()
+           if k.startswith("model.layers.1.")}
+    mtp["model.layers.2.eh_proj.weight"] = np.ones((H, 2 * H), np.float32)
+    mtp["model.layers.2.enorm.weight"] = np.ones(H, np.float32)
+    reader, doc = _convert(tmp_path / "b", {**src, **mtp}, cfg)
+    assert (tmp_path / "a" / "o.gguf").read_bytes() == (tmp_path / "b" / "o.gguf").read_bytes()
+    rows = {r["name"]: r for r in doc["tensors"]}
+    layer2 = [n for n in rows if n.startswith("model.layers.2.")]
+    # rows name the arranged tensors: 8 attention / norm tensors with kv_b_proj as k_b + v_b (10), the router,
+    # 3 stacked expert tensors, 3 shared experts, eh_proj and enorm: 19
+    assert len(layer2) == 19 and all(rows[n]["mode"] == "dropped" and "multi-token-prediction" in rows[n]["reason"]
+                                     for n in layer2)

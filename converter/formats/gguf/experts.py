@@ -23,7 +23,7 @@ from converter.tensor import Checkpoint, DenseTensor
 
 __all__ = ["stack_experts", "MOE_MODEL_TYPES"]
 
-MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "deepseek_v2")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 """config.json ``model_type`` values whose experts are stacked (llama.cpp ``qwen2moe`` / ``qwen3moe``; ``deepseek2``,
 ``DeepseekV2Model.modify_tensors`` stacks them the same way)."""
 

@@ -101,6 +101,7 @@ from converter.formats.base import dropped_activation_scales
 from converter.formats.gguf.tensor_plan import TensorPlan, plan_tensor
 from converter.formats.gguf.file_write import write_files
 from converter.formats.gguf.split_write import check_staged, part_paths_for, split_parts
+from converter.formats.gguf.mla import mtp_layers
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
@@ -173,6 +174,7 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     plans = []
     # static activation scales (input_scale): llama.cpp has no tensor for them (ACT_SCALE_DROPPED)
     dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
+    dropped.update(mtp_layers(ckpt, arch))  # DeepSeek's multi-token-prediction layers: not in llama.cpp's deepseek2
     for spec in ckpt.specs():
         if spec.name not in drop and spec.name not in dropped:
             plans.append(plan_tensor(ckpt, spec, arch, gguf_type, names, src_kv))

@@ -25,12 +25,26 @@ import numpy as np
 from converter.errors import NotRepresentableError
 from converter.tensor import Checkpoint, DenseTensor
 
-__all__ = ["split_kv_b", "MLA_MODEL_TYPES"]
+__all__ = ["split_kv_b", "mtp_layers", "MLA_MODEL_TYPES"]
 
-MLA_MODEL_TYPES = ("deepseek_v2",)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 """config.json ``model_type`` values whose ``kv_b_proj`` is cut (llama.cpp ``deepseek2``)."""
 
 _KV_B = re.compile(r"^(?P<p>.+)\.kv_b_proj\.weight$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+MTP_DROPPED = ("a multi-token-prediction layer (index >= num_hidden_layers): llama.cpp's deepseek2 has no place for it "
+               "(DeepseekV2Model.skip_mtp drops it)")
+
+
+def mtp_layers(ckpt: Checkpoint, arch: str) -> dict[str, str]:
+    """``{tensor: reason}`` for the tensors of DeepSeek's multi-token-prediction layers (``model.layers.N.*`` with
+    ``N >= num_hidden_layers``, e.g. DeepSeek-V3's layer 61), which ``convert_hf_to_gguf.py`` leaves out of a
+    ``deepseek2`` GGUF; ``{}`` for another architecture."""
+    n = (ckpt.config or {}).get("num_hidden_layers")
+    if arch != "deepseek2" or not isinstance(n, int):
+        return {}
+    return {name: MTP_DROPPED for name in ckpt.names() if (m := _LAYER.match(name)) and int(m.group(1)) >= n}
 
 
 def _dims(ckpt: Checkpoint, name: str, rows: int) -> tuple[int, int, int]:

@@ -178,7 +178,8 @@ PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
 HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2",
                                          "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
                                          "phi3": "phi3", "gpt_oss": "gpt-oss", "gemma2": "gemma2",
-                                         "gemma3_text": "gemma3", "deepseek_v2": "deepseek2"}
+                                         "gemma3_text": "gemma3", "deepseek_v2": "deepseek2",
+                                         "deepseek_v3": "deepseek2"}
 """``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama, ``LlamaModel`` is
 registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``; transformers'
 ``Gemma3ForCausalLM`` is ``gemma3_text``)."""
