@@ -182,7 +182,7 @@ HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mist
                                          "deepseek_v3": "deepseek2"}
 """``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama, ``LlamaModel`` is
 registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``; transformers'
-``Gemma3ForCausalLM`` is ``gemma3_text``)."""
+``Gemma3ForCausalLM`` is ``gemma3_text``; ``DeepseekV2Model`` converts DeepSeek-V2 and -V3 alike as ``deepseek2``)."""
 
 NORM_OFFSET_ARCHS: dict[str, float] = {"gemma2": 1.0, "gemma3": 1.0}
 """Architectures whose norm weights llama.cpp stores with an offset: Gemma's RMSNorm computes ``x * (1 + w)``
