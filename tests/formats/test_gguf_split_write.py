@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -26,7 +27,6 @@ from converter.runtime import run_options
 
 from ._gguf_arch_data import _config, _tensors
 
-gguf = pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parents[2]
 Q4_K_M = ROOT / "sample_checkpoints" / "gguf" / "minilm_llamacpp_Q4_K_M.gguf"
 
@@ -186,3 +186,14 @@ def test_python_api_split_option(tmp_path, llama_dir):
     assert doc["summary"]["all_exact"] and doc["summary"]["tensors"] == 21
     with pytest.raises(Exception, match="split_max_size"):
         converter.convert(llama_dir, tmp_path / "d", to="mlx", split_max_size=1000)
+
+
+def test_a_cut_gguf_writer_disagrees_with_is_refused_and_nothing_is_left(tmp_path, llama_dir, monkeypatch):
+    from converter.errors import FormatError
+    from converter.formats.gguf import format as gguf_format
+    # a planner bug: 20 tensors then 1, where GGUFWriter (7 per part) cuts 7 / 7 / 7
+    monkeypatch.setattr(gguf_format, "split_parts",
+                        lambda nbytes, size, count: [list(range(len(nbytes) - 1)), [len(nbytes) - 1]])
+    with pytest.raises(FormatError, match="cut the parts otherwise"):
+        write_gguf(load(llama_dir), tmp_path / "out" / "m.gguf", split_max_tensors=7)
+    assert list((tmp_path / "out").iterdir()) == []
