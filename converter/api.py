@@ -137,8 +137,9 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
     ``quant_type``, ``types_from`` (a GGUF whose per-tensor types each tensor gets, ``--gguf-types-from``) ...;
     ``reference``: a float checkpoint to measure against): a requantization, returning
     the error report (``schemas/error-report.schema.json``). Other keyword options go to the writer (GPTQ
-    ``checkpoint_format``, GGUF ``gguf_metadata``). ``engine`` / ``address``: as ``--engine`` / ``--address``
-    (a model directory written on a Ray or Dask cluster, :func:`converter.distributed.job.run_command`).
+    ``checkpoint_format``, GGUF ``gguf_metadata``, ``split_max_size`` / ``split_max_tensors``: a split GGUF).
+    ``engine`` / ``address``: as ``--engine`` / ``--address`` (a model directory written on a Ray or Dask
+    cluster, :func:`converter.distributed.job.run_command`).
 
     Raises
     ------
@@ -171,7 +172,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, target: 
 
 
 #: writer keyword options -> the one format whose writer takes them (the CLI's --gptq-format / --gguf-metadata)
-_WRITER_OPTIONS = {"checkpoint_format": "gptq", "gguf_metadata": "gguf"}
+_WRITER_OPTIONS = {"checkpoint_format": "gptq", "gguf_metadata": "gguf", "split_max_size": "gguf",
+                   "split_max_tensors": "gguf"}
 
 
 def _check_writer_options(options: dict[str, Any], to: str) -> None:

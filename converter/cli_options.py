@@ -70,20 +70,33 @@ def gptq_options(gptq_format: str | None, to: str) -> dict:
 
 def shard_size_flag(fn):
     """``--max-shard-size SIZE`` for every command that writes a model directory (the writers' default,
-    through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`)."""
+    through the run options: :data:`converter.runtime.DEFAULT_MAX_SHARD_SIZE`); with a GGUF target an explicit size
+    (or ``--max-shard-tensors N``) splits the GGUF (run options ``gguf_split_size`` / ``gguf_split_tensors``)."""
     @click.option("--max-shard-size", "max_shard_size", default=None, metavar="SIZE",
                   help="Bytes of tensor data per output shard of a model directory, e.g. 500MB, 5GB, 2GiB "
                        "(GB = 10**9, as transformers and the Hub count); 0 writes one model.safetensors "
-                       "[default: 5GB]. GGUF output is one file.")
+                       "[default: 5GB]. GGUF output is one file unless given: then the parts "
+                       "NAME-00001-of-0000N.gguf of a split GGUF, as llama.cpp's converter --split-max-size writes "
+                       "them.")
+    @click.option("--max-shard-tensors", "max_shard_tensors", default=None, type=click.IntRange(min=1),
+                  metavar="N", help="GGUF output: at most N tensors per part of a split GGUF (llama.cpp's "
+                                    "--split-max-tensors).")
     @click.option("--dry-run", "dry_run", is_flag=True,
                   help="Print the plan (per tensor: exact or lossy and why, target scheme; output files and sizes; "
                        "config changes) and write nothing.")
     @functools.wraps(fn)
-    def wrapper(*args, max_shard_size=None, dry_run=False, **kwargs):
-        if max_shard_size is not None and (kwargs.get("to") == "gguf" or str(kwargs.get("dst", "")).endswith(".gguf")):
-            raise click.UsageError("--max-shard-size shards model directories; GGUF output is one file, as llama.cpp's "
-                                   "converter writes it (split it with llama.cpp's gguf-split --split-max-size; qckpt "
-                                   "reads split GGUFs)")
+    def wrapper(*args, max_shard_size=None, max_shard_tensors=None, dry_run=False, **kwargs):
+        gguf_out = kwargs.get("to") == "gguf" or str(kwargs.get("dst", "")).endswith(".gguf")
+        if max_shard_tensors is not None and not gguf_out:
+            raise click.UsageError("--max-shard-tensors splits GGUF output; give --to gguf (or drop it)")
+        split = {}
+        if gguf_out and (max_shard_size is not None or max_shard_tensors is not None):
+            try:
+                split = {"gguf_split_size": parse_shard_size(max_shard_size or 0),
+                         "gguf_split_tensors": max_shard_tensors or 0}
+            except ConverterError as exc:
+                raise click.BadParameter(exc.render(), param_hint="--max-shard-size") from None
+            max_shard_size = None
         if max_shard_size is not None and str(kwargs.get("dst", "")).endswith(".safetensors"):
             raise click.UsageError("--max-shard-size shards model directories; a DST ending in .safetensors is one "
                                    "file: give a directory DST to shard")
@@ -95,7 +108,7 @@ def shard_size_flag(fn):
             for option in ("report", "csv_path", "plot"):
                 if kwargs.get(option) is not None:
                     raise click.UsageError(f"--dry-run writes nothing: drop --{option.replace('_path', '')}")
-        with run_options(max_shard_size=size, dry_run=dry_run or None):
+        with run_options(max_shard_size=size, dry_run=dry_run or None, **split):
             return fn(*args, **kwargs)
     return wrapper
 

@@ -68,6 +68,13 @@ class RunOptions:
         Bytes per output shard of a model directory (tensor data; a tensor is never split), the
         writers' default when a call gives none; 0 writes one ``model.safetensors`` whatever its size.
         Default :data:`DEFAULT_MAX_SHARD_SIZE` (5 GB, the Hugging Face convention).
+    gguf_split_size : int
+        Bytes of tensor data per part of a GGUF output (``--max-shard-size`` with a GGUF target); 0 (the default,
+        as llama.cpp's converter): one file. Parts are cut as gguf-py's ``GGUFWriter(split_max_size=)`` cuts them
+        (:mod:`converter.formats.gguf.split_write`).
+    gguf_split_tensors : int
+        At most this many tensors per part of a GGUF output (``--max-shard-tensors``; ``GGUFWriter``'s
+        ``split_max_tensors``); 0: no limit.
     dry_run : bool
         Plan every write but write nothing (:mod:`converter.write.dry_run`): ``--dry-run``.
     kernels : str or None
@@ -86,6 +93,8 @@ class RunOptions:
     max_memory: int | None = None
     quiet: bool = True
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+    gguf_split_size: int = 0
+    gguf_split_tensors: int = 0
     dry_run: bool = False
     kernels: str | None = None
     shard_job: Any = None

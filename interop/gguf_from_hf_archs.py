@@ -9,7 +9,8 @@ the llama-cpp-python 0.3.36 sdist):
 
 For each of llama, mistral, qwen2, qwen3, phi3, qwen2_moe, qwen3_moe (4 experts of 32, 2 used; per-expert weights
 stacked): a folder with the seeded tensors and config.json of ``tests/formats/_gguf_arch_data.py`` (2 layers,
-hidden 64, 4 / 2 heads of 16) and a tokenizer: the SmolLM2 byte-level BPE files qckpt makes from
+hidden 64, 4 / 2 heads of 16); gemma2 / gemma3_text / deepseek_v2 are made by transformers
+(``TRANSFORMERS_ARCHS``); and a tokenizer: the SmolLM2 byte-level BPE files qckpt makes from
 ``tests/data/gguf/smollm2_vocab_tiny.gguf`` (49152 tokens) for llama / mistral / qwen3 / the MoE models, the
 SentencePiece ``tests/data/spm/tiny_spm/tokenizer.model`` (300 pieces) for qwen2 and phi3
 (llama.cpp's Phi3 converter requires a tokenizer.model; for a qwen2 ``model_type`` transformers 5 builds its own
@@ -42,6 +43,14 @@ ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM"}
 SPM = ("qwen2", "phi3")
+#: made by transformers (random weights, seed 0, 1-D weights drawn N(0, 0.3) so Gemma's norm offset is visible):
+#: 2 layers, hidden 64, intermediate 96, 4 heads; Gemma 2 kv heads of 16, sliding window 128, the SentencePiece
+#: test vocabulary (300 pieces); DeepSeek-V2 MLA (q_lora_rank 24, kv_lora_rank 32, rope 8, nope 16, v 16; llama.cpp
+#: 0.3.36 requires q_lora_rank unless the model has 26 / 27 layers), 4 routed experts of 32 (2 used), 1 shared,
+#: the first layer dense, the SmolLM2 byte-level BPE vocabulary (49152); DeepSeek-V3 the same with 2 expert groups,
+#: routed scaling 2.5, top-k normalised and a random router score correction (exp_probs_b)
+TRANSFORMERS_ARCHS = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                      "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def _folder(base: Path, model_type: str, bpe: Path) -> Path:
@@ -68,6 +77,48 @@ def _folder(base: Path, model_type: str, bpe: Path) -> Path:
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copy(bpe / f, d / f)
     (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _transformers_folder(base: Path, model_type: str, bpe: Path) -> Path:
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    d = base / model_type
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    if model_type == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**common, sliding_window=128))
+    elif model_type == "gemma3_text":
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**common, sliding_window=128))
+    else:
+        common.pop("head_dim")
+        common.update(num_key_value_heads=4, vocab_size=49152, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=8,
+                      qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=32, first_k_dense_replace=1, topk_group=1)
+        if model_type == "deepseek_v2":
+            model = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+                **common, n_group=1, routed_scaling_factor=1.0, norm_topk_prob=False))
+        else:
+            model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+                **common, n_group=2, routed_scaling_factor=2.5, norm_topk_prob=True))
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.normal_(0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.1)
+    model.save_pretrained(d)
+    if model_type.startswith("deepseek"):
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(bpe / f, d / f)
+    else:
+        shutil.copy(ROOT / "tests" / "data" / "spm" / "tiny_spm" / "tokenizer.model", d / "tokenizer.model")
+        (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
+                                                             "add_bos_token": True, "bos_token": "<s>",
+                                                             "eos_token": "</s>"}))
     return d
 
 
@@ -101,8 +152,8 @@ def main() -> int:
         subprocess.run([args.qckpt_python, "-m", "converter", "dequantize",
                         str(ROOT / "tests" / "data" / "gguf" / "smollm2_vocab_tiny.gguf"), str(bpe)],
                        check=True, env=env, stdout=subprocess.DEVNULL)
-        for model_type in ARCHS:
-            d = _folder(base, model_type, bpe)
+        for model_type in [*ARCHS, *TRANSFORMERS_ARCHS]:
+            d = _folder(base, model_type, bpe) if model_type in ARCHS else _transformers_folder(base, model_type, bpe)
             ours, theirs = base / f"{model_type}.gguf", base / "llama_cpp" / f"{model_type}.gguf"
             theirs.parent.mkdir(exist_ok=True)
             subprocess.run([args.qckpt_python, "-m", "converter", "convert", str(d), str(ours), "--to", "gguf"],

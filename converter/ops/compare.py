@@ -78,6 +78,27 @@ def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, An
     return row
 
 
+def compare_offset(a, b, offset: float) -> dict[str, Any]:
+    """The row of dense ``a`` stored with ``offset`` added in its own dtype and read back as float32 ``b`` minus the
+    offset (GGUF's Gemma norm weights): ``exact`` when ``b`` is ``a``, ``exact_up_to_rounding`` when ``b`` is exactly
+    ``float32(a + offset) - offset`` but not ``a``, else ``changed``."""
+    src = np.asarray(a.data)
+    want = (src + src.dtype.type(offset)).astype(np.float32) - np.float32(offset)
+    got = np.asarray(b.data)
+    row = {"name": a.name, "kind": "dense", "offset": offset}
+    if got.shape != want.shape or got.dtype != np.float32 or not np.array_equal(got.view(np.uint32),
+                                                                                 want.view(np.uint32)):
+        return {**row, "mode": "changed", "bit_exact": False,
+                "reason": f"not the source + {offset:g} (stored) - {offset:g} (read back)"}
+    exact = bool(np.array_equal(want.view(np.uint32), src.astype(np.float32).view(np.uint32)))
+    diff = float(np.max(np.abs(want - src.astype(np.float32)))) if src.size else 0.0
+    row.update(mode="exact" if exact else "exact_up_to_rounding", bit_exact=exact, max_abs_diff=diff)
+    if not exact:
+        row["rounding"] = (f"stored as w + {offset:g} in {src.dtype.name} (the target's convention), "
+                           f"read back - {offset:g}")
+    return row
+
+
 def rounding_reason(a: QuantizedTensor, b: QuantizedTensor) -> str:
     """What was rounded when identical codes give values that differ by a rounding (a row's ``rounding``):
     zero points re-expressed as float biases ``-z*s`` in the target's scale dtype, scales narrowed to another

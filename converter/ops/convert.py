@@ -27,7 +27,7 @@ from converter.formats import registry
 from converter.formats.activations import activation_scales, owner
 from converter.groups import Granularity
 from converter.layout import IN
-from converter.ops.compare import compare_tensors
+from converter.ops.compare import compare_offset, compare_tensors
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers, current
@@ -206,7 +206,8 @@ def _refuse_partial_groups(ckpt: Checkpoint, handler) -> None:
 
 
 def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any] | None = None,
-              renamed: dict[str, str] | None = None, dropped: dict[str, str] | None = None) -> dict[str, Any]:
+              renamed: dict[str, str] | None = None, dropped: dict[str, str] | None = None,
+              offsets: dict[str, float] | None = None) -> dict[str, Any]:
     """The report row of source tensor ``name``: :func:`compare_tensors` against ``out[name]``.
 
     A tensor absent from ``out`` is ``missing``, except an ``lm_head`` stored once as the
@@ -215,9 +216,14 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
     target's spelling (``renamed``: the writer's summary, source -> written name; activation scales)
     is compared with that one and the row names it (``renamed_to``); a dense tensor the writer left
     out on purpose (``dropped``: source name -> reason; activation scales a target has no place for)
-    is ``dropped``, with the reason, and is not counted as changed.
+    is ``dropped``, with the reason, and is not counted as changed; a dense tensor the target stores with an offset
+    (``offsets``: the writer's summary, name -> offset added; Gemma's norm weights in GGUF) is compared with the
+    source plus the offset in its own dtype, read back minus the offset in float32: ``exact`` when that gives the
+    source's values, ``exact_up_to_rounding`` when only those two roundings differ, else ``changed``.
     """
     tied = tied or {}
+    if name in (offsets or {}) and name in out and ckpt.spec(name).kind == "dense":
+        return compare_offset(ckpt[name], out[name], float(offsets[name]))
     if name in (dropped or {}) and name not in out and ckpt.spec(name).kind == "dense":
         return {"name": name, "kind": "dense", "mode": "dropped", "bit_exact": False, "reason": dropped[name]}
     new = (renamed or {}).get(name)
@@ -241,7 +247,8 @@ def proof_row(ckpt: Checkpoint, out: Checkpoint, name: str, tied: dict[str, Any]
 
 def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None = None, *,
                   meanwhile=None, renamed: dict[str, str] | None = None,
-                  dropped: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                  dropped: dict[str, str] | None = None,
+                  offsets: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Prove ``out`` (the written checkpoint, opened with the target's reader) against ``ckpt``.
 
     One :func:`proof_row` per source tensor, in ``ckpt.names()`` order. Tensors are compared
@@ -263,7 +270,7 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
 
         def done(i: int, row: dict[str, Any]) -> None:
             rows[i] = row
-        run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed, dropped),
+        run_tasks(len(names), lambda i: proof_row(ckpt, out, names[i], tied, renamed, dropped, offsets),
                   workers=auto_workers(total, len(names)), on_result=done, meanwhile=meanwhile)
         return rows
     job = current().shard_job
@@ -320,11 +327,12 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                 exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise
-        out = registry.load(dst, format=to)
+        out = registry.load((written or {}).get("path") or dst, format=to)  # a split output: its first part
         rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
-                             renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"))
+                             renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"),
+                             offsets=(written or {}).get("offsets"))
     if handler.prove_written is not None:  # the format's check that does not go through its reader
-        failed = handler.prove_written(view, Path(dst), out)
+        failed = handler.prove_written(view, Path((written or {}).get("path") or dst), out)
         for r in rows:
             if r["name"] in failed:
                 r.update(mode="changed", bit_exact=False, reason=failed[r["name"]])

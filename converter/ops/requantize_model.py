@@ -353,10 +353,10 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
                 view[name]
     rows, digests = requant_results(got)
     if verify:
-        out = registry.load(dst, format=to)
+        out = registry.load((written or {}).get("path") or dst, format=to)  # a split output: its first part
         verify_readback(out, rows, digests)
         if handler.prove_written is not None:  # the format's check that does not go through its reader
-            for name in handler.prove_written(view, Path(dst), out):
+            for name in handler.prove_written(view, Path((written or {}).get("path") or dst), out):
                 if name in rows:
                     rows[name]["readback_bit_exact"] = False
         verify_dequantized(source, out, modules)

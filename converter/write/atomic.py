@@ -21,7 +21,7 @@ from converter.errors import ConverterError, OutputExistsError
 from converter.runtime import current
 from converter.write.dry_run import DryRunPlanned
 
-__all__ = ["atomic_output", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
+__all__ = ["atomic_output", "atomic_outputs", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
            "clean_stale_siblings", "deferred_removal"]
 
 _TAG = ".qckpt-tmp-"
@@ -238,6 +238,58 @@ def atomic_output(dst: str | os.PathLike, *, overwrite: bool = False, is_dir: bo
     except BaseException:
         _remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_outputs(dsts: list[Path], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary staging directory for a set of sibling files ``dsts``; each is written there under its own
+    name and all are moved into place once the body succeeds (deleted on failure).
+
+    For outputs that are several files read as one (a split GGUF: ``<name>-00001-of-0000N.gguf``). Every file is
+    complete before any is renamed; the first is renamed last, so a reader that starts from the first file (as
+    llama.cpp and qckpt do) never finds it beside a missing or half-written part. A crash between two renames can
+    leave some later parts in place without the first; the staging directory (a temp sibling of ``dsts[0]``) is
+    removed by :func:`clean_stale_siblings`.
+
+    Raises
+    ------
+    OutputExistsError
+        One of ``dsts`` exists and ``overwrite`` is false (checked before and again at commit).
+    ConverterError
+        The body did not write one of the files (named).
+    """
+    dsts = [Path(d) for d in dsts]
+    if current().dry_run:
+        raise DryRunPlanned({"files": [{"name": d.name, "bytes": None, "tensors": None} for d in dsts],
+                             "config": None})
+    if not overwrite:
+        for d in dsts:
+            if _exists(d):
+                raise _refuse_existing(d)
+    first = dsts[0]
+    first.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_siblings(first)
+    stage = temp_sibling(first)
+    stage.mkdir()
+    try:
+        yield stage
+        for d in dsts:
+            if not (stage / d.name).is_file():
+                raise ConverterError("nothing was written to the temporary output", file=d,
+                                     expected="an output", found="none")
+            _fsync(stage / d.name)
+        for d in [*dsts[1:], first]:
+            _commit(stage / d.name, d, overwrite)
+        _fsync(first.parent)
+    except ConverterError as exc:
+        _remove(stage)
+        for d in dsts:
+            _retarget(exc, stage / d.name, d)
+        raise
+    except BaseException:
+        _remove(stage)
+        raise
+    _remove(stage)
 
 
 def _retarget(exc: ConverterError, tmp: Path, dst: Path) -> ConverterError:

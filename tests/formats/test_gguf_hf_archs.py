@@ -191,14 +191,14 @@ def test_quantized_per_expert_weights_are_refused():
 
 
 def test_unmapped_architecture_is_named_in_a_warning(tmp_path):
-    """gemma2 has no name table yet: the file is written with Hugging Face names and the report says llama.cpp
+    """olmo2 has no name table: the file is written with Hugging Face names and the report says llama.cpp
     will not load it (no silent success)."""
     folder = _write(tmp_path, "llama")
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma2"}))
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "olmo2"}))
     res = CliRunner().invoke(main, ["convert", str(folder), str(tmp_path / "out.gguf"), "--to", "gguf", "--json"])
     assert res.exit_code == 0, res.output
     warning = json.loads(res.output)["side_files_skipped"]["tensor names"]
-    assert "'gemma2'" in warning and "will not load" in warning
+    assert "'olmo2'" in warning and "will not load" in warning
     names = {t.name for t in gguf.GGUFReader(tmp_path / "out.gguf").tensors}
     assert "model.layers.0.self_attn.q_proj.weight" in names

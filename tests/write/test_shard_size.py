@@ -92,9 +92,10 @@ def test_bad_size_is_a_usage_error(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_gguf_output_is_one_file_and_says_so(tmp_path):
-    r = run("convert", GPTQ, tmp_path / "m.gguf", "--to", "gguf", "--max-shard-size", "1MB")
-    assert r.exit_code == 2 and "GGUF output is one file" in r.output and "gguf-split" in r.output
-    assert list(tmp_path.iterdir()) == []
+def test_gguf_output_is_one_file_unless_a_size_is_given(tmp_path):
     assert run("convert", GPTQ, tmp_path / "m.gguf", "--to", "gguf").exit_code == 0  # the default applies to folders
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    r = run("convert", GPTQ, tmp_path / "s.gguf", "--to", "gguf", "--max-shard-size", "1MB")  # llama.cpp's split
+    assert r.exit_code == 0, r.output
+    parts = sorted(p.name for p in tmp_path.glob("s-*.gguf"))
+    assert len(parts) >= 2 and parts[0] == f"s-00001-of-{len(parts):05d}.gguf" and not (tmp_path / "s.gguf").exists()

@@ -23,8 +23,9 @@ from converter.tensor import Checkpoint, DenseTensor
 
 __all__ = ["stack_experts", "MOE_MODEL_TYPES"]
 
-MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
-"""config.json ``model_type`` values whose experts are stacked (llama.cpp ``qwen2moe`` / ``qwen3moe``)."""
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+"""config.json ``model_type`` values whose experts are stacked (llama.cpp ``qwen2moe`` / ``qwen3moe``; ``deepseek2``,
+``DeepseekV2Model.modify_tensors`` stacks them the same way)."""
 
 _PER_EXPERT = re.compile(r"^(?P<p>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"^(?P<p>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)$")

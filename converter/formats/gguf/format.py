@@ -77,17 +77,16 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ErrorKind, ConverterError, FormatError, UnsupportedError
+from converter.errors import ErrorKind, FormatError, NotRepresentableError, UnsupportedError
 from converter.runtime import current
-from converter.write.atomic import atomic_output
+from converter.write.atomic import atomic_output, atomic_outputs
 from converter.write.dry_run import DryRunPlanned
-from converter.write.files import write_at_offsets
 from converter.tensor import Checkpoint
 from converter.formats.gguf.names import ARCH_TABLES, HF_MODEL_TYPE_TO_ARCH
 from converter.formats.registry import FormatHandler, OutputKind, ValidationHooks, register
 
-from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, QUANTIZATION_VERSION, FILE_TYPES,
-                                            MANAGED_KEYS, WRITE_TYPES, gguf_module, quantize_to_gguf, scheme_for,
+from converter.formats.gguf.schemes import (DENSE_TYPES, K_TYPES, LEGACY_TYPES, FILE_TYPES,
+                                            WRITE_TYPES, gguf_module, quantize_to_gguf, scheme_for,
                                             tensor_from_fields)
 from converter.formats.gguf.reader import detect_gguf, read_gguf
 from converter.formats.gguf.heads import with_head_count_kv
@@ -99,30 +98,20 @@ from converter.formats.gguf.hf_source import (NO_TOKENIZER, VOCAB_NOT_CONVERTED,
                                              no_vocab_kv, source_kv, tokenizer_warning)
 from converter.formats.ties import resolve_tied_head
 from converter.formats.base import dropped_activation_scales
-from converter.formats.gguf.tensor_plan import TensorPlan, encode, plan_tensor
+from converter.formats.gguf.tensor_plan import TensorPlan, plan_tensor
+from converter.formats.gguf.file_write import write_files
+from converter.formats.gguf.split_write import check_staged, part_paths_for, split_parts
+from converter.formats.gguf.mla import mtp_layers
 
 __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_to_gguf",
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
            "LEGACY_TYPES", "DENSE_TYPES", "NO_TOKENIZER"]
 
-def _infer_type(v: Any) -> Any:
-    if isinstance(v, bool):
-        return "BOOL"
-    if isinstance(v, int):
-        return "UINT32" if 0 <= v < 2 ** 32 else ("INT64" if -2 ** 63 <= v < 2 ** 63 else "UINT64")
-    if isinstance(v, float):
-        return "FLOAT32"
-    if isinstance(v, str):
-        return "STRING"
-    if isinstance(v, (list, tuple)) and v:
-        sub = _infer_type(v[0])
-        return ["ARRAY", "ARRAY" if isinstance(sub, list) else sub]
-    return None
-
-
 def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_type: str | None = None,
-               arch: str | None = None, gguf_metadata: str | Path | None = None, **_: Any) -> dict:
-    """Write ``ckpt`` as one ``.gguf`` file (atomically; tensors streamed one at a time).
+               arch: str | None = None, gguf_metadata: str | Path | None = None, split_max_size: int | None = None,
+               split_max_tensors: int | None = None, **_: Any) -> dict:
+    """Write ``ckpt`` as one ``.gguf`` file, or as the parts of a split GGUF (atomically; tensors streamed one at a
+    time).
 
     Parameters
     ----------
@@ -137,11 +126,17 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     gguf_metadata : path, optional
         A GGUF whose key/values (tokenizer, hyperparameters) are written instead of those made from the source
         (:func:`converter.formats.gguf.hf_source.source_kv`).
+    split_max_size, split_max_tensors : int, optional
+        Split the output as ``convert_hf_to_gguf.py --split-max-size / --split-max-tensors`` does
+        (:mod:`converter.formats.gguf.split_write`): bytes of tensor data / tensors per part, 0 no limit; default:
+        the run options' ``gguf_split_size`` / ``gguf_split_tensors`` (``qckpt --max-shard-size``), 0.
+        Parts ``<stem>-00001-of-0000N.gguf`` beside ``dst``; one file ``dst`` when everything fits in one part.
 
     Returns
     -------
     dict
-        ``files``, ``tensors``, ``types`` (logical name -> ggml type), ``architecture``, ``file_type``,
+        ``files`` (names, part order), ``path`` (the file to read: ``dst`` or the first part), ``tensors``,
+        ``types`` (logical name -> ggml type), ``architecture``, ``file_type``,
         ``notes`` (tensor or key name -> list of str: widened 1-D tensors, key/values not written),
         ``side_files_skipped`` (``{"tokenizer.ggml.*": warning}`` when no vocabulary is written).
 
@@ -179,9 +174,15 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     plans = []
     # static activation scales (input_scale): llama.cpp has no tensor for them (ACT_SCALE_DROPPED)
     dropped = dropped_activation_scales(ckpt, ACT_SCALE_DROPPED)
+    dropped.update(mtp_layers(ckpt, arch))  # DeepSeek's multi-token-prediction layers: not in llama.cpp's deepseek2
     for spec in ckpt.specs():
         if spec.name not in drop and spec.name not in dropped:
             plans.append(plan_tensor(ckpt, spec, arch, gguf_type, names, src_kv))
+            if arch == "gemma2" and plans[-1].gguf_name == "output.weight":  # MODEL_TENSORS[GEMMA2] has no OUTPUT
+                raise NotRepresentableError("llama.cpp's gemma2 has no output tensor (Gemma2Model drops lm_head: the "
+                                            "head is the embedding); this lm_head differs from the embedding",
+                                            tensor=spec.name, field="tie_word_embeddings", expected="tied head",
+                                            found="a separate lm_head")
             if plans[-1].type_name == "NVFP4" and spec.scheme.global_scale is not None:
                 plans[-1].scaled = True
                 scale_name = scale_tensor_name(plans[-1].gguf_name) or plans[-1].gguf_name + ".scale"
@@ -219,74 +220,36 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         if ckpt.format == "gguf" else 32
     notes = {p.name: [f"{p.widened_from} widened to F32 (values exact; convert_hf_to_gguf.py writes 1-D tensors F32)"]
              for p in plans if p.widened_from}
-    if current().dry_run:  # the plan: one file, its tensor data (key/values and alignment padding not counted)
-        raise DryRunPlanned({"files": [{"name": Path(dst).name, "bytes": sum(p.nbytes for p in plans),
-                                        "tensors": len(plans)}], "config": None,
+    offsets = {p.name: p.offset for p in plans if p.offset is not None}
+    for name in offsets:
+        notes.setdefault(name, []).append(f"stored as w + {offsets[name]:g} (llama.cpp's {arch} norm convention)")
+    opts = current()
+    split_size = opts.gguf_split_size if split_max_size is None else int(split_max_size)
+    split_tensors = opts.gguf_split_tensors if split_max_tensors is None else int(split_max_tensors)
+    parts = split_parts([p.nbytes for p in plans], split_size, split_tensors)
+    paths = part_paths_for(Path(dst), len(parts))
+    if len(parts) > 1 and alignment != 32:  # later parts have no key/values: llama.cpp reads them aligned to 32
+        notes["general.alignment"] = [f"{alignment} written 32: a split GGUF's later parts carry no key/values"]
+        alignment = 32
+    if opts.dry_run:  # the plan: the files, their tensor data (key/values and alignment padding not counted)
+        raise DryRunPlanned({"files": [{"name": path.name, "bytes": sum(plans[i].nbytes for i in part),
+                                        "tensors": len(part)} for path, part in zip(paths, parts)], "config": None,
                              "gguf": {"architecture": arch, "file_type": file_type, "types": types},
                              "dropped": {**{n: "identical to the token embedding: left out, llama.cpp uses token_embd"
                                             for n in drop}, **dropped}})
-    with atomic_output(dst, overwrite=overwrite) as tmp:
-        writer = gguf.GGUFWriter(None, arch)
-        try:
-            managed = {"general.quantization_version": lambda: writer.add_quantization_version(QUANTIZATION_VERSION),
-                       "general.file_type": lambda: writer.add_file_type(file_type),
-                       "general.alignment": lambda: writer.add_custom_alignment(alignment)}
-            for key, value in src_kv.items():  # source order kept, managed keys recomputed in place
-                if key in managed:
-                    managed.pop(key)()
-                    continue
-                if key in MANAGED_KEYS or key.startswith("GGUF."):
-                    continue
-                vt = src_types.get(key) or _infer_type(value)
-                if vt is None or (isinstance(value, list) and not value):
-                    notes[key] = ["key not written (empty or untyped value)"]
-                    continue
-                if isinstance(vt, list):
-                    sub = gguf.GGUFValueType[vt[1]] if len(vt) == 2 else None
-                    writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=sub)
-                else:
-                    writer.add_key_value(key, value, gguf.GGUFValueType[vt])
-            if alignment == 32:
-                managed.pop("general.alignment", None)
-            for add in managed.values():
-                add()
-            for p in plans:
-                qt = gguf.GGMLQuantizationType[p.type_name]
-                if p.type_name in ("F32", "F16", "F64", "I8", "I16", "I32", "I64"):
-                    writer.add_tensor_info(p.gguf_name, p.shape, DENSE_TYPES[p.type_name], p.nbytes)
-                else:
-                    byte_shape = gguf.quant_shape_to_byte_shape(p.shape, qt)
-                    writer.add_tensor_info(p.gguf_name, byte_shape, np.dtype(np.uint8), p.nbytes, raw_dtype=qt)
-            writer.write_header_to_file(path=Path(tmp))
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            fout = writer.fout[0]
-            fout.flush()
-            # GGUFWriter.write_tensor_data pads to the alignment, writes the tensor, pads its size:
-            # every offset is known now, so tensors are encoded and pwritten in any order / process
-            align = int(writer.data_alignment)
-            start = writer.ggml_pad(fout.tell(), align)
-        finally:
-            writer.close()
-        offsets, pos = [], start
-        for p in plans:
-            offsets.append(pos)
-            pos += writer.ggml_pad(p.nbytes, align)
-
-        def produce(i: int):
-            p = plans[i]
-            try:
-                data = encode(ckpt[p.name], p)
-            except ConverterError as exc:
-                exc.with_context(tensor=p.name)
-                raise
-            if data.nbytes != p.nbytes:
-                raise FormatError("encoded size differs from the plan", tensor=p.name, field="nbytes",
-                                  expected=p.nbytes, found=data.nbytes)
-            return offsets[i], data
-        write_at_offsets(tmp, pos, len(plans), produce, total_bytes=pos - start)
-    result = {"files": [Path(dst).name], "tensors": len(plans), "types": types, "architecture": arch,
-              "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {})}
+    if len(parts) == 1:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
+            write_files(ckpt, plans, parts, [Path(tmp)], arch, src_kv, src_types, file_type, alignment, notes)
+    else:
+        with atomic_outputs(paths, overwrite=overwrite) as stage:
+            staged = [stage / path.name for path in paths]
+            write_files(ckpt, plans, parts, staged, arch, src_kv, src_types, file_type, alignment, notes,
+                         split=(split_size, split_tensors))
+            check_staged(staged[0], {p.gguf_name: p.type_name for p in plans if not p.global_of}, len(parts))
+    result = {"files": [path.name for path in paths], "path": str(paths[0]), "tensors": len(plans), "types": types,
+              "architecture": arch,
+              "file_type": file_type, "notes": notes, **({"dropped": dropped} if dropped else {}),
+              **({"offsets": offsets} if offsets else {})}
     skipped = {**tokenizer_warning(ckpt, src_kv, source_warnings),
                **{k: v for k, v in source_warnings.items() if k != VOCAB_NOT_CONVERTED}}
     if made and arch not in ARCH_TABLES:  # Hugging Face names written as they are: llama.cpp knows none of them
@@ -305,6 +268,7 @@ from converter.formats.tool_decode import in_float32  # noqa: E402
 from converter.formats.gguf.qk_proof import prove_qk_rows  # noqa: E402
 from converter.formats.gguf.fallback import block_scales as fallback_block_scales  # noqa: E402
 from converter.formats.gguf.experts import stack_experts  # noqa: E402
+from converter.formats.gguf.mla import split_kv_b  # noqa: E402
 from converter.formats.gguf.requant import GGUF_QUANTIZER, legacy_type_for, requant_adapt, requant_targets  # noqa: E402,F401
 
 HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 read+write, "
@@ -314,7 +278,7 @@ HANDLER = register(FormatHandler("gguf", "GGUF (llama.cpp): legacy Q4_0/Q4_1/Q5_
                                  requant_targets=requant_targets,
                                  # llama.cpp's gpt-oss tensors: gate / up experts apart (GptOssModel)
                                  # and Qwen2/3-MoE float experts stacked (Qwen2MoeModel)
-                                 arrange=lambda ckpt: stack_experts(gpt_oss_arrange.for_stacked(ckpt)),
+                                 arrange=lambda ckpt: split_kv_b(stack_experts(gpt_oss_arrange.for_stacked(ckpt))),
                                  # the stored q/k rows against llama.cpp's permute of the source (not via read_gguf)
                                  prove_written=prove_qk_rows,
                                  # ggml block scales are signed: Q4_0/Q5_0 use ``d = max / -8`` with ``max`` the

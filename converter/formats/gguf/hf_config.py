@@ -37,7 +37,9 @@ Architectures: ``llama`` (``LlamaForCausalLM``; llama.cpp also converts Mistral 
 runs it without a sliding window, which is what LlamaForCausalLM computes; transformers' own
 ``llama`` -> ``mistral`` switch only fires for a file whose ``general.name`` is exactly
 ``"mistral"``), ``qwen2`` (``Qwen2ForCausalLM``) and ``qwen3`` (``Qwen3ForCausalLM``: per-head q/k RMS norms,
-one ``attention_bias`` flag). Anything else, and the variants these classes
+one ``attention_bias`` flag), ``gemma2`` / ``gemma3`` (``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``, text only:
+:func:`_gemma`). Anything else (``deepseek2`` included: its ``kv_b_proj`` is read back as llama.cpp's
+``k_b`` / ``v_b`` pair, and its MoE has no mapping here), and the variants these classes
 cannot express (experts, per-layer head counts, partial rotary, llama3 RoPE stored as a
 ``rope_freqs`` tensor, partial attention biases), raises :class:`UnsupportedError` with the reason.
 ``torch_dtype`` / ``dtype`` are left to the writer (the dtype it actually writes).
@@ -60,6 +62,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 """``general.architecture`` -> (``model_type``, ``architectures[0]``)."""
 
@@ -198,6 +202,42 @@ def _gpt_oss(kv: Mapping[str, Any], a: str, layers: int) -> dict[str, Any]:
     return out
 
 
+#: llama.cpp's 27B Gemma 2 / Gemma 3 (``llama-model.cpp``: by block count) scale attention by
+#: ``1 / sqrt(n_embd / n_head)``, every other size by ``1 / sqrt(head_dim)`` (``f_attention_scale``): transformers'
+#: ``query_pre_attn_scalar``.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma(kv: Mapping[str, Any], arch: str, types: Mapping[str, Any], layers: int, hidden: int, heads: int,
+           head_dim: int, rope: dict[str, Any]) -> dict[str, Any]:
+    """``Gemma2Config`` / ``Gemma3TextConfig`` fields as llama.cpp runs a ``gemma2`` / ``gemma3`` GGUF
+    (``llama-model.cpp``): GELU (tanh) MLP, the soft-capping values (gemma2: llama.cpp's defaults 50 / 30 when the
+    keys are absent), the sliding window with llama.cpp's layer pattern (gemma2: every other layer from layer 0,
+    ``set_swa_pattern(2)``; gemma3: five sliding layers then one full, ``set_swa_pattern(6)``; transformers' default
+    ``layer_types`` are the same), ``query_pre_attn_scalar`` from the attention scale llama.cpp uses, and for
+    gemma3 the RoPE per layer type (``rope.freq_base`` / scaling for full attention, ``rope.freq_base_swa``,
+    default 10000, for sliding). Norm weights are read back as ``w`` (llama.cpp stores ``1 + w``)."""
+    a = f"{arch}."
+    window = _int(kv, a + "attention.sliding_window")
+    pattern = 2 if arch == "gemma2" else 6
+    scalar = hidden // heads if layers == _GEMMA_27B_LAYERS[arch] else head_dim
+    out: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
+                           "sliding_window": window, "attention_bias": False, "attention_dropout": 0.0,
+                           "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                           for i in range(layers)]}
+    final = _float(kv, a + "final_logit_softcapping", types, 30.0 if arch == "gemma2" else None)
+    out["final_logit_softcapping"] = final
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = _float(kv, a + "attn_logit_softcapping", types, 50.0)
+        out["rope_parameters"] = rope
+    else:
+        out["attn_logit_softcapping"] = None
+        swa = _float(kv, a + "rope.freq_base_swa", types, DEFAULT_ROPE_THETA)
+        out["rope_parameters"] = {"full_attention": rope,
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": swa}}
+    return out
+
+
 def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
                         kv_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``config.json`` (dict) of a GGUF model (see the module table).
@@ -292,7 +332,15 @@ def hf_config_from_gguf(kv: Mapping[str, Any], tensor_names: Iterable[str], *,
     }
     if rope["rope_type"] != "default":
         cfg["rope_scaling"] = dict(rope)
-    if arch == "gpt-oss":
+    if arch in _GEMMA_27B_LAYERS:
+        if "output.weight" in names:
+            raise UnsupportedError("Gemma ties its head to the embedding; this file has an output.weight",
+                                   field="output.weight", kind=ErrorKind.CONFIG_MISMATCH)
+        cfg.pop("hidden_act")
+        cfg.pop("rope_scaling", None)
+        cfg.pop("rope_theta")
+        cfg.update(_gemma(kv, arch, types, layers, hidden, heads, head_dim, rope))
+    elif arch == "gpt-oss":
         cfg.update(_gpt_oss(kv, a, layers))
         cfg["rope_parameters"] = rope = {**rope, "truncate": False} if rope["rope_type"] == "yarn" else rope
         cfg.pop("rope_scaling", None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from converter.tensor import Checkpoint
+from converter.formats.gguf.arch_kv import arch_kv
 
 __all__ = ["config_kv", "yarn_kv", "rope_theta", "tokenizer_warning", "source_kv", "general_kv", "no_vocab_kv",
            "VOCAB_NOT_CONVERTED", "NO_TOKENIZER", "NO_VOCAB_KV", "NO_VOCAB_WARNING", "WIDENED_1D"]
@@ -36,7 +37,8 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     ``attention.key_length`` / ``value_length`` (``head_dim``) and ``attention.sliding_window`` when the config
     has them, and gpt-oss's ``expert_feed_forward_length`` (``GptOssModel.set_gguf_parameters``); for ``llama``,
     ``rope.dimension_count`` = ``head_dim`` (else ``hidden_size / num_attention_heads``; ``LlamaModel``); a linear
-    or YaRN RoPE's scaling keys.
+    or YaRN RoPE's scaling keys; ``rope.freq_base_swa`` from ``rope_parameters.sliding_attention``; then the
+    gemma2 / gemma3 / deepseek2 keys of :func:`converter.formats.gguf.arch_kv.arch_kv`.
     """
     pairs = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
              "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
@@ -64,6 +66,14 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
             out[f"{arch}.{k}"] = float(v) if ("epsilon" in k or "freq" in k) else int(v)
     out.update(yarn_kv(config, arch))
     out.update(linear_rope_kv(config, arch))
+    rp = config.get("rope_parameters")
+    swa = rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+    if isinstance(swa, Mapping) and isinstance(swa.get("rope_theta"), (int, float)):  # TextModel: freq_base_swa
+        out[f"{arch}.rope.freq_base_swa"] = float(swa["rope_theta"])
+    more, drop = arch_kv(config, arch)  # gemma2 / gemma3 / deepseek2 (:mod:`.arch_kv`)
+    for k in drop:
+        out.pop(f"{arch}.{k}", None)
+    out.update({f"{arch}.{k}": v for k, v in more.items()})
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     if arch == "llama" and isinstance(heads, int) and heads > 0:  # LlamaModel.set_gguf_parameters
         head_dim = config.get("head_dim")
@@ -77,7 +87,7 @@ def config_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 
 _SLIDING_WINDOW_ARCHS = ("gpt-oss", "phi3")
-_VOCAB_SIZE_ARCHS = ("llama",)
+_VOCAB_SIZE_ARCHS = ("llama", "deepseek2")
 
 
 def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,10 +106,19 @@ def _phi3(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _rope_params(config: Mapping[str, Any]) -> Any:
+    """``rope_parameters`` (or ``rope_scaling``); per layer type (Gemma 3), its ``full_attention`` entry, as
+    ``TextModel.set_gguf_parameters`` reads it."""
+    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    if isinstance(rp, Mapping) and isinstance(rp.get("full_attention"), Mapping):
+        return rp["full_attention"]
+    return rp
+
+
 def linear_rope_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """``rope.scaling.type = "linear"`` and ``rope.scaling.factor`` for a linear RoPE with a factor
     (``TextModel.set_gguf_parameters``); nothing otherwise."""
-    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    rp = _rope_params(config)
     if not isinstance(rp, Mapping) or rp.get("rope_type", rp.get("type")) != "linear":
         return {}
     factor = rp.get("factor")
@@ -120,7 +139,7 @@ def yarn_kv(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
     ``"yarn"``, ``factor``, ``original_context_length`` and, when given, ``yarn_ext_factor`` /
     ``yarn_attn_factor`` (``attention_factor``) / ``yarn_beta_fast`` / ``yarn_beta_slow`` (gpt-oss: factor 32,
     4096, beta 32 / 1). Nothing for another RoPE."""
-    rp = config.get("rope_parameters") or config.get("rope_scaling")
+    rp = _rope_params(config)
     if not isinstance(rp, Mapping) or rp.get("rope_type", rp.get("type")) != "yarn" or rp.get("factor") is None:
         return {}
     out: dict[str, Any] = {f"{arch}.rope.scaling.type": "yarn"}

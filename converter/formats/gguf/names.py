@@ -22,7 +22,8 @@ import numpy as np
 
 from converter.errors import FormatError
 
-__all__ = ["ARCH_TABLES", "PERMUTED_ARCHS", "HF_MODEL_TYPE_TO_ARCH", "gguf_to_hf", "hf_to_gguf",
+__all__ = ["ARCH_TABLES", "PERMUTED_ARCHS", "HF_MODEL_TYPE_TO_ARCH", "NORM_OFFSET_ARCHS", "norm_offset",
+           "gguf_to_hf", "hf_to_gguf",
            "permute_heads_key", "llama_row_permutation"]
 
 _BERT = (
@@ -114,9 +115,60 @@ weights) and the shared expert with its sigmoid gate ``ffn_gate_inp_shexp``."""
 _QWEN3MOE = _QWEN3[:9] + _QWEN3[12:] + _MOE_FFN
 """llama.cpp ``qwen3moe``: Qwen3's attention (q/k norms), the router and the stacked experts (no shared expert)."""
 
+_GEMMA2 = (
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+    ("blk.{bid}.attn_norm", "model.layers.{bid}.input_layernorm"),
+    ("blk.{bid}.attn_q", "model.layers.{bid}.self_attn.q_proj"),
+    ("blk.{bid}.attn_k", "model.layers.{bid}.self_attn.k_proj"),
+    ("blk.{bid}.attn_v", "model.layers.{bid}.self_attn.v_proj"),
+    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+    ("blk.{bid}.post_attention_norm", "model.layers.{bid}.post_attention_layernorm"),
+    ("blk.{bid}.ffn_norm", "model.layers.{bid}.pre_feedforward_layernorm"),
+    ("blk.{bid}.post_ffw_norm", "model.layers.{bid}.post_feedforward_layernorm"),
+    ("blk.{bid}.ffn_gate", "model.layers.{bid}.mlp.gate_proj"),
+    ("blk.{bid}.ffn_up", "model.layers.{bid}.mlp.up_proj"),
+    ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
+)
+"""llama.cpp ``gemma2`` (``MODEL_TENSORS[MODEL_ARCH.GEMMA2]``): a norm before and after both attention and
+feed-forward (``ATTN_NORM`` / ``ATTN_POST_NORM`` / ``FFN_PRE_NORM`` (``ffn_norm``) / ``FFN_POST_NORM``); every norm
+weight is stored as ``1 + w`` (:data:`NORM_OFFSET_ARCHS`); the head is always the embedding (``Gemma2Model``
+drops ``lm_head.weight``)."""
+_GEMMA3 = _GEMMA2 + (
+    ("blk.{bid}.attn_q_norm", "model.layers.{bid}.self_attn.q_norm"),
+    ("blk.{bid}.attn_k_norm", "model.layers.{bid}.self_attn.k_norm"),
+)
+"""llama.cpp ``gemma3`` (text): Gemma 2's tensors plus per-head q/k RMS norms (also stored ``1 + w``)."""
+
+_DEEPSEEK2 = _LLAMA[:4] + (
+    ("blk.{bid}.attn_q", "model.layers.{bid}.self_attn.q_proj"),
+    ("blk.{bid}.attn_q_a", "model.layers.{bid}.self_attn.q_a_proj"),
+    ("blk.{bid}.attn_q_a_norm", "model.layers.{bid}.self_attn.q_a_layernorm"),
+    ("blk.{bid}.attn_q_b", "model.layers.{bid}.self_attn.q_b_proj"),
+    ("blk.{bid}.attn_kv_a_mqa", "model.layers.{bid}.self_attn.kv_a_proj_with_mqa"),
+    ("blk.{bid}.attn_kv_a_norm", "model.layers.{bid}.self_attn.kv_a_layernorm"),
+    ("blk.{bid}.attn_k_b", "model.layers.{bid}.self_attn.k_b_proj"),
+    ("blk.{bid}.attn_v_b", "model.layers.{bid}.self_attn.v_b_proj"),
+    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+    ("blk.{bid}.ffn_norm", "model.layers.{bid}.post_attention_layernorm"),
+    ("blk.{bid}.ffn_gate", "model.layers.{bid}.mlp.gate_proj"),
+    ("blk.{bid}.ffn_up", "model.layers.{bid}.mlp.up_proj"),
+    ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
+) + _MOE_FFN + (
+    ("blk.{bid}.ffn_gate_shexp", "model.layers.{bid}.mlp.shared_experts.gate_proj"),
+    ("blk.{bid}.ffn_up_shexp", "model.layers.{bid}.mlp.shared_experts.up_proj"),
+    ("blk.{bid}.ffn_down_shexp", "model.layers.{bid}.mlp.shared_experts.down_proj"),
+)
+"""llama.cpp ``deepseek2`` (``MODEL_TENSORS[MODEL_ARCH.DEEPSEEK2]``, ``DeepseekV2Model``): multi-head latent
+attention (q directly or through the ``q_a`` / ``q_a_layernorm`` / ``q_b`` low-rank pair; the joint ``kv_a``
+projection with the rope key and its norm; ``kv_b_proj`` cut per head into ``k_b`` and ``v_b``, see
+:mod:`converter.formats.gguf.mla`), dense leading blocks, then the router, stacked experts and shared experts."""
+
 ARCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {"bert": _BERT, "llama": _LLAMA, "qwen2": _LLAMA,
                                                        "qwen3": _QWEN3, "qwen2moe": _QWEN2MOE,
-                                                       "qwen3moe": _QWEN3MOE, "phi3": _PHI3, "gpt-oss": _GPT_OSS}
+                                                       "qwen3moe": _QWEN3MOE, "phi3": _PHI3, "gpt-oss": _GPT_OSS,
+                                                       "gemma2": _GEMMA2, "gemma3": _GEMMA3, "deepseek2": _DEEPSEEK2}
 """Per architecture: ``(gguf_stem, hf_stem)`` pairs; ``{bid}`` is the block index. Suffixes
 (``.weight``, ``.bias``) are carried over unchanged."""
 
@@ -125,15 +177,35 @@ PERMUTED_ARCHS: frozenset[str] = frozenset({"llama"})
 
 HF_MODEL_TYPE_TO_ARCH: dict[str, str] = {"bert": "bert", "llama": "llama", "mistral": "llama", "qwen2": "qwen2",
                                          "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-                                         "phi3": "phi3", "gpt_oss": "gpt-oss"}
+                                         "phi3": "phi3", "gpt_oss": "gpt-oss", "gemma2": "gemma2",
+                                         "gemma3_text": "gemma3", "deepseek_v2": "deepseek2",
+                                         "deepseek_v3": "deepseek2"}
 """``config.json`` ``model_type`` -> ``general.architecture`` (llama.cpp converts Mistral as llama, ``LlamaModel`` is
-registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``)."""
+registered for ``MistralForCausalLM``; gpt-oss is ``MODEL_ARCH.GPT_OSS``, ``"gpt-oss"``; transformers'
+``Gemma3ForCausalLM`` is ``gemma3_text``; ``DeepseekV2Model`` converts DeepSeek-V2 and -V3 alike as ``deepseek2``)."""
+
+NORM_OFFSET_ARCHS: dict[str, float] = {"gemma2": 1.0, "gemma3": 1.0}
+"""Architectures whose norm weights llama.cpp stores with an offset: Gemma's RMSNorm computes ``x * (1 + w)``
+(transformers ``Gemma2RMSNorm`` / ``Gemma3RMSNorm``) and ``convert_hf_to_gguf.py`` (``Gemma2Model.modify_tensors``,
+``Gemma3Model.norm_shift``) writes ``w + 1`` for every tensor whose Hugging Face name ends in ``norm.weight``,
+computed in the source's dtype; llama.cpp multiplies by the stored value. Writers add the offset, readers subtract
+it (:func:`norm_offset`)."""
+
+
+def norm_offset(hf_name: str, arch: str | None) -> float | None:
+    """The offset llama.cpp's converter adds to Hugging Face tensor ``hf_name`` for ``arch`` (None: none)."""
+    off = NORM_OFFSET_ARCHS.get(arch or "")
+    return off if off is not None and hf_name.endswith("norm.weight") else None
 
 WHOLE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "gpt-oss": (("blk.{bid}.attn_sinks.weight", "model.layers.{bid}.self_attn.sinks"),),
+    "deepseek2": (("blk.{bid}.exp_probs_b.bias",
+                   "model.layers.{bid}.mlp.gate.e_score_correction_bias"),),
 }
 """Whole names mapped as they are (the Hugging Face side has no ``.weight`` suffix): gpt-oss's attention sinks,
-``GptOssModel.filter_tensors`` appends ``.weight`` to ``sinks`` before mapping it to ``ATTN_SINKS``."""
+``GptOssModel.filter_tensors`` appends ``.weight`` to ``sinks`` before mapping it to ``ATTN_SINKS``; DeepSeek's
+router score correction (``FFN_EXP_PROBS_B``, gguf-py ``tensor_mapping``: ``mlp.gate.e_score_correction``, suffix
+``_bias``)."""
 
 
 def _compile(template: str) -> re.Pattern:

@@ -54,7 +54,8 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
 
     ``out``: ``dst`` already read back (its ``general.architecture`` is taken from it instead of parsing the
     key/values again, which costs seconds with a 50k-token vocabulary); the stored rows are always read from
-    the file's bytes (the bounded header walk, :func:`~converter.formats.gguf.bounds.check_gguf_bounds`).
+    the file's bytes (the bounded header walk, :func:`~converter.formats.gguf.bounds.check_gguf_bounds`), of every
+    part when ``out`` is a split GGUF (``dst`` its first part).
     """
     gguf = gguf_module()
     if out is not None:
@@ -62,15 +63,20 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
     else:
         field = gguf.GGUFReader(dst, "r").fields.get("general.architecture")
         arch = field.contents() if field is not None else None
-    bounds = check_gguf_bounds(dst)
-    by_name = {t.name: t for t in bounds.tensors}
-    stored = {t.name: t for t in bounds.tensors if permute_heads_key(t.name, arch)}
+    parts = ((out.metadata or {}).get("gguf_split") or {}).get("files") if out is not None else None
+    located = {}  # GGUF name -> (file, its data start, tensor info); a split output: every part's tensors
+    for path in [dst.with_name(f) for f in parts] if parts else [dst]:
+        bounds = check_gguf_bounds(path)
+        located.update({t.name: (path, bounds.data_start, t) for t in bounds.tensors})
+    by_name = {name: t for name, (_, _, t) in located.items()}
+    stored = {name: t for name, t in by_name.items() if permute_heads_key(name, arch)}
     if not stored:
         return {}
 
     def stored_values(t) -> np.ndarray:
+        path, data_start, _ = located[t.name]
         rows = int(np.prod(t.ne[1:], dtype=np.int64)) if len(t.ne) > 1 else 1
-        raw = np.memmap(dst, dtype=np.uint8, mode="r", offset=bounds.data_start + t.offset, shape=(t.nbytes,))
+        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + t.offset, shape=(t.nbytes,))
         return gguf.quants.dequantize(np.array(raw).reshape(rows, -1), gguf.GGMLQuantizationType[t.type_name])
 
     names = {v: k for k, v in ((src.metadata or {}).get("gguf_names") or {}).items()} if src.format == "gguf" else {}

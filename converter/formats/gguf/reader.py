@@ -18,7 +18,7 @@ from converter.layout import IN, OUT
 from converter.tensor import Checkpoint, DenseTensor, DoubleQuant, StoredArray, TensorSpec
 from converter.formats.gguf.blocks import FP4Codec, LegacyCodec, codec_for, CODECS
 from converter.formats.gguf.fp4 import fp4_note, fp4_scheme, scale_tensor_name
-from converter.formats.gguf.names import gguf_to_hf
+from converter.formats.gguf.names import gguf_to_hf, norm_offset
 from converter.formats.gguf.heads import qk_permutation
 from converter.formats.gguf.split import SPLIT_KEYS, check_part, check_total, part_paths, split_count
 from converter.formats.gguf.fallback import DECODED_BY, fallback_types, decode as fallback_decode
@@ -292,6 +292,9 @@ def read_gguf(src: Source) -> Checkpoint:
             if e.type_name in DENSE_TYPES:
                 dt = DENSE_TYPES[e.type_name]
                 data = np.ascontiguousarray(t.data).view(dt).reshape(e.shape).copy()
+                offset = norm_offset(name, arch)
+                if offset is not None:  # Gemma: llama.cpp stores 1 + w (names.NORM_OFFSET_ARCHS); w, rounded once
+                    data = data - data.dtype.type(offset)
                 out = DenseTensor(name, data)
             elif e.type_name in CODECS:
                 if len(e.shape) not in (2, 3):

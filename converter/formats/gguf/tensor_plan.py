@@ -3,7 +3,8 @@ before anything is written (:class:`TensorPlan`), and the bytes GGUFWriter write
 (:func:`encode`): legacy blocks from the tensor's codes and fp16 scales, K-quant super-blocks from its
 :class:`~converter.double_quant.DoubleQuant` record, MXFP4 / NVFP4 blocks and the NVFP4 ``<name>.scale``
 multiplier, dense F32 / F16 / BF16 (1-D F16 / BF16 widened to F32 as ``convert_hf_to_gguf.py`` writes them), with
-LLaMA's q/k rows permuted as llama.cpp's converter does. Used by :func:`converter.formats.gguf.format.write_gguf`.
+LLaMA's q/k rows permuted and Gemma's norm weights stored as ``1 + w`` as llama.cpp's converter does. Used by
+:func:`converter.formats.gguf.format.write_gguf`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpe
 from converter.formats.gguf.blocks import BlockFields, codec_for
 from converter.formats.gguf.fp4 import FP4_TYPES, fp4_fields, gguf_multiplier
 from converter.formats.gguf.hf_source import WIDENED_1D
-from converter.formats.gguf.names import hf_to_gguf, permute_heads_key
+from converter.formats.gguf.names import hf_to_gguf, norm_offset, permute_heads_key
 from converter.formats.gguf.reader import permute_rows, qk_permutation
 from converter.formats.gguf.schemes import DENSE_TYPES, K_TYPES, MAX_DIMS, MAX_NAME_BYTES, gguf_module
 from converter.formats.gguf.targets import check_target, exact_type
@@ -83,6 +84,7 @@ class TensorPlan:
     widened_from: str | None = None  # a 1-D F16 / BF16 tensor written F32 (WIDENED_1D)
     global_of: bool = False  # the F32 [1] ``<name>.scale`` of NVFP4 tensor ``name`` (its multiplier)
     scaled: bool = False  # an NVFP4 tensor whose ``<name>.scale`` is planned
+    offset: float | None = None  # added to the values (Gemma's norm weights, ``names.norm_offset``)
 
 
 def plan_tensor(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | None, names: Mapping[str, str],
@@ -116,7 +118,12 @@ def plan_tensor(ckpt: Checkpoint, spec: TensorSpec, arch: str, gguf_type: str | 
     if len(shape) <= 2 and permute_heads_key(gname, arch):
         perm = qk_permutation(gname, shape[0], arch, kv, ckpt.config, file=None, tensor=spec.name)
     widened = spec.dtype if spec.kind == "dense" and type_name != spec.dtype else None
-    return TensorPlan(spec.name, gname, type_name, shape, n // block * size, perm, widened)
+    offset = norm_offset(spec.name, arch)
+    if offset is not None and spec.kind != "dense":
+        raise NotRepresentableError(f"{arch} stores norm weights as 1 + w: a quantized norm weight cannot carry the "
+                                    "offset exactly", tensor=spec.name, field="kind", expected="dense",
+                                    found=spec.kind, hint="dequantize the model first, then convert it to GGUF")
+    return TensorPlan(spec.name, gname, type_name, shape, n // block * size, perm, widened, offset=offset)
 
 
 def encode(t, p: TensorPlan) -> np.ndarray:
@@ -125,6 +132,8 @@ def encode(t, p: TensorPlan) -> np.ndarray:
         t = permute_rows(t, p.perm)
     if isinstance(t, DenseTensor):
         data = np.ascontiguousarray(t.data)
+        if p.offset is not None:  # in the source's dtype, as convert_hf_to_gguf.py's ``data_torch + 1``
+            data = data + data.dtype.type(p.offset)
         if p.widened_from is not None and data.dtype == DENSE_TYPES[p.widened_from]:
             data = data.astype(np.float32)  # exact: every F16 / BF16 value is an F32 value
         if data.ndim == 0 and p.shape == (1,):

@@ -21,7 +21,9 @@ Merges, special token ids (``bos``/``eos``/``unk``/``sep``/``pad``/``cls``/``mas
 ``add_eos_token`` and the chat template come from gguf-py's ``gguf.SpecialVocab`` exactly as the converter uses it;
 the keys are collected through a ``gguf.GGUFWriter`` so their names and GGUF value types are gguf-py's. For
 ``general.architecture == "llama"``, ``LlamaModel.set_vocab`` also writes ``add_space_prefix`` from
-``tokenizer_config.json`` ``add_prefix_space`` and ``add_bos_token = false`` for a 49152-token vocabulary.
+``tokenizer_config.json`` ``add_prefix_space`` and ``add_bos_token = false`` for a 49152-token vocabulary; for
+``gemma2`` / ``gemma3`` with a ``tokenizer.model``, ``Gemma2Model`` / ``Gemma3Model.set_vocab`` write
+``add_space_prefix = false``.
 """
 
 from __future__ import annotations
@@ -296,6 +298,8 @@ def tokenizer_kv(folder: str | Path, config: Mapping[str, Any], arch: str) -> To
         with _gguf_warnings() as logged:
             special = gguf.SpecialVocab(folder, load_merges=True)
     special.add_to_gguf(writer, quiet=True)
+    if arch in ("gemma2", "gemma3") and has_spm:  # Gemma2Model / Gemma3Model.set_vocab after the SentencePiece vocab
+        writer.add_add_space_prefix(False)
     if arch == "llama" and config.get("vocab_size", 32000) == 49152:  # LlamaModel.set_vocab: granite small models
         writer.kv_data[0].pop(gguf.Keys.Tokenizer.ADD_BOS, None)
         writer.add_add_bos_token(False)
