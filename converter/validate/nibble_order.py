@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from converter.groups import Granularity
+from converter.kernels.compiled import use_compiled
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate.data_checks import MIN_ELEMENTS
@@ -84,7 +85,12 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
         rows = Rows(t)
         n_rows = t.shape[0]
         acc = np.zeros(length, dtype=np.float64) if axis == "in" else np.empty(length, dtype=np.float64)
+        compiled = axis == "in" and use_compiled(t.numel)
         for r0 in range(0, n_rows, rows.step):
+            if compiled:  # the fast extra: the same float64 sums without the float64 copy of each block
+                from converter.kernels.compiled.column_sums import add_column_squares
+                add_column_squares(np.ascontiguousarray(rows[r0:r0 + rows.step], dtype=np.float32), acc)
+                continue
             b = rows[r0:r0 + rows.step].astype(np.float64)
             b *= b
             if axis == "in":

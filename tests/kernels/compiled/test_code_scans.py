@@ -1,0 +1,177 @@
+"""The validator's compiled code scans (converter/validate/code_scans.py, kernels/compiled/code_scans.py and
+column_sums.py) give the numpy path's numbers exactly: saturation fractions, code-offset statistics, the
+degenerate test and the column magnitude profile, on hand-made tensors, hypothesis inputs and the samples."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import converter
+from converter.codebooks import ELEMENTS
+from converter.groups import GroupMap
+from converter.kernels import compiled
+from converter.layout import IN, OUT
+from converter.runtime import run_options
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import QuantizedTensor
+from converter.validate import code_scans, data_checks, nibble_order
+from tests.conftest import SAMPLES
+
+pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba (the fast extra) is not installed")
+
+
+def _both(fn, t):
+    """(numpy result, compiled result) of ``fn(t)``."""
+    with run_options(kernels="numpy"):
+        a = fn(t)
+    with run_options(kernels="numba"):
+        b = fn(t)
+    return a, b
+
+
+def _results(t):
+    return (data_checks.saturation_profile(t), data_checks.zero_offset(t), data_checks.check_degenerate(t))
+
+
+def _tensor(codes, scheme, gm, zeros=None):
+    shape = codes.shape
+    scales = np.full(gm.param_shape(shape, (OUT, IN)), 0.5, scheme.scale_np_dtype)
+    return QuantizedTensor("m.w", (OUT, IN), codes, scales, scheme, gm, zero_points=zeros)
+
+
+def test_hand_counted_saturation_and_offsets():
+    # 4 x 8 uint4 codes, symmetric (centre 8), groups of 4 along in: group (row 0, cols 0-3) holds a 15 and
+    # (row 1, cols 4-7) a 1 (|1 - 8| = 7 >= 7); the other six groups hold only 8s and 9s
+    codes = np.full((4, 8), 8, np.uint8)
+    codes[0, 2] = 15
+    codes[1, 5] = 1
+    codes[2, :4] = 9
+    t = _tensor(codes, QuantScheme(4, False), GroupMap.per_group(4, IN))
+    with run_options(kernels="numba"):
+        counts = code_scans.saturation_counts(t, {"": t.group_map, "rows": GroupMap.per_group(4, OUT)})
+        mean, _ = data_checks.zero_offset(t)
+        degenerate = data_checks.check_degenerate(t)
+    assert counts == {"": (2, 8), "rows": (2, 8)}  # along out: columns 2 and 5 only
+    assert mean == (7 - 7 + 4) / 32
+    assert degenerate == []
+    with run_options(kernels="numba"):
+        assert data_checks.check_degenerate(_tensor(np.full((4, 8), 3, np.uint8), QuantScheme(4, False),
+                                                    GroupMap.per_group(4, IN)))[0].code == "degenerate"
+
+
+def test_integer_zero_points_hand_counted():
+    # asymmetric uint4, one zero per row (channel): row 0's zero is the centre 8 and holds |2 - 8| >= 7? no
+    # (6): unsaturated; row 1's zero 8 with a 1: saturated; row 2's zero 3 (not the centre) with a 14: not
+    # an end, not centred: unsaturated; row 3 holds a 0 (a range end)
+    codes = np.array([[2, 8], [1, 8], [14, 3], [0, 5]], np.uint8)
+    zeros = np.array([[8], [8], [3], [5]], np.int32)
+    t = _tensor(codes, QuantScheme(4, False, ZeroPoint.INTEGER), GroupMap.per_channel(OUT), zeros)
+    with run_options(kernels="numba"):
+        counts = code_scans.saturation_counts(t, {"": t.group_map})
+        s1, s2 = code_scans.offset_sums(t)
+    assert counts == {"": (2, 4)}
+    r = [2 - 8, 0, 1 - 8, 0, 14 - 3, 0, 0 - 5, 0]
+    assert (s1, s2) == (sum(r), sum(x * x for x in r))
+    assert _both(_results, t)[0] == _both(_results, t)[1]
+
+
+SCHEMES = [QuantScheme(4, False), QuantScheme(4, True), QuantScheme(8, True), QuantScheme(3, False),
+           QuantScheme(4, False, ZeroPoint.INTEGER), QuantScheme(8, False, ZeroPoint.INTEGER),
+           QuantScheme(4, True, ZeroPoint.INTEGER), QuantScheme(4, False, ZeroPoint.FLOAT),
+           QuantScheme(4, False, codebook=ELEMENTS["e2m1"].values, scale_dtype="F8_E4M3"),
+           QuantScheme(8, False, codebook=ELEMENTS["e4m3"].values, scale_dtype="F32"),
+           QuantScheme(8, False, codebook=ELEMENTS["e5m2"].values, scale_dtype="F32")]
+
+
+def _group_maps(rows, cols, data):
+    maps = [GroupMap.per_tensor(), GroupMap.per_channel(OUT), GroupMap.per_channel(IN),
+            GroupMap.per_group(data.draw(st.integers(1, max(1, cols))), IN),
+            GroupMap.per_group(data.draw(st.integers(1, max(1, rows))), OUT),
+            GroupMap.per_block(data.draw(st.integers(1, rows + 2)), data.draw(st.integers(1, cols + 2))),
+            GroupMap.per_block(None, data.draw(st.integers(1, cols + 2)))]
+    size = data.draw(st.integers(1, cols))
+    n = -(-cols // size)
+    # act-order: a shuffled group index per column (some draws leave a group empty: both paths refuse it)
+    g_idx = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=cols, max_size=cols)), np.int32)
+    maps.append(GroupMap.per_group(size, IN, g_idx=g_idx))
+    return maps
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 40), cols=st.integers(1, 40), scheme=st.sampled_from(SCHEMES))
+def test_compiled_scans_equal_numpy(data, rows, cols, scheme):
+    lo, hi = scheme.qmin, scheme.qmax
+    alphabet = data.draw(st.lists(st.integers(lo, hi), min_size=1, max_size=6, unique=True))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    codes = rng.choice(np.array(alphabet), size=(rows, cols)).astype(scheme.code_dtype)
+    for gm in _group_maps(rows, cols, data):
+        zeros = None
+        if scheme.zero_point is not ZeroPoint.NONE:
+            shape = gm.param_shape((rows, cols), (OUT, IN))
+            zeros = (rng.choice([scheme.center, scheme.center, lo, hi, 1], size=shape).astype(np.int32)
+                     if scheme.zero_point is ZeroPoint.INTEGER else rng.random(shape).astype(np.float16))
+        t = _tensor(codes, scheme, gm, zeros)
+        try:
+            with run_options(kernels="numpy"):
+                expected = _results(t)
+        except converter.errors.ConverterError as exc:  # an empty act-order group: both paths refuse alike
+            with run_options(kernels="numba"), pytest.raises(type(exc)):
+                _results(t)
+            continue
+        with run_options(kernels="numba"):
+            assert _results(t) == expected, gm
+
+
+def test_column_profile_bits_equal_numpy():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 16, (300, 64), dtype=np.uint8)
+    scales = (rng.random((300, 8)) * np.float32(1e-3)).astype(np.float16)
+    scales[0, 0] = np.float16(6e-8)  # a subnormal float16 scale
+    scales[5, 1] = np.inf
+    scales[6, 2] = np.nan
+    scales[7, 3] = -0.0
+    t = QuantizedTensor("m.w", (OUT, IN), codes, scales, QuantScheme(4, False), GroupMap.per_group(8, IN))
+    from converter.layout import AxisMap
+    t = t.replace(stored={"codes": AxisMap((IN, OUT), packed_axis=IN, bits=4, container="I32")})
+    a, b = _both(nibble_order.column_profile, t)
+    assert "converter.kernels.compiled.column_sums.add_column_squares" in compiled.compile_seconds()
+    assert a["profile"].view(np.uint64).tolist() == b["profile"].view(np.uint64).tolist()
+
+
+def test_column_squares_kernel_bits():
+    from converter.kernels.compiled.column_sums import add_column_squares
+    rng = np.random.default_rng(2)
+    block = (rng.standard_normal((257, 33)) * 1e3).astype(np.float32)
+    block[0, 0], block[1, 1], block[2, 2], block[3, 3] = np.float32(1e-45), -0.0, np.inf, np.nan
+    acc = rng.standard_normal(33)
+    expected = acc + (block.astype(np.float64) ** 2).sum(axis=0)
+    add_column_squares(block, acc)
+    assert acc.view(np.uint64).tolist() == expected.view(np.uint64).tolist()
+
+
+SAMPLE_DIRS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "gguf")
+
+
+@pytest.mark.parametrize("name", SAMPLE_DIRS)
+def test_samples_same_numbers(name):
+    ckpt = converter.load(SAMPLES / name)
+    for key in ckpt:
+        t = ckpt[key]
+        if isinstance(t, QuantizedTensor):
+            a, b = _both(_results, t)
+            assert a == b, key
+
+
+@pytest.mark.parametrize("name", SAMPLE_DIRS + ["gguf"])
+def test_validate_report_identical_on_samples(name):
+    """The whole validate document of each shipped sample, numpy vs compiled kernels."""
+    from converter.validate import validate
+    path = SAMPLES / name
+    targets = sorted(path.glob("*.gguf")) if name == "gguf" else [path]
+    for target in targets:
+        with run_options(kernels="numpy"):
+            a = validate(target).to_json()
+        with run_options(kernels="numba"):
+            b = validate(target).to_json()
+        assert a == b, target
