@@ -16,7 +16,7 @@ from converter.layout import EXPERT
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 
-__all__ = ["saturation_counts", "offset_histogram", "offset_sums", "all_codes_equal"]
+__all__ = ["byte_tables", "saturation_counts", "offset_histogram", "offset_sums", "all_codes_equal"]
 
 
 def _eligible(t: QuantizedTensor) -> bool:
@@ -85,7 +85,7 @@ def _zeros(t: QuantizedTensor, shape: tuple[int, int], axes: tuple[str, str]):
     return np.ascontiguousarray(z), grouping[1]
 
 
-def _tables(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, bool]:
+def byte_tables(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, bool]:
     """(ends uint8 (256,), values int16 (256,), use_zero): the per-byte saturation facts."""
     s = t.scheme
     values = _byte_values(t.codes.dtype)
@@ -105,7 +105,7 @@ def saturation_counts(t: QuantizedTensor, maps: dict[str, GroupMap]) -> dict[str
         return None
     from converter.kernels.compiled.code_scans import group_saturation
     codes, axes = _view(t)
-    ends, values, use_zero = _tables(t)
+    ends, values, use_zero = byte_tables(t)
     if use_zero:
         zz = _zeros(t, codes.shape, axes)
         if zz is None:

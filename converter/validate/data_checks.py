@@ -67,6 +67,13 @@ def saturated_mask(t: QuantizedTensor) -> np.ndarray:
     """Boolean mask, logical shape: codes at the end of their group's range (see module docstring)."""
     s = t.scheme
     q = t.codes
+    if q.dtype.itemsize == 1:  # one table look-up per code (no int16 copies, no intermediate masks)
+        ends, values, use_zero = code_scans.byte_tables(t)
+        mask = ends.astype(bool)[q.view(np.uint8)]
+        if not use_zero:
+            return mask
+        z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes)
+        return mask | ((z == int(s.center)) & (np.abs(values[q.view(np.uint8)] - z) >= (1 << (s.bits - 1)) - 1))
     if s.codebook is not None:  # the largest finite magnitude (E5M2's inf is not a quantizer's code)
         cb = np.abs(np.asarray(s.codebook, dtype=np.float32))
         return np.isin(q, np.flatnonzero(cb == np.max(cb[np.isfinite(cb)])))
@@ -174,6 +181,25 @@ def check_saturation(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any]]
     return [], prof
 
 
+def _centred_sums(t: QuantizedTensor) -> tuple[int, int]:
+    """``(sum(r), sum(r^2))`` of ``r = q - centre`` over one-byte codes, exact integers."""
+    values = code_scans.byte_tables(t)[1].astype(np.int64) - int(t.scheme.center)  # per byte value: r
+    counts = code_scans.offset_histogram(t)
+    if counts is not None:  # the compiled histogram (fast extra)
+        return int(counts @ values), int(counts @ (values * values))
+    # sum(q) and sum(q^2) in int64 over 1M-code chunks (q^2 <= 65025 fits 16 bits), then
+    # r = q - c: sum(r) = sum(q) - n c, sum(r^2) = sum(q^2) - 2 c sum(q) + n c^2
+    flat = t.codes.reshape(-1)
+    wide = np.int16 if flat.dtype == np.int8 else np.uint16
+    q1 = q2 = 0
+    for i in range(0, flat.size, 1 << 20):
+        chunk = flat[i:i + (1 << 20)]
+        q1 += int(chunk.sum(dtype=np.int64))
+        q2 += int(np.multiply(chunk, chunk, dtype=wide).sum(dtype=np.int64))
+    c, n = int(t.scheme.center), int(flat.size)
+    return q1 - n * c, q2 - 2 * c * q1 + n * c * c
+
+
 def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
     """(mean, std) of ``q - z`` in code units over the tensor; None for float-bias and codebook schemes."""
     s = t.scheme
@@ -187,17 +213,7 @@ def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
     s1 = s2 = 0
     if s.zero_point is ZeroPoint.NONE or codes.ndim < 2:
         if s.zero_point is ZeroPoint.NONE:
-            counts = code_scans.offset_histogram(t)
-            if counts is None:
-                flat = codes.reshape(-1).view(np.uint8)
-                counts = sum(np.bincount(flat[i:i + (1 << 20)], minlength=256)  # bincount widens to int64:
-                             for i in range(0, flat.size, 1 << 20))  # count in 1M chunks
-            counts = counts.astype(object)
-            values = np.arange(256, dtype=np.int64)
-            if codes.dtype == np.int8:
-                values = np.where(values >= 128, values - 256, values)
-            v = (values - int(s.center)).astype(object)
-            s1, s2 = int((counts * v).sum()), int((counts * v * v).sum())
+            s1, s2 = _centred_sums(t)
         else:
             r = codes.astype(np.int64) - t.group_map.expand(t.zero_points.astype(np.int64), t.shape, t.axes)
             s1, s2 = int(r.sum()), int((r * r).sum())
@@ -334,8 +350,9 @@ def check_degenerate(t: QuantizedTensor) -> list[Finding]:
         return []
     q = t.codes
     same = code_scans.all_codes_equal(t)
-    if same is None:
-        same = bool(np.all(q == q.flat[0]))
+    if same is None:  # a differing code in the first 4096 settles it without a full-size comparison
+        flat = q.reshape(-1)
+        same = bool(np.all(flat[:4096] == flat[0])) and bool(np.all(q == flat[0]))
     if same:
         return [finding("degenerate", t.name, f"all {t.numel} codes equal {int(q.flat[0])}: the tensor decodes to "
                         f"one value per group (an empty pack loop, CASES.md B17)", code_value=int(q.flat[0]),

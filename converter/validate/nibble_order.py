@@ -91,8 +91,8 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
                 from converter.kernels.compiled.column_sums import add_column_squares
                 add_column_squares(np.ascontiguousarray(rows[r0:r0 + rows.step], dtype=np.float32), acc)
                 continue
-            b = rows[r0:r0 + rows.step].astype(np.float64)
-            b *= b
+            x = rows[r0:r0 + rows.step]
+            b = np.multiply(x, x, dtype=np.float64)  # float64(x) * float64(x), without a float64 copy of x
             if axis == "in":
                 acc += b.sum(axis=0)
             else:

@@ -175,3 +175,23 @@ def test_validate_report_identical_on_samples(name):
         with run_options(kernels="numba"):
             b = validate(target).to_json()
         assert a == b, target
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.describe())
+def test_byte_tables_match_the_range_rules(scheme):
+    """The per-byte tables both paths use, against the saturation rules written out per code value."""
+    t = _tensor(np.zeros((1, 1), scheme.code_dtype), scheme, GroupMap.per_tensor(),
+                np.zeros((1, 1), np.int32) if scheme.zero_point is ZeroPoint.INTEGER else
+                np.zeros((1, 1), np.float16) if scheme.zero_point is ZeroPoint.FLOAT else None)
+    ends, values, use_zero = code_scans.byte_tables(t)
+    assert use_zero == (scheme.zero_point is ZeroPoint.INTEGER)
+    for byte in range(256):
+        v = byte - 256 if scheme.signed and byte >= 128 else byte
+        assert values[byte] == v
+        if scheme.codebook is not None:
+            mags = [abs(x) for x in scheme.codebook if np.isfinite(x)]
+            expected = byte < len(scheme.codebook) and abs(scheme.codebook[byte]) == max(mags)
+        else:
+            expected = v in (scheme.qmin, scheme.qmax) or (
+                scheme.zero_point is ZeroPoint.NONE and abs(v - scheme.center) >= 2 ** (scheme.bits - 1) - 1)
+        assert bool(ends[byte]) == expected, byte
