@@ -155,3 +155,20 @@ def all_codes_equal(t: QuantizedTensor) -> bool | None:
         return None
     from converter.kernels.compiled.code_scans import all_equal
     return bool(all_equal(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8)))
+
+
+def warm(largest: int) -> None:
+    """Compile (or load from the cache) the scans once in this process when a tensor of ``largest`` values will
+    use them: forked worker processes then inherit them instead of each importing numba and loading them."""
+    if not use_compiled(largest):
+        return
+    from converter.kernels.compiled import code_scans as k
+    from converter.kernels.compiled.column_sums import add_column_squares
+    u8 = np.zeros((2, 2), dtype=np.uint8)
+    i16 = np.zeros((1, 1), dtype=np.int16)
+    cols = np.zeros(2, dtype=np.int64)
+    k.group_saturation(u8, np.zeros(256, np.uint8), np.zeros(256, np.int16), i16, cols, False, np.int32(0),
+                       np.int32(1), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
+    k.byte_histogram(u8.reshape(-1), np.zeros(256, np.int64))
+    k.all_equal(u8.reshape(-1))
+    add_column_squares(np.zeros((2, 2), np.float32), np.zeros(2))
