@@ -3,7 +3,8 @@
 Second implementation of ``acc += (block.astype(float64) ** 2).sum(axis=0)`` without the float64 copy of the
 block: numpy reduces a C-contiguous ``(rows, cols)`` array over axis 0 row by row (the first row's values, then
 each next row added element-wise), so the same additions in the same order give the same float64 bits
-(``tests/kernels/compiled``).
+(``tests/kernels/compiled``), NaN payloads included: x86 returns the first NaN operand, so where a sum is NaN
+the kernel takes it from the operand numpy puts first.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def add_column_squares(block, acc):
     for i in range(1, rows):
         for j in range(cols):
             v = np.float64(block[i, j])
-            col[j] += v * v
+            a = col[j]
+            t = a + v * v
+            if t != t:  # numpy's operand order decides a NaN's payload (LLVM may swap an addition's operands)
+                t = a + 0.0 if a != a else t
+            col[j] = t
     for j in range(cols):
-        acc[j] += col[j]
+        a = acc[j]
+        t = a + col[j]
+        if t != t:
+            t = a + 0.0 if a != a else (col[j] + 0.0 if col[j] != col[j] else t)
+        acc[j] = t

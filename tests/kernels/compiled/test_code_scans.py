@@ -144,7 +144,11 @@ def test_column_squares_kernel_bits():
     rng = np.random.default_rng(2)
     block = (rng.standard_normal((257, 33)) * 1e3).astype(np.float32)
     block[0, 0], block[1, 1], block[2, 2], block[3, 3] = np.float32(1e-45), -0.0, np.inf, np.nan
+    block[4, 3] = -np.float32(np.nan)  # a second NaN, other sign, in the same column
+    block[5:7, 4] = [np.inf, np.nan]  # inf then NaN
     acc = rng.standard_normal(33)
+    acc[3] = -np.nan  # NaN in the accumulator and in the column sum
+    acc[5] = np.inf
     expected = acc + (block.astype(np.float64) ** 2).sum(axis=0)
     add_column_squares(block, acc)
     assert acc.view(np.uint64).tolist() == expected.view(np.uint64).tolist()
