@@ -16,7 +16,8 @@ from converter.layout import EXPERT
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 
-__all__ = ["byte_tables", "saturation_counts", "offset_histogram", "offset_sums", "all_codes_equal"]
+__all__ = ["byte_tables", "group_max_table", "count_table", "saturation_counts", "offset_histogram", "offset_sums",
+           "all_codes_equal", "warm"]
 
 
 def _eligible(t: QuantizedTensor) -> bool:
@@ -126,6 +127,48 @@ def saturation_counts(t: QuantizedTensor, maps: dict[str, GroupMap]) -> dict[str
     return out
 
 
+def group_max_table(t: QuantizedTensor, table: np.ndarray) -> np.ndarray | None:
+    """``t.group_map.reduce(table[t.codes], np.maximum, t.axes)`` for a uint8 ``table`` (256,): the same uint8
+    array, parameter shape; None when not covered. ``(expert, out, in)`` stacks matrix by matrix."""
+    if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1 and table.dtype == np.uint8):
+        return None
+    stack = len(t.shape) == 3 and t.axes[0] == EXPERT
+    if not (len(t.shape) == 2 and EXPERT not in t.axes) and not stack:
+        return None
+    from converter.kernels.compiled.code_scans import group_max
+    gm = t.group_map
+    axes = tuple(t.axes[1:]) if stack else tuple(t.axes)
+    if gm.granularity is Granularity.GROUP and gm.axis == axes[0] and gm.g_idx is None:
+        transposed = True
+    elif gm.granularity in (Granularity.TENSOR, Granularity.CHANNEL, Granularity.GROUP, Granularity.BLOCK):
+        transposed = False
+    else:
+        return None
+    codes = t.codes.view(np.uint8)
+    mats = [codes[e] for e in range(codes.shape[0])] if stack else [codes]
+    parts = []
+    for m in mats:
+        view, vaxes = (m.T, (axes[1], axes[0])) if transposed else (m, axes)
+        grouping = _grouping(gm, view.shape, vaxes)
+        if grouping is None:
+            return None
+        row_div, col_group, ncg = grouping
+        out = np.zeros((-(-view.shape[0] // row_div), ncg), dtype=np.uint8)
+        group_max(view, table, np.int64(row_div), col_group, np.int64(ncg), out.reshape(-1))
+        parts.append(out.T if transposed else out)
+    full = gm.param_shape(t.shape, t.axes)
+    result = np.stack(parts) if stack else parts[0]
+    return np.ascontiguousarray(result) if tuple(result.shape) == tuple(full) else None
+
+
+def count_table(t: QuantizedTensor, table: np.ndarray) -> int | None:
+    """How many codes have a nonzero entry in ``table`` (uint8 (256,)); None when not covered."""
+    if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1):
+        return None
+    from converter.kernels.compiled.code_scans import count_flagged
+    return int(count_flagged(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8), table.astype(np.uint8)))
+
+
 def offset_histogram(t: QuantizedTensor) -> np.ndarray | None:
     """int64 (256,): how many codes hold each byte value; None when not covered."""
     if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1):
@@ -171,4 +214,6 @@ def warm(largest: int) -> None:
                        np.int32(1), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
     k.byte_histogram(u8.reshape(-1), np.zeros(256, np.int64))
     k.all_equal(u8.reshape(-1))
+    k.group_max(u8, np.zeros(256, np.uint8), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
+    k.count_flagged(u8.reshape(-1), np.zeros(256, np.uint8))
     add_column_squares(np.zeros((2, 2), np.float32), np.zeros(2))

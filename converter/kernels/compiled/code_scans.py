@@ -20,7 +20,7 @@ import numpy as np
 
 from converter.kernels.compiled import jit
 
-__all__ = ["group_saturation", "offset_sums", "all_equal", "byte_histogram"]
+__all__ = ["group_saturation", "group_max", "offset_sums", "all_equal", "byte_histogram", "count_flagged"]
 
 
 @jit
@@ -88,3 +88,35 @@ def byte_histogram(flat, counts):
     """Add the count of each byte value of the 1-D ``uint8`` array to ``counts`` (int64, 256)."""
     for i in range(flat.shape[0]):
         counts[flat[i]] += 1
+
+
+@jit
+def group_max(codes, table, row_div, col_group, n_col_groups, out):
+    """``out[g] = max(out[g], table[byte])`` over the codes of each group ``g`` (uint8 ``table`` and ``out``, the
+    caller zeroes ``out``); groups as in :func:`group_saturation`."""
+    rows, cols = codes.shape
+    for r in range(rows):
+        base = (r // row_div) * n_col_groups
+        group = col_group[0]
+        acc = np.uint8(0)
+        for c in range(cols):
+            g = col_group[c]
+            if g != group:
+                if acc > out[base + group]:
+                    out[base + group] = acc
+                group = g
+                acc = np.uint8(0)
+            v = table[codes[r, c]]
+            if v > acc:
+                acc = v
+        if acc > out[base + group]:
+            out[base + group] = acc
+
+
+@jit
+def count_flagged(flat, table):
+    """How many bytes of the 1-D ``uint8`` array have a nonzero ``table`` entry."""
+    k = np.int64(0)
+    for i in range(flat.shape[0]):
+        k += table[flat[i]] != 0
+    return k

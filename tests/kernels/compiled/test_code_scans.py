@@ -11,11 +11,11 @@ import converter
 from converter.codebooks import ELEMENTS
 from converter.groups import GroupMap
 from converter.kernels import compiled
-from converter.layout import IN, OUT
+from converter.layout import EXPERT, IN, OUT
 from converter.runtime import run_options
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
-from converter.validate import code_scans, data_checks, nibble_order
+from converter.validate import code_scans, data_checks, float_checks, nibble_order
 from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba (the fast extra) is not installed")
@@ -31,7 +31,11 @@ def _both(fn, t):
 
 
 def _results(t):
-    return (data_checks.saturation_profile(t), data_checks.zero_offset(t), data_checks.check_degenerate(t))
+    out = (data_checks.saturation_profile(t), data_checks.zero_offset(t), data_checks.check_degenerate(t))
+    if float_checks.float_element(t) is not None:
+        out += (float_checks.block_saturation(t), float_checks.check_nonfinite_codes(t),
+                float_checks.check_unsaturated(t))
+    return out
 
 
 def _tensor(codes, scheme, gm, zeros=None):
@@ -199,3 +203,28 @@ def test_byte_tables_match_the_range_rules(scheme):
             expected = v in (scheme.qmin, scheme.qmax) or (
                 scheme.zero_point is ZeroPoint.NONE and abs(v - scheme.center) >= 2 ** (scheme.bits - 1) - 1)
         assert bool(ends[byte]) == expected, byte
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), experts=st.integers(1, 3), rows=st.integers(1, 20), cols=st.integers(1, 20),
+       element=st.sampled_from(["e4m3", "e5m2"]))
+def test_float_scans_on_expert_stacks(data, experts, rows, cols, element):
+    """Block maxima and non-finite counts of (expert, out, in) FP8 stacks, NaN / inf codes included."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    block = GroupMap.per_block(data.draw(st.integers(1, rows)), data.draw(st.integers(1, cols)))
+    gm = data.draw(st.sampled_from([block, GroupMap.per_channel(OUT), GroupMap.per_tensor(),
+                                    GroupMap.per_group(data.draw(st.integers(1, cols)), IN)]))
+    shape, axes = (experts, rows, cols), (EXPERT, OUT, IN)
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    if data.draw(st.booleans()):  # mostly small codes: unsaturated groups
+        codes &= np.uint8(0x9F)
+    scheme = QuantScheme(8, False, codebook=ELEMENTS[element].values, scale_dtype="F32")
+    t = QuantizedTensor("m.w", axes, codes, np.ones(gm.param_shape(shape, axes), np.float32), scheme, gm)
+    with run_options(kernels="numpy"):
+        expected = (float_checks.block_saturation(t), float_checks.check_nonfinite_codes(t),
+                    float_checks.check_unsaturated(t))
+    with run_options(kernels="numba"):
+        got = (float_checks.block_saturation(t), float_checks.check_nonfinite_codes(t),
+               float_checks.check_unsaturated(t))
+        assert code_scans.group_max_table(t, float_checks._rank_table(float_checks.float_element(t))[0]) is not None
+    assert got == expected
