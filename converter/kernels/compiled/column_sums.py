@@ -13,7 +13,7 @@ import numpy as np
 
 from converter.kernels.compiled import jit
 
-__all__ = ["add_column_squares"]
+__all__ = ["add_column_squares", "add_column_squares_codes"]
 
 
 @jit
@@ -41,3 +41,43 @@ def add_column_squares(block, acc):
         if t != t:
             t = a + 0.0 if a != a else (col[j] + 0.0 if col[j] != col[j] else t)
         acc[j] = t
+
+
+@jit
+def add_column_squares_codes(codes, center, zeros, use_zero, scales, col_div, step, acc):
+    """:func:`add_column_squares` of the dequantized values of integer codes, block by block of ``step`` rows
+    (the blocks :class:`converter.rows.Rows` dequantizes), without the float32 values: per element
+    ``v = (float32(q) - z) * s`` in float32, the operations and order of :func:`converter.values.dequantize`
+    (``z`` the float32 zero point when ``use_zero``, else ``center``), then squared in float64.
+
+    ``codes`` ``(rows, cols)`` int8 / uint8 code values; ``zeros`` and ``scales`` float32 ``(rows or 1, params)``,
+    the parameter column of code column ``c`` being ``c // col_div``. Every scale and zero point must be finite
+    (the caller checks): no sum can then be NaN, and the loops carry no NaN branch (they vectorize).
+    """
+    rows, cols = codes.shape
+    if rows == 0:
+        return
+    col = np.empty(cols, dtype=np.float64)
+    scale_rows = scales.shape[0] != 1
+    zero_rows = zeros.shape[0] != 1
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        for r in range(r0, r1):
+            sr = r if scale_rows else 0
+            zr = r if zero_rows else 0
+            g = 0
+            for c0 in range(0, cols, col_div):
+                s = scales[sr, g]
+                z = zeros[zr, g] if use_zero else center
+                g += 1
+                c1 = min(cols, c0 + col_div)
+                if r == r0:  # the block's first row starts each column sum
+                    for c in range(c0, c1):
+                        d = np.float64((np.float32(codes[r, c]) - z) * s)
+                        col[c] = d * d
+                else:
+                    for c in range(c0, c1):
+                        d = np.float64((np.float32(codes[r, c]) - z) * s)
+                        col[c] += d * d
+        for j in range(cols):
+            acc[j] += col[j]

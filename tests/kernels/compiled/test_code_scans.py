@@ -127,20 +127,43 @@ def test_compiled_scans_equal_numpy(data, rows, cols, scheme):
             assert _results(t) == expected, gm
 
 
-def test_column_profile_bits_equal_numpy():
-    rng = np.random.default_rng(1)
-    codes = rng.integers(0, 16, (300, 64), dtype=np.uint8)
-    scales = (rng.random((300, 8)) * np.float32(1e-3)).astype(np.float16)
-    scales[0, 0] = np.float16(6e-8)  # a subnormal float16 scale
-    scales[5, 1] = np.inf
-    scales[6, 2] = np.nan
-    scales[7, 3] = -0.0
-    t = QuantizedTensor("m.w", (OUT, IN), codes, scales, QuantScheme(4, False), GroupMap.per_group(8, IN))
+@pytest.mark.parametrize("scheme,grouping", [(QuantScheme(4, False), "group"), (QuantScheme(4, True), "group"),
+                                             (QuantScheme(4, False, ZeroPoint.INTEGER), "group"),
+                                             (QuantScheme(8, False, ZeroPoint.INTEGER), "channel"),
+                                             (QuantScheme(8, True), "tensor"), (QuantScheme(4, False), "g_idx"),
+                                             (QuantScheme(4, False, ZeroPoint.INTEGER), "group nonfinite")])
+def test_column_profile_bits_equal_numpy(scheme, grouping):
+    """The nibble profile's float64 column sums, from the codes (integer schemes) or from float32 rows."""
+    from converter import rows as rows_module
     from converter.layout import AxisMap
-    t = t.replace(stored={"codes": AxisMap((IN, OUT), packed_axis=IN, bits=4, container="I32")})
-    a, b = _both(nibble_order.column_profile, t)
-    assert "converter.kernels.compiled.column_sums.add_column_squares" in compiled.compile_seconds()
+    rng = np.random.default_rng(1)
+    n_rows, n_in = 300, 64
+    codes = rng.integers(scheme.qmin, scheme.qmax + 1, (n_rows, n_in)).astype(scheme.code_dtype)
+    nonfinite = grouping.endswith("nonfinite")
+    grouping = grouping.split()[0]
+    gm = {"group": GroupMap.per_group(8, IN), "channel": GroupMap.per_channel(OUT), "tensor": GroupMap.per_tensor(),
+          "g_idx": GroupMap.per_group(8, IN, g_idx=rng.permutation(np.arange(n_in) // 8).astype(np.int32))}[grouping]
+    pshape = gm.param_shape((n_rows, n_in), (OUT, IN))
+    scales = (rng.random(pshape) * np.float32(1e-3)).astype(np.float16)
+    scales.flat[0] = np.float16(6e-8)  # a subnormal float16 scale
+    if scales.size > 7:
+        scales.flat[7] = -0.0
+        if nonfinite:  # infinite and NaN scales: the float32 rows' path (NaN payloads)
+            scales.flat[5], scales.flat[6] = np.inf, np.nan
+    zeros = rng.integers(0, 2 ** scheme.bits, pshape).astype(np.int32) if scheme.zero_point is ZeroPoint.INTEGER \
+        else None
+    t = QuantizedTensor("m.w", (OUT, IN), codes, scales, scheme, gm, zero_points=zeros,
+                        stored={"codes": AxisMap((IN, OUT), packed_axis=IN, bits=scheme.bits, container="I32")})
+    old = rows_module.SUPER_ELEMENTS
+    rows_module.SUPER_ELEMENTS = 64 * 7  # blocks of 7 rows: the block sums' order matters
+    try:
+        a, b = _both(nibble_order.column_profile, t)
+    finally:
+        rows_module.SUPER_ELEMENTS = old
     assert a["profile"].view(np.uint64).tolist() == b["profile"].view(np.uint64).tolist()
+    from_rows = grouping == "g_idx" or nonfinite
+    assert "converter.kernels.compiled.column_sums.add_column_squares" + ("" if from_rows else "_codes") \
+        in compiled.compile_seconds()
 
 
 def test_column_squares_kernel_bits():
