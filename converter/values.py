@@ -20,6 +20,7 @@ import numpy as np
 from converter.groups import Granularity, GroupMap
 from converter.row_groups import as_row_groups
 from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled.fp_decode import decode_block_tables, decode_codebook
 from converter.kernels.dequant import byte_table, dequantize_block, dequantize_block_tables, dequantize_rows
 from converter.layout import EXPERT, PackedCodes
 from converter.scheme import AMAX_DENOMINATOR, QuantScheme, ZeroPoint
@@ -71,7 +72,6 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     kind = ZeroPoint.NONE.value if codebook is not None else s.zero_point.value
     center = float(s.center) if kind == ZeroPoint.NONE.value and codebook is None else 0.0
     if codebook is not None and use_compiled(rows * n):  # the fast extra: FP8 / FP4 codes times scales, one pass
-        from converter.kernels.compiled.fp_decode import decode_codebook
         raw = _raw_bytes(t)
         plain = raw is not None and not raw[2] and not raw[3]  # stored fields are the codes (no flip, no sign)
         nibbles = plain and raw[1] == 4
@@ -167,7 +167,6 @@ def _dequantize_tables(t: "QuantizedTensor", dtype: np.dtype) -> np.ndarray:
     block = (t.group_map.extent("out"), t.group_map.extent("in"))
     codes, scales = t.codes, t.scales.astype(np.float32)
     if use_compiled(int(np.prod(t.shape))):  # the fast extra: the same tables, one compiled look-up pass
-        from converter.kernels.compiled.fp_decode import decode_block_tables
         out = np.empty(t.shape, dtype=np.uint16)
         stack = t.axes != ("out", "in")
         for e in range(t.shape[0] if stack else 1):

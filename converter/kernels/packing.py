@@ -35,6 +35,7 @@ import numpy as np
 
 from converter.errors import LayoutError
 from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled.packing import pack_fields, unpack_fields
 from converter.kernels.word_layout import (LAYOUTS, _as_words, _check_axis, _word_aligned,
                                            _check_bits, _check_codes, _check_layout, _check_length, _check_order,
                                            _container_dtype, _slots, _unit, packed_length, padding_bits)
@@ -162,7 +163,6 @@ def pack_codes(codes: np.ndarray, bits: int, *, axis: int, container: np.dtype =
     if axis < codes.ndim - 1 and _word_aligned(bits, width, layout) and use_compiled(codes.size):
         # the fast extra, packed axis not last (GPTQ qweight): one pass, 2.4-3.5x the slot loop on 4096 x 11008
         # (along the last axis the numpy paths are as fast: bench_packing.py)
-        from converter.kernels.compiled.packing import pack_fields
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
         pack_fields(np.ascontiguousarray(codes).reshape(outer, n, inner), bits, np.asarray(slots, dtype=np.int64),
                     out.reshape(outer, shape[axis], inner))
@@ -256,7 +256,6 @@ def unpack_codes(words: np.ndarray, bits: int, *, axis: int, length: int, contai
     out = np.empty(shape, dtype=np.uint8)
     if axis < words.ndim - 1 and _word_aligned(bits, width, layout) and use_compiled(out.size):
         # the fast extra, packed axis not last (GPTQ qweight): one pass (see pack_codes)
-        from converter.kernels.compiled.packing import unpack_fields
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
         unpack_fields(np.ascontiguousarray(words).reshape(outer, words.shape[axis], inner), bits,
                       np.asarray(slots, dtype=np.int64), out.reshape(outer, length, inner))

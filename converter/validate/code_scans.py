@@ -12,6 +12,8 @@ import numpy as np
 
 from converter.groups import Granularity, GroupMap
 from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled import code_scans as scans
+from converter.kernels.compiled.column_sums import add_column_squares
 from converter.layout import EXPERT
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
@@ -104,7 +106,6 @@ def saturation_counts(t: QuantizedTensor, maps: dict[str, GroupMap]) -> dict[str
     """name -> (groups holding a saturated code, groups) for each grouping in ``maps``; None when not covered."""
     if not _eligible(t):
         return None
-    from converter.kernels.compiled.code_scans import group_saturation
     codes, axes = _view(t)
     ends, values, use_zero = byte_tables(t)
     if use_zero:
@@ -121,7 +122,7 @@ def saturation_counts(t: QuantizedTensor, maps: dict[str, GroupMap]) -> dict[str
     out = {}
     for name, (row_div, col_group, ncg) in groupings.items():
         flags = np.zeros(-(-codes.shape[0] // row_div) * ncg, dtype=np.uint8)
-        group_saturation(codes, ends, values, zeros, zero_cols, use_zero, np.int32(int(t.scheme.center)),
+        scans.group_saturation(codes, ends, values, zeros, zero_cols, use_zero, np.int32(int(t.scheme.center)),
                          np.int32(half), np.int64(row_div), col_group, np.int64(ncg), flags)
         out[name] = (int(np.count_nonzero(flags)), int(flags.size))
     return out
@@ -135,7 +136,6 @@ def group_max_table(t: QuantizedTensor, table: np.ndarray) -> np.ndarray | None:
     stack = len(t.shape) == 3 and t.axes[0] == EXPERT
     if not (len(t.shape) == 2 and EXPERT not in t.axes) and not stack:
         return None
-    from converter.kernels.compiled.code_scans import group_max
     gm = t.group_map
     axes = tuple(t.axes[1:]) if stack else tuple(t.axes)
     if gm.granularity is Granularity.GROUP and gm.axis == axes[0] and gm.g_idx is None:
@@ -154,7 +154,7 @@ def group_max_table(t: QuantizedTensor, table: np.ndarray) -> np.ndarray | None:
             return None
         row_div, col_group, ncg = grouping
         out = np.zeros((-(-view.shape[0] // row_div), ncg), dtype=np.uint8)
-        group_max(view, table, np.int64(row_div), col_group, np.int64(ncg), out.reshape(-1))
+        scans.group_max(view, table, np.int64(row_div), col_group, np.int64(ncg), out.reshape(-1))
         parts.append(out.T if transposed else out)
     full = gm.param_shape(t.shape, t.axes)
     result = np.stack(parts) if stack else parts[0]
@@ -165,17 +165,15 @@ def count_table(t: QuantizedTensor, table: np.ndarray) -> int | None:
     """How many codes have a nonzero entry in ``table`` (uint8 (256,)); None when not covered."""
     if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1):
         return None
-    from converter.kernels.compiled.code_scans import count_flagged
-    return int(count_flagged(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8), table.astype(np.uint8)))
+    return int(scans.count_flagged(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8), table.astype(np.uint8)))
 
 
 def offset_histogram(t: QuantizedTensor) -> np.ndarray | None:
     """int64 (256,): how many codes hold each byte value; None when not covered."""
     if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1):
         return None
-    from converter.kernels.compiled.code_scans import byte_histogram
     counts = np.zeros(256, dtype=np.int64)
-    byte_histogram(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8), counts)
+    scans.byte_histogram(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8), counts)
     return counts
 
 
@@ -183,12 +181,11 @@ def offset_sums(t: QuantizedTensor) -> tuple[int, int] | None:
     """``(sum(q - z), sum((q - z)**2))`` for integer zero points; None when not covered."""
     if not _eligible(t) or t.scheme.zero_point is not ZeroPoint.INTEGER:
         return None
-    from converter.kernels.compiled.code_scans import offset_sums as kernel
     codes, axes = _view(t)
     zz = _zeros(t, codes.shape, axes)
     if zz is None:
         return None
-    s1, s2 = kernel(codes, _byte_values(t.codes.dtype), *zz)
+    s1, s2 = scans.offset_sums(codes, _byte_values(t.codes.dtype), *zz)
     return int(s1), int(s2)
 
 
@@ -196,8 +193,7 @@ def all_codes_equal(t: QuantizedTensor) -> bool | None:
     """Every code equals the first; None when not covered."""
     if not (t.numel > 0 and use_compiled(t.numel) and t.codes.dtype.itemsize == 1):
         return None
-    from converter.kernels.compiled.code_scans import all_equal
-    return bool(all_equal(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8)))
+    return bool(scans.all_equal(np.ascontiguousarray(t.codes).reshape(-1).view(np.uint8)))
 
 
 def warm(largest: int) -> None:
@@ -205,15 +201,13 @@ def warm(largest: int) -> None:
     use them: forked worker processes then inherit them instead of each importing numba and loading them."""
     if not use_compiled(largest):
         return
-    from converter.kernels.compiled import code_scans as k
-    from converter.kernels.compiled.column_sums import add_column_squares
     u8 = np.zeros((2, 2), dtype=np.uint8)
     i16 = np.zeros((1, 1), dtype=np.int16)
     cols = np.zeros(2, dtype=np.int64)
-    k.group_saturation(u8, np.zeros(256, np.uint8), np.zeros(256, np.int16), i16, cols, False, np.int32(0),
+    scans.group_saturation(u8, np.zeros(256, np.uint8), np.zeros(256, np.int16), i16, cols, False, np.int32(0),
                        np.int32(1), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
-    k.byte_histogram(u8.reshape(-1), np.zeros(256, np.int64))
-    k.all_equal(u8.reshape(-1))
-    k.group_max(u8, np.zeros(256, np.uint8), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
-    k.count_flagged(u8.reshape(-1), np.zeros(256, np.uint8))
+    scans.byte_histogram(u8.reshape(-1), np.zeros(256, np.int64))
+    scans.all_equal(u8.reshape(-1))
+    scans.group_max(u8, np.zeros(256, np.uint8), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
+    scans.count_flagged(u8.reshape(-1), np.zeros(256, np.uint8))
     add_column_squares(np.zeros((2, 2), np.float32), np.zeros(2))

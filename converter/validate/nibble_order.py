@@ -23,6 +23,7 @@ import numpy as np
 
 from converter.groups import Granularity
 from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled.column_sums import add_column_squares, add_column_squares_codes
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate.data_checks import MIN_ELEMENTS
@@ -88,11 +89,14 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
         compiled = axis == "in" and use_compiled(t.numel)
         if compiled and _squares_from_codes(t, rows.step, acc):  # the fast extra, straight from the codes
             return {"axis": axis, "length": length, "word": word, "profile": np.sqrt(acc / n_rows), "perms": perms}
+        if compiled:  # the fast extra: the same float64 sums without the float64 copy of each block
+            both_nan = sum(add_column_squares(np.ascontiguousarray(rows[r0:r0 + rows.step], dtype=np.float32), acc)
+                           for r0 in range(0, n_rows, rows.step))
+            if not both_nan:
+                return {"axis": axis, "length": length, "word": word, "profile": np.sqrt(acc / n_rows),
+                        "perms": perms}
+            acc[:] = 0.0  # two NaNs met in a sum: numpy's payload, from the start
         for r0 in range(0, n_rows, rows.step):
-            if compiled:  # the fast extra: the same float64 sums without the float64 copy of each block
-                from converter.kernels.compiled.column_sums import add_column_squares
-                add_column_squares(np.ascontiguousarray(rows[r0:r0 + rows.step], dtype=np.float32), acc)
-                continue
             x = rows[r0:r0 + rows.step]
             b = np.multiply(x, x, dtype=np.float64)  # float64(x) * float64(x), without a float64 copy of x
             if axis == "in":
@@ -116,7 +120,6 @@ def _squares_from_codes(t: QuantizedTensor, step: int, acc: np.ndarray) -> bool:
             or t.global_scale is not None or not gm.row_local(t.axes) or gm.g_idx is not None
             or t.codes.dtype.itemsize != 1 or t.scales.ndim != 2 or not np.isfinite(t.scales).all()):
         return False  # (non-finite scales: the float32 rows' path, NaN payloads and all)
-    from converter.kernels.compiled.column_sums import add_column_squares_codes
     n = t.shape[1]
     if gm.granularity is Granularity.GROUP:
         col_div = gm.group_size

@@ -3,8 +3,8 @@
 Second implementation of ``acc += (block.astype(float64) ** 2).sum(axis=0)`` without the float64 copy of the
 block: numpy reduces a C-contiguous ``(rows, cols)`` array over axis 0 row by row (the first row's values, then
 each next row added element-wise), so the same additions in the same order give the same float64 bits
-(``tests/kernels/compiled``), NaN payloads included: x86 returns the first NaN operand, so where a sum is NaN
-the kernel takes it from the operand numpy puts first.
+(``tests/kernels/compiled``), NaN payloads included where one operand is NaN; a sum of two NaNs is counted and
+left to numpy (which operand's payload x86 returns depends on numpy's loop and on LLVM's operand order).
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ __all__ = ["add_column_squares", "add_column_squares_codes"]
 @jit
 def add_column_squares(block, acc):
     """``acc[j] += sum_i float64(block[i, j]) ** 2`` (float32 ``(rows, cols)`` block, float64 ``(cols,)`` acc),
-    the column sums formed first in row order, then added to ``acc``."""
+    the column sums formed first in row order, then added to ``acc``. Returns how many additions had two NaN
+    operands (their payload is numpy's loop's choice, not portable: the caller then redoes the sums in numpy)."""
     rows, cols = block.shape
+    both_nan = 0
     if rows == 0:
-        return
+        return both_nan
     col = np.empty(cols, dtype=np.float64)
     for j in range(cols):
         v = np.float64(block[0, j])
@@ -30,17 +32,17 @@ def add_column_squares(block, acc):
     for i in range(1, rows):
         for j in range(cols):
             v = np.float64(block[i, j])
+            sq = v * v
             a = col[j]
-            t = a + v * v
-            if t != t:  # numpy's operand order decides a NaN's payload (LLVM may swap an addition's operands)
-                t = a + 0.0 if a != a else t
-            col[j] = t
+            if a != a and sq != sq:
+                both_nan += 1
+            col[j] = a + sq
     for j in range(cols):
         a = acc[j]
-        t = a + col[j]
-        if t != t:
-            t = a + 0.0 if a != a else (col[j] + 0.0 if col[j] != col[j] else t)
-        acc[j] = t
+        if a != a and col[j] != col[j]:
+            both_nan += 1
+        acc[j] = a + col[j]
+    return both_nan
 
 
 @jit

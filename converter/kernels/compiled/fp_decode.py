@@ -3,10 +3,11 @@ group, channel or block scales, to float32; and FP8 block-tiled codes to a 2-byt
 
 Second implementations of the codebook paths of :func:`converter.kernels.dequant.dequantize_rows` (``np.take``
 of the codebook, then ``*=`` the scales) and of :func:`converter.kernels.dequant.dequantize_block_tables` (one
-``np.take`` per block). The arithmetic is the same single float32 product ``codebook[q] * s`` (operands in that
-order, no fused multiply-add: IEEE results, NaN codes and scales included) and the same table entries, so the
-output bytes are identical (``tests/kernels/compiled``). Scale and global-scale handling (E8M0 / E4M3 scales
-widened, an NVFP4 global scale folded in) stays with the caller, in numpy.
+``np.take`` per block). The arithmetic is the same single float32 product ``codebook[q] * s`` (no fused
+multiply-add: IEEE results, NaN codes or scales included; a NaN code times a NaN scale is left to numpy, see
+below) and the same table entries, so the output bytes are identical (``tests/kernels/compiled``). Scale and
+global-scale handling (E8M0 / E4M3 scales widened, an NVFP4 global scale folded in) stays with the caller, in
+numpy.
 
 Scales are ``(rows or 1, params)``; the parameter column of code column ``c`` is ``c // col_div`` (the group
 size; 1 for one scale per element; a value past the row length for one scale per row).
@@ -17,20 +18,24 @@ from __future__ import annotations
 import numpy as np
 
 from converter.kernels.compiled import jit
+from converter.kernels.threads import kernel_threads, run_rows
 
 __all__ = ["codebook_rows", "codebook_nibbles", "block_tables"]
 
 
-#: The NaN of a NaN product ``v * s``: numpy multiplies in that operand order and x86 returns the first NaN
-#: operand, quieted (``v + 0``), or the default NaN when neither is one (``inf * 0``). LLVM may swap a product's
-#: operands, so the kernels choose the payload themselves when the product is NaN (a rare, predicted branch).
-_ZERO = np.float32(0.0)
+#: A product of two NaNs has no portable payload: x86 returns the first operand's, and which operand numpy
+#: passes first depends on its loop (a broadcast scale comes first in its scalar loop, last elsewhere) while LLVM
+#: may swap a product's operands. The kernels count those products (a NaN code times a NaN scale: corrupt data)
+#: and the caller then decodes the tensor with numpy; every other product is IEEE-defined (one NaN operand:
+#: that NaN, quieted; ``inf * 0``: the default NaN).
 
 
 @jit
 def codebook_rows(codes, codebook, scales, col_div, out):
-    """``out[r, c] = codebook[codes[r, c]] * scales[r (or 0), c // col_div]`` (float32)."""
+    """``out[r, c] = codebook[codes[r, c]] * scales[r (or 0), c // col_div]`` (float32); returns how many
+    products had two NaN operands (see the module's note: then ``out`` is not numpy's)."""
     rows, n = out.shape
+    both_nan = 0
     broadcast_rows = scales.shape[0] == 1
     for r in range(rows):
         sr = 0 if broadcast_rows else r
@@ -40,10 +45,10 @@ def codebook_rows(codes, codebook, scales, col_div, out):
             g += 1
             for c in range(c0, min(n, c0 + col_div)):
                 v = codebook[codes[r, c]]
-                p = v * s
-                if p != p:  # see _ZERO
-                    p = v + _ZERO if v != v else (s + _ZERO if s != s else p)
-                out[r, c] = p
+                if v != v and s != s:
+                    both_nan += 1
+                out[r, c] = v * s
+    return both_nan
 
 
 @jit
@@ -51,6 +56,7 @@ def codebook_nibbles(packed, codebook, scales, col_div, out):
     """:func:`codebook_rows` of 4-bit codes packed two per byte, LSB first (``packed (rows, n / 2)`` uint8,
     code ``2k`` in the low nibble of byte ``k``)."""
     rows, n = out.shape
+    both_nan = 0
     broadcast_rows = scales.shape[0] == 1
     for r in range(rows):
         sr = 0 if broadcast_rows else r
@@ -63,11 +69,11 @@ def codebook_nibbles(packed, codebook, scales, col_div, out):
             while c < c1:
                 b = np.int64(packed[r, c >> 1])
                 v = codebook[(b >> 4) if c & 1 else (b & 15)]
-                p = v * s
-                if p != p:  # see _ZERO
-                    p = v + _ZERO if v != v else (s + _ZERO if s != s else p)
-                out[r, c] = p
+                if v != v and s != s:
+                    both_nan += 1
+                out[r, c] = v * s
                 c += 1
+    return both_nan
 
 
 @jit
@@ -86,14 +92,12 @@ def block_tables(codes, tables, block_out, block_in, out):
 def decode_codebook(codes: np.ndarray, codebook: np.ndarray, scales: np.ndarray, *, n_in: int,
                     group_size: int | None, nibbles: bool = False) -> np.ndarray | None:
     """float32 ``(rows, n_in)`` = ``codebook[q] * s`` on the kernel threads, or None when the scales' shape is
-    not one this kernel indexes (the caller then runs numpy).
+    not one this kernel indexes or a NaN code meets a NaN scale (the caller then runs numpy).
 
     ``codes``: uint8 ``(rows, n_in)`` codes, or (``nibbles``) ``(rows, n_in / 2)`` bytes of two LSB-first 4-bit
     codes; ``codebook`` float32 ``(levels,)``; ``scales`` float32 ``(rows or 1, groups)`` with ``group_size``,
     else ``(rows or 1, 1)`` or ``(rows or 1, n_in)``.
     """
-    from converter.kernels.threads import kernel_threads, run_rows
-
     rows, n = codes.shape[0], int(n_in)
     if scales.ndim != 2 or scales.shape[0] not in (1, rows) or (nibbles and n % 2):
         return None
@@ -113,9 +117,10 @@ def decode_codebook(codes: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
     kernel = codebook_nibbles if nibbles else codebook_rows
     step = max(1, (1 << 18) // max(n, 1))
 
-    def work(a: int, b: int) -> None:
-        kernel(codes[a:b], codebook, scales[a:b] if per_row else scales, np.int64(col_div), out[a:b])
-    run_rows(work, rows, step, kernel_threads(out.size))
+    def work(a: int, b: int) -> int:
+        return int(kernel(codes[a:b], codebook, scales[a:b] if per_row else scales, np.int64(col_div), out[a:b]))
+    if sum(run_rows(work, rows, step, kernel_threads(out.size))):
+        return None  # a NaN code times a NaN scale somewhere: numpy's payload (see the module's note)
     return out
 
 

@@ -171,14 +171,30 @@ def test_column_squares_kernel_bits():
     rng = np.random.default_rng(2)
     block = (rng.standard_normal((257, 33)) * 1e3).astype(np.float32)
     block[0, 0], block[1, 1], block[2, 2], block[3, 3] = np.float32(1e-45), -0.0, np.inf, np.nan
-    block[4, 3] = -np.float32(np.nan)  # a second NaN, other sign, in the same column
     block[5:7, 4] = [np.inf, np.nan]  # inf then NaN
+    block[8, 5] = -np.float32(np.nan)
     acc = rng.standard_normal(33)
-    acc[3] = -np.nan  # NaN in the accumulator and in the column sum
-    acc[5] = np.inf
+    acc[6] = np.inf
     expected = acc + (block.astype(np.float64) ** 2).sum(axis=0)
-    add_column_squares(block, acc)
+    assert add_column_squares(block, acc) == 0  # (one NaN operand per addition: IEEE-defined payloads)
     assert acc.view(np.uint64).tolist() == expected.view(np.uint64).tolist()
+    # two NaNs in one addition (a second NaN in a column, or a NaN accumulator): counted, left to numpy
+    block[9, 5] = np.float32(np.nan)
+    assert add_column_squares(block, np.zeros(33)) > 0
+    nan_acc = np.zeros(33)
+    nan_acc[3] = np.nan
+    assert add_column_squares(block[:5], nan_acc) > 0
+
+
+def test_nan_code_times_nan_scale_is_left_to_numpy():
+    from converter.kernels.compiled.fp_decode import decode_codebook
+    cb = np.asarray(ELEMENTS["e4m3"].values, np.float32)
+    codes = np.array([[0x38, 0x7F], [0x7F, 0x38]], np.uint8)  # 1.0 and NaN
+    scales = np.array([[2.0], [np.nan]], np.float32)
+    assert decode_codebook(codes, cb, scales, n_in=2, group_size=None) is None  # row 1: NaN code x NaN scale
+    scales[1, 0] = 3.0
+    out = decode_codebook(codes, cb, scales, n_in=2, group_size=None)
+    assert out[0, 0] == 2.0 and out[1, 1] == 3.0 and np.isnan(out[0, 1]) and np.isnan(out[1, 0])
 
 
 SAMPLE_DIRS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "gguf")
