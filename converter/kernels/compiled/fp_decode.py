@@ -43,11 +43,16 @@ def codebook_rows(codes, codebook, scales, col_div, out):
         for c0 in range(0, n, col_div):  # one scale per run of columns (no division per element)
             s = scales[sr, g]
             g += 1
-            for c in range(c0, min(n, c0 + col_div)):
-                v = codebook[codes[r, c]]
-                if v != v and s != s:
-                    both_nan += 1
-                out[r, c] = v * s
+            c1 = min(n, c0 + col_div)
+            if s != s:  # a NaN scale (rare): count the NaN codes it meets
+                for c in range(c0, c1):
+                    v = codebook[codes[r, c]]
+                    if v != v:
+                        both_nan += 1
+                    out[r, c] = v * s
+                continue
+            for c in range(c0, c1):  # (no branch in the common loop)
+                out[r, c] = codebook[codes[r, c]] * s
     return both_nan
 
 
@@ -66,13 +71,19 @@ def codebook_nibbles(packed, codebook, scales, col_div, out):
             g += 1
             c1 = min(n, c0 + col_div)
             c = c0
-            while c < c1:
-                b = np.int64(packed[r, c >> 1])
-                v = codebook[(b >> 4) if c & 1 else (b & 15)]
-                if v != v and s != s:
-                    both_nan += 1
-                out[r, c] = v * s
-                c += 1
+            if s != s or c0 & 1 or c1 & 1:  # a NaN scale (rare) or a group not on byte boundaries: field by field
+                while c < c1:
+                    b = np.int64(packed[r, c >> 1])
+                    v = codebook[(b >> 4) if c & 1 else (b & 15)]
+                    if v != v and s != s:
+                        both_nan += 1
+                    out[r, c] = v * s
+                    c += 1
+                continue
+            for k in range(c0 >> 1, c1 >> 1):  # whole bytes, no branch
+                b = packed[r, k]
+                out[r, 2 * k] = codebook[b & 15] * s
+                out[r, 2 * k + 1] = codebook[b >> 4] * s
     return both_nan
 
 
