@@ -88,6 +88,15 @@ def _zeros(t: QuantizedTensor, shape: tuple[int, int], axes: tuple[str, str]):
     return np.ascontiguousarray(z), grouping[1]
 
 
+def _run_length(col_group: np.ndarray) -> int:
+    """``L`` when ``col_group[c] == c // L`` for every column (consecutive groups of ``L``), else 0."""
+    n = col_group.size
+    for length in ({1, n} | ({int(np.argmax(col_group != 0))} if col_group.any() else set())) - {0}:
+        if np.array_equal(col_group, np.arange(n, dtype=np.int64) // length):
+            return length
+    return 0
+
+
 def byte_tables(t: QuantizedTensor) -> tuple[np.ndarray, np.ndarray, bool]:
     """(ends uint8 (256,), values int16 (256,), use_zero): the per-byte saturation facts."""
     s = t.scheme
@@ -119,13 +128,17 @@ def saturation_counts(t: QuantizedTensor, maps: dict[str, GroupMap]) -> dict[str
     if any(g is None for g in groupings.values()):
         return None
     half = (1 << (t.scheme.bits - 1)) - 1
-    out = {}
-    for name, (row_div, col_group, ncg) in groupings.items():
-        flags = np.zeros(-(-codes.shape[0] // row_div) * ncg, dtype=np.uint8)
-        scans.group_saturation(codes, ends, values, zeros, zero_cols, use_zero, np.int32(int(t.scheme.center)),
-                         np.int32(half), np.int64(row_div), col_group, np.int64(ncg), flags)
-        out[name] = (int(np.count_nonzero(flags)), int(flags.size))
-    return out
+    names = list(groupings)
+    sizes = [-(-codes.shape[0] // groupings[name][0]) * groupings[name][2] for name in names]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    flags = np.zeros(int(sum(sizes)), dtype=np.uint8)
+    scans.group_saturation(codes, ends, values, zeros, zero_cols, use_zero, np.int32(int(t.scheme.center)),
+                           np.int32(half), np.array([groupings[name][0] for name in names], dtype=np.int64),
+                           np.stack([groupings[name][1] for name in names]),
+                           np.array([groupings[name][2] for name in names], dtype=np.int64),
+                           np.array([_run_length(groupings[name][1]) for name in names], dtype=np.int64),
+                           offsets, flags)
+    return {name: (int(np.count_nonzero(flags[o:o + n])), n) for name, o, n in zip(names, offsets, sizes)}
 
 
 def group_max_table(t: QuantizedTensor, table: np.ndarray) -> np.ndarray | None:
@@ -204,8 +217,9 @@ def warm(largest: int) -> None:
     u8 = np.zeros((2, 2), dtype=np.uint8)
     i16 = np.zeros((1, 1), dtype=np.int16)
     cols = np.zeros(2, dtype=np.int64)
+    one = np.ones(1, dtype=np.int64)
     scans.group_saturation(u8, np.zeros(256, np.uint8), np.zeros(256, np.int16), i16, cols, False, np.int32(0),
-                       np.int32(1), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))
+                           np.int32(1), one, cols.reshape(1, 2), one, one - 1, one - 1, np.zeros(2, np.uint8))
     scans.byte_histogram(u8.reshape(-1), np.zeros(256, np.int64))
     scans.all_equal(u8.reshape(-1))
     scans.group_max(u8, np.zeros(256, np.uint8), np.int64(1), cols, np.int64(1), np.zeros(2, np.uint8))

@@ -24,34 +24,58 @@ __all__ = ["group_saturation", "group_max", "offset_sums", "all_equal", "byte_hi
 
 
 @jit
-def group_saturation(codes, ends, values, zeros, zero_cols, use_zero, center, half, row_div, col_group,
-                     n_col_groups, flags):
-    """Set ``flags[g] = 1`` for every group ``g`` holding a saturated code.
+def group_saturation(codes, ends, values, zeros, zero_cols, use_zero, center, half, row_divs, col_groups,
+                     n_col_groups, run_lens, offsets, flags):
+    """Set ``flags[offsets[k] + g] = 1`` for every group ``g`` of grouping ``k`` holding a saturated code: every
+    grouping of one tensor in one pass over its codes (``row_divs``, ``n_col_groups``, ``offsets`` int64 ``(K,)``,
+    ``col_groups`` int64 ``(K, cols)``).
 
     A code is saturated when ``ends[byte]``, or (``use_zero``) when its zero point equals ``center`` and
     ``|value - zero| >= half`` (``zeros`` is int16, as the numpy path widens them).
     """
     rows, cols = codes.shape
     broadcast_rows = zeros.shape[0] == 1
+    hits = np.empty(cols, dtype=np.uint8)  # one row's saturation flags, then OR-ed into each grouping
     for r in range(rows):
-        base = (r // row_div) * n_col_groups
         zr = 0 if broadcast_rows else r
-        group = col_group[0]
-        acc = np.uint8(0)  # the flag of the current run of columns in one group, kept in a register
-        for c in range(cols):
-            g = col_group[c]
-            if g != group:
-                flags[base + group] |= acc
-                group = g
-                acc = np.uint8(0)
-            b = codes[r, c]
-            acc |= ends[b]
-            if use_zero:
+        if use_zero:
+            for c in range(cols):
+                b = codes[r, c]
+                hit = ends[b]
                 z = zeros[zr, zero_cols[c]]
                 if z == center:
                     d = np.int32(values[b]) - np.int32(z)
-                    acc |= np.uint8((d if d >= 0 else -d) >= half)
-        flags[base + group] |= acc
+                    hit |= np.uint8((d if d >= 0 else -d) >= half)
+                hits[c] = hit
+        else:
+            for c in range(cols):
+                hits[c] = ends[codes[r, c]]
+        for k in range(row_divs.shape[0]):
+            base = offsets[k] + (r // row_divs[k]) * n_col_groups[k]
+            run = run_lens[k]
+            if run == 1:  # one group per column (groups along the rows)
+                for c in range(cols):
+                    flags[base + c] |= hits[c]
+                continue
+            if run > 1:  # consecutive runs of columns
+                g = 0
+                for c0 in range(0, cols, run):
+                    acc = np.uint8(0)
+                    for c in range(c0, min(cols, c0 + run)):
+                        acc |= hits[c]
+                    flags[base + g] |= acc
+                    g += 1
+                continue
+            group = col_groups[k, 0]
+            acc = np.uint8(0)  # the flag of the current run of columns in one group, kept in a register
+            for c in range(cols):
+                g = col_groups[k, c]
+                if g != group:
+                    flags[base + group] |= acc
+                    group = g
+                    acc = np.uint8(0)
+                acc |= hits[c]
+            flags[base + group] |= acc
 
 
 @jit
