@@ -25,6 +25,20 @@ first run at load average 9.3 gave 51.8 s / 47.3 s, 1.09x)::
 
     --calibrate (one 11008 x 4096 tensor, /usr/bin/time %M, --workers 1): 315 MiB vs 64 MiB (tiny), 5.8 bytes per
     element; with a float16 reference 3887 MiB vs 121 MiB, 87.6 bytes per element
+
+Issue 19 (numpy and compiled kernels, each run beside a plain read), ``--size 7b``, 2026-12-06 04:43-04:57 UTC,
+load average 5.3 at the end (8 jobs on 2 cores: two workers got no second core)::
+
+    7b: 224 quantized tensors, 3.89 GB; reports identical across kernels and workers: True
+      plain read of the same bytes (median of 5): 1.48 s (2.62 GB/s)
+      numpy  --workers 1:   94.30 s     63.6x plain read   peak RSS (largest process)     172 MiB
+      numpy  --workers 2:  103.69 s     69.9x plain read   peak RSS (largest process)     126 MiB
+      numba  --workers 1:   58.91 s     39.7x plain read   peak RSS (largest process)     293 MiB
+      numba  --workers 2:   56.29 s     37.9x plain read   peak RSS (largest process)     227 MiB
+
+The same code in-process (``validate()``, one worker, ``small``, load average 3.8, wall / CPU seconds): before
+this round (commit 6cfd767) 11.9 / 11.1, numpy kernels 5.4 / 5.2, compiled 3.7 / 3.6; a plain read 0.8 s.
+The numba import and cached-kernel load cost about 0.5-1 s per process (numba adds ~140 MiB of RSS).
 """
 
 from __future__ import annotations
