@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from timing import wall_times  # noqa: E402
 
 from converter.codebooks import E2M1  # noqa: E402
+from converter.kernels.compiled import available  # noqa: E402
+from converter.runtime import run_options  # noqa: E402
 from converter.formats.compressed_tensors.fp4_layout import CODES_MAP  # noqa: E402
 from converter.groups import GroupMap  # noqa: E402
 from converter.layout import IN, OUT, PackedCodes  # noqa: E402
@@ -89,28 +91,37 @@ def numpy_decode(fmt: str, words: np.ndarray, sbytes: np.ndarray, gs) -> np.ndar
 
 def measure(fmt: str, n_out: int, n_in: int, repeat: int) -> dict:
     t, words, sbytes, gs = build(fmt, n_out, n_in)
-    a = np.asarray(t.dequantize(), dtype=np.float32)
     b = numpy_decode(fmt, words, sbytes, gs)
-    if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
-        raise SystemExit(f"{fmt}: qckpt and the numpy baseline disagree (max |diff| {np.abs(a - b).max()})")
-    del a, b
-    q = wall_times(lambda: t.dequantize(), repeat)
+    paths = ["numpy", "numba"] if available() else ["numpy"]
+    out = {}
+    for kernels in paths:  # qckpt's numpy kernels, then the compiled ones (the fast extra)
+        with run_options(kernels=kernels):
+            a = np.asarray(t.dequantize(), dtype=np.float32)
+            if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
+                raise SystemExit(f"{fmt} ({kernels}): qckpt and the numpy baseline disagree")
+            del a
+            out[f"qckpt {kernels}"] = statistics.median(wall_times(lambda: t.dequantize(), repeat))
+    del b
     base = wall_times(lambda: numpy_decode(fmt, words, sbytes, gs), repeat)
     n = n_out * n_in
     in_bytes = words.nbytes + sbytes.nbytes + (4 if gs is not None else 0)
-    return {"elements": n, "in_bytes": in_bytes, "out_bytes": 4 * n, "qckpt_s": statistics.median(q),
-            "numpy_s": statistics.median(base), "qckpt_runs": q, "numpy_runs": base}
+    return {"elements": n, "in_bytes": in_bytes, "out_bytes": 4 * n, "numpy_s": statistics.median(base), **out}
 
 
 def report(fmt: str, m: dict) -> None:
     bpw = 8 * m["in_bytes"] / m["elements"]
     print(f"{fmt}: {m['elements'] / 1e6:.1f} M weights, {m['in_bytes'] / 1e6:.1f} MB packed ({bpw:.3g} bits/weight) "
-          f"-> {m['out_bytes'] / 1e6:.0f} MB float32; decodes bit-identical")
-    for label, key in (("qckpt dequantize", "qckpt_s"), ("numpy baseline  ", "numpy_s")):
+          f"-> {m['out_bytes'] / 1e6:.0f} MB float32; decodes bit-identical (numpy and compiled kernels)")
+    rows = [(k, k) for k in m if k.startswith("qckpt ")] + [("numpy baseline", "numpy_s")]
+    for label, key in rows:
         s = m[key]
-        print(f"  {label} {s:8.3f} s  {m['in_bytes'] / s / 1e6:8.0f} MB/s in  "
+        print(f"  {label:<16s} {s:8.3f} s  {m['in_bytes'] / s / 1e6:8.0f} MB/s in  "
               f"{m['out_bytes'] / s / 1e6:8.0f} MB/s out  {m['elements'] / s / 1e6:8.1f} M elements/s")
-    print(f"  ratio qckpt / numpy x{m['qckpt_s'] / m['numpy_s']:.2f} (below 1: qckpt faster)")
+    for k in (k for k in m if k.startswith("qckpt ")):
+        print(f"  ratio {k} / numpy baseline x{m[k] / m['numpy_s']:.2f} (below 1: qckpt faster)")
+    if "qckpt numba" in m:
+        print(f"  compiled speed-up over qckpt's numpy kernels x{m['qckpt numpy'] / m['qckpt numba']:.2f} "
+              f"(load average {__import__('os').getloadavg()[0]:.1f})")
 
 
 def main() -> None:

@@ -16,26 +16,33 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from converter.formats.awq import ORDER as AWQ_ORDER
+from converter.kernels.compiled import available
 from converter.kernels.packing import pack_codes, unpack_codes
+from converter.runtime import run_options
 from timing import best_time  # noqa: E402
 
 SHAPE = (4096, 11008)
 
 
 def bench(bits: int, axis: int, repeat: int, order=None, label: str = "") -> None:
-    """Print pack / unpack throughput for one configuration and check the round trip."""
+    """Print pack / unpack throughput for one configuration, numpy and compiled kernels (the fast extra, when
+    numba is installed), and check the round trip and that both paths give the same bytes."""
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 1 << bits, size=SHAPE, dtype=np.uint8)
     n = codes.size
-    words = pack_codes(codes, bits, axis=axis, order=order)
-    back = unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order)
-    assert np.array_equal(back, codes)
-    t_pack = best_time(lambda: pack_codes(codes, bits, axis=axis, order=order), repeat)
-    t_unpack = best_time(lambda: unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order),
-                     repeat)
-    print(f"{bits}-bit axis={axis:<2d}{label:<10s} pack {n / t_pack / 1e9:6.2f} G codes/s "
-          f"({t_pack * 1e3:7.1f} ms)   unpack {n / t_unpack / 1e9:6.2f} G codes/s "
-          f"({t_unpack * 1e3:7.1f} ms)")
+    outputs = []
+    for kernels in ("numpy", "numba") if available() else ("numpy",):
+        with run_options(kernels=kernels):
+            words = pack_codes(codes, bits, axis=axis, order=order)
+            back = unpack_codes(words, bits, axis=axis, length=SHAPE[axis], order=order)
+            assert np.array_equal(back, codes)
+            outputs.append((words.tobytes(), back.tobytes()))
+            t_pack = best_time(lambda: pack_codes(codes, bits, axis=axis, order=order), repeat)
+            t_unpack = best_time(lambda w=words: unpack_codes(w, bits, axis=axis, length=SHAPE[axis], order=order),
+                                 repeat)
+        print(f"{bits}-bit axis={axis:<2d}{label:<10s}{kernels:<6s} pack {n / t_pack / 1e9:6.2f} G codes/s "
+              f"({t_pack * 1e3:7.1f} ms)   unpack {n / t_unpack / 1e9:6.2f} G codes/s ({t_unpack * 1e3:7.1f} ms)")
+    assert all(o == outputs[0] for o in outputs), "numpy and compiled kernels disagree"
 
 
 def main() -> None:
@@ -43,7 +50,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     print(f"matrix {SHAPE[0]}x{SHAPE[1]} = {SHAPE[0] * SHAPE[1] / 1e6:.1f} M codes (uint8 in), uint32 words")
-    for bits in (4, 3):
+    for bits in (4, 8, 2, 3):
         for axis in (-1, 0):
             bench(bits, axis, args.repeat)
     bench(4, -1, args.repeat, order=AWQ_ORDER, label=" AWQ")

@@ -25,6 +25,20 @@ first run at load average 9.3 gave 51.8 s / 47.3 s, 1.09x)::
 
     --calibrate (one 11008 x 4096 tensor, /usr/bin/time %M, --workers 1): 315 MiB vs 64 MiB (tiny), 5.8 bytes per
     element; with a float16 reference 3887 MiB vs 121 MiB, 87.6 bytes per element
+
+Issue 19 (numpy and compiled kernels, each run beside a plain read), ``--size 7b``, 2026-12-06 04:43-04:57 UTC,
+load average 5.3 at the end (8 jobs on 2 cores: two workers got no second core)::
+
+    7b: 224 quantized tensors, 3.89 GB; reports identical across kernels and workers: True
+      plain read of the same bytes (median of 5): 1.48 s (2.62 GB/s)
+      numpy  --workers 1:   94.30 s     63.6x plain read   peak RSS (largest process)     172 MiB
+      numpy  --workers 2:  103.69 s     69.9x plain read   peak RSS (largest process)     126 MiB
+      numba  --workers 1:   58.91 s     39.7x plain read   peak RSS (largest process)     293 MiB
+      numba  --workers 2:   56.29 s     37.9x plain read   peak RSS (largest process)     227 MiB
+
+The same code in-process (``validate()``, one worker, ``small``, load average 3.8, wall / CPU seconds): before
+this round (commit 6cfd767) 11.9 / 11.1, numpy kernels 5.4 / 5.2, compiled 3.7 / 3.6; a plain read 0.8 s.
+The numba import and cached-kernel load cost about 0.5-1 s per process (numba adds ~140 MiB of RSS).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,14 +59,16 @@ sys.path.insert(0, str(ROOT))
 from tests.synthetic import SIZES, Shape, build_gptq  # noqa: E402
 
 
-def _validate(path: Path, workers: int, memory: str = "4G", reference: str | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, JSON report) of one fresh validate process."""
+def _validate(path: Path, workers: int, memory: str = "4G", reference: str | None = None,
+              kernels: str = "auto") -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, JSON report) of one fresh validate process (``QCKPT_KERNELS=kernels``)."""
     cmd = ["/usr/bin/time", "-f", "%M", "-o", str(path) + ".rss", sys.executable, "-m", "converter", "validate",
            str(path), "--json", "--quiet", "--workers", str(workers), "--max-memory", memory,
            *(["--reference", reference] if reference else [])]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out:
-        code = subprocess.run(cmd, stdout=out, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "QCKPT_KERNELS": kernels}
+        code = subprocess.run(cmd, stdout=out, env=env).returncode
         wall = time.perf_counter() - t0
         out.seek(0)
         text = out.read().decode()
@@ -60,26 +77,60 @@ def _validate(path: Path, workers: int, memory: str = "4G", reference: str | Non
     return wall, int(Path(str(path) + ".rss").read_text().split()[-1]) * 1024, text
 
 
+def plain_read(path: Path) -> float:
+    """Seconds to read every byte of the checkpoint's files once (buffered, 16 MiB at a time, page cache warm):
+    the baseline of issue 19's validate target."""
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    for f in sorted(path.iterdir()):
+        if f.is_file():
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(view):
+                    pass
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--kernels", default="numpy,numba",
+                    help="kernel paths to time (QCKPT_KERNELS values, comma-separated; default numpy,numba: the "
+                         "default install and the fast extra, in one run)")
     ap.add_argument("--calibrate", action="store_true",
                     help="also measure the working memory of one tensor (BYTES_PER_ELEMENT; ~4 GB peak with a "
                          "reference)")
     args = ap.parse_args()
+    from converter.kernels.compiled import available
+    kernels = [k for k in args.kernels.split(",") if k != "numba" or available()]
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         src = Path(tmp) / "ckpt"
         nbytes = build_gptq(src, SIZES[args.size])
-        one = _validate(src, 1)
-        two = _validate(src, 2)
-        same = json.loads(one[2]) == json.loads(two[2])
-        doc = json.loads(one[2])
-        print(f"{args.size}: {doc['summary']['tensors_checked']} quantized tensors, {nbytes / 1e9:.2f} GB; "
-              f"reports identical: {same} (load average {os.getloadavg()[0]:.1f})")
-        for n, (wall, rss, _) in ((1, one), (2, two)):
-            print(f"  --workers {n}: {wall:7.2f} s   peak RSS (largest process) {rss / 2**20:7.0f} MiB")
-        print(f"  1 / 2 workers: {one[0] / two[0]:.2f}x")
+        plain_read(src)  # into the page cache
+        runs: dict[tuple[str, int], tuple[float, int, str]] = {}
+        reads = []
+        for k in kernels:
+            for n in (1, 2):
+                reads.append(plain_read(src))  # a baseline beside every run (the load drifts)
+                runs[k, n] = _validate(src, n, kernels=k)
+        reads.append(plain_read(src))
+        docs = {key: json.loads(r[2]) for key, r in runs.items()}
+        first = next(iter(docs.values()))
+        same = all(d == first for d in docs.values())
+        read = statistics.median(reads)
+        print(f"{args.size}: {first['summary']['tensors_checked']} quantized tensors, {nbytes / 1e9:.2f} GB; "
+              f"reports identical across kernels and workers: {same} (load average {os.getloadavg()[0]:.1f})")
+        print(f"  plain read of the same bytes (median of {len(reads)}): {read:.2f} s "
+              f"({nbytes / read / 1e9:.2f} GB/s)")
+        for (k, n), (wall, rss, _) in runs.items():
+            print(f"  {k:<6s} --workers {n}: {wall:7.2f} s   {wall / read:6.1f}x plain read   "
+                  f"peak RSS (largest process) {rss / 2**20:7.0f} MiB")
+        for k in kernels:
+            print(f"  {k}: 1 / 2 workers {runs[k, 1][0] / runs[k, 2][0]:.2f}x")
+        if "numpy" in kernels and "numba" in kernels:
+            for n in (1, 2):
+                print(f"  --workers {n}: numpy / numba {runs['numpy', n][0] / runs['numba', n][0]:.2f}x")
         if not same:
             raise SystemExit("the reports differ")
         if args.calibrate:

@@ -20,6 +20,8 @@ import numpy as np
 
 from converter.groups import Granularity, GroupMap
 from converter.row_groups import as_row_groups
+from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled.fp_decode import decode_block_tables, decode_codebook
 from converter.kernels.dequant import byte_table, dequantize_block, dequantize_block_tables, dequantize_rows
 from converter.layout import EXPERT, PackedCodes
 from converter.scheme import AMAX_DENOMINATOR, QuantScheme, ZeroPoint
@@ -113,6 +115,15 @@ def row_plan(t: "QuantizedTensor") -> RowPlan | None:
     codebook = np.asarray(s.codebook, dtype=np.float32) if s.codebook is not None else None
     kind = ZeroPoint.NONE.value if codebook is not None else s.zero_point.value
     center = float(s.center) if kind == ZeroPoint.NONE.value and codebook is None else 0.0
+    if codebook is not None and use_compiled(rows * n):  # the fast extra: FP8 / FP4 codes times scales, one pass
+        raw = _raw_bytes(t)
+        plain = raw is not None and not raw[2] and not raw[3]  # stored fields are the codes (no flip, no sign)
+        nibbles = plain and raw[1] == 4
+        codes = raw[0] if nibbles or (plain and raw[1] == 8) else np.ascontiguousarray(t.codes)
+        out = decode_codebook(codes.view(np.uint8), codebook, t.scales.astype(np.float32), n_in=n, nibbles=nibbles,
+                              group_size=gm.group_size if gm.granularity is Granularity.GROUP else None)
+        if out is not None:
+            return out
     got = _raw_bytes(t) if codebook is None else None
     table = None
     if got is not None:  # packed codes decoded bytewise, the centre already in the table
@@ -198,6 +209,14 @@ def _dequantize_tables(t: "QuantizedTensor", dtype: np.dtype) -> np.ndarray:
     codebook = np.asarray(t.scheme.codebook, dtype=np.float32)
     block = (t.group_map.extent("out"), t.group_map.extent("in"))
     codes, scales = t.codes, t.scales.astype(np.float32)
+    if use_compiled(int(np.prod(t.shape))):  # the fast extra: the same tables, one compiled look-up pass
+        out = np.empty(t.shape, dtype=np.uint16)
+        stack = t.axes != ("out", "in")
+        for e in range(t.shape[0] if stack else 1):
+            c, s = (codes[e], scales[e]) if stack else (codes, scales)
+            tables = (codebook[None, None, :] * s[:, :, None]).astype(dtype).view(np.uint16)  # as dequant.py's
+            decode_block_tables(np.ascontiguousarray(c).view(np.uint8), tables, block, out[e] if stack else out)
+        return out.view(dtype)
     if t.axes == ("out", "in"):
         return dequantize_block_tables(np.ascontiguousarray(codes), scales, codebook, block, dtype)
     out = np.empty(t.shape, dtype=dtype)

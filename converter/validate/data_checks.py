@@ -36,6 +36,7 @@ from converter.groups import Granularity, GroupMap
 from converter.layout import EXPERT
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
+from converter.validate import code_scans
 from converter.validate.findings import Finding, finding
 
 #: The declared grouping is suspicious when at least this fraction of its groups lacks a saturated code ...
@@ -66,6 +67,13 @@ def saturated_mask(t: QuantizedTensor) -> np.ndarray:
     """Boolean mask, logical shape: codes at the end of their group's range (see module docstring)."""
     s = t.scheme
     q = t.codes
+    if q.dtype.itemsize == 1:  # one table look-up per code (no int16 copies, no intermediate masks)
+        ends, values, use_zero = code_scans.byte_tables(t)
+        mask = ends.astype(bool)[q.view(np.uint8)]
+        if not use_zero:
+            return mask
+        z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes)
+        return mask | ((z == int(s.center)) & (np.abs(values[q.view(np.uint8)] - z) >= (1 << (s.bits - 1)) - 1))
     if s.codebook is not None:  # the largest finite magnitude (E5M2's inf is not a quantizer's code)
         cb = np.abs(np.asarray(s.codebook, dtype=np.float32))
         return np.isin(q, np.flatnonzero(cb == np.max(cb[np.isfinite(cb)])))
@@ -80,11 +88,51 @@ def saturated_mask(t: QuantizedTensor) -> np.ndarray:
     return ends
 
 
+def _fraction(hit: int, n: int) -> float:
+    """``hit / n`` (exactly what ``mean`` of ``n`` flags with ``hit`` ones gives), 1.0 for no groups."""
+    return hit / n if n else 1.0
+
+
 def saturation_fraction(mask: np.ndarray, gm: GroupMap, axes: tuple[str, ...]) -> tuple[float, int]:
     """(fraction of groups holding a saturated code, number of groups) under ``gm``."""
+    if gm.granularity is Granularity.GROUP and gm.g_idx is None and mask.size:
+        # consecutive groups: ``any`` over a reshaped axis (the whole groups) and over the partial tail, the
+        # same flags as the reduceat below; 100x faster when the groups run along rows (axis 0)
+        ax = tuple(axes).index(gm.axis)
+        n_codes, size = mask.shape[ax], gm.group_size
+        whole = n_codes // size * size
+        head = mask[(slice(None),) * ax + (slice(0, whole),)]
+        hit = int(np.count_nonzero(head.reshape(mask.shape[:ax] + (n_codes // size, size) + mask.shape[ax + 1:])
+                                   .any(axis=ax + 1)))
+        groups = -(-n_codes // size) * (mask.size // n_codes)
+        if whole < n_codes:
+            hit += int(np.count_nonzero(mask[(slice(None),) * ax + (slice(whole, None),)].any(axis=ax)))
+        return _fraction(hit, groups), groups
     per_group = gm.reduce(mask.astype(np.uint8), np.maximum, axes)
     n = int(per_group.size)
     return (float(per_group.mean()) if n else 1.0), n
+
+
+def alternative_maps(t: QuantizedTensor) -> dict[str, tuple[GroupMap, bool]]:
+    """name -> (group map, on the transposed matrix) of the groupings a swapped layout would produce."""
+    gm, axes = t.group_map, t.axes
+    out: dict[str, tuple[GroupMap, bool]] = {}
+    g = gm.granularity
+    if g is Granularity.TENSOR or len(axes) < 2:
+        return out
+    if g is Granularity.GROUP:
+        other = _other(gm.axis, axes)
+        if other is not None and t.shape[axes.index(other)] >= gm.group_size:
+            out[f"groups along {other}"] = (GroupMap.per_group(gm.group_size, other), False)
+        if gm.g_idx is not None:
+            out["sequential groups (g_idx ignored)"] = (GroupMap.per_group(gm.group_size, gm.axis), False)
+    elif g is Granularity.CHANNEL:
+        other = _other(gm.axis, axes)
+        if other is not None:
+            out[f"one scale per {other} index"] = (GroupMap.per_channel(other), False)
+    elif g is Granularity.FLAT_BLOCK and len(axes) == 2:
+        out["flat blocks over the transposed matrix"] = (gm, True)
+    return out
 
 
 def alternative_groupings(t: QuantizedTensor, mask: np.ndarray | None = None) -> dict[str, tuple[np.ndarray, GroupMap]]:
@@ -92,30 +140,22 @@ def alternative_groupings(t: QuantizedTensor, mask: np.ndarray | None = None) ->
 
     ``mask`` is :func:`saturated_mask` of ``t`` when the caller has it already (computed otherwise).
     """
-    gm, axes = t.group_map, t.axes
-    out: dict[str, tuple[np.ndarray, GroupMap]] = {}
-    g = gm.granularity
-    if g is Granularity.TENSOR or len(axes) < 2:
-        return out
-    if mask is None:
+    maps = alternative_maps(t)
+    if maps and mask is None:
         mask = saturated_mask(t)
-    if g is Granularity.GROUP:
-        other = _other(gm.axis, axes)
-        if other is not None and t.shape[axes.index(other)] >= gm.group_size:
-            out[f"groups along {other}"] = (mask, GroupMap.per_group(gm.group_size, other))
-        if gm.g_idx is not None:
-            out["sequential groups (g_idx ignored)"] = (mask, GroupMap.per_group(gm.group_size, gm.axis))
-    elif g is Granularity.CHANNEL:
-        other = _other(gm.axis, axes)
-        if other is not None:
-            out[f"one scale per {other} index"] = (mask, GroupMap.per_channel(other))
-    elif g is Granularity.FLAT_BLOCK and len(axes) == 2:
-        out["flat blocks over the transposed matrix"] = (np.ascontiguousarray(mask.T), gm)
-    return out
+    return {name: (np.ascontiguousarray(mask.T) if transposed else mask, gm)
+            for name, (gm, transposed) in maps.items()}
 
 
 def saturation_profile(t: QuantizedTensor) -> dict[str, Any]:
     """Saturation fractions under the declared grouping and each alternative."""
+    maps = alternative_maps(t)
+    counts = None if any(tr for _, tr in maps.values()) else code_scans.saturation_counts(
+        t, {"": t.group_map, **{name: gm for name, (gm, _) in maps.items()}})
+    if counts is not None:  # the compiled scan (fast extra): the same integer counts, the same quotients
+        hit, n = counts.pop("")
+        return {"declared": round(_fraction(hit, n), 4), "groups": n,
+                "alternatives": {name: round(_fraction(*c), 4) for name, c in counts.items()}}
     mask = saturated_mask(t)
     declared, n = saturation_fraction(mask, t.group_map, t.axes)
     alts = {}
@@ -141,6 +181,25 @@ def check_saturation(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any]]
     return [], prof
 
 
+def _centred_sums(t: QuantizedTensor) -> tuple[int, int]:
+    """``(sum(r), sum(r^2))`` of ``r = q - centre`` over one-byte codes, exact integers."""
+    values = code_scans.byte_tables(t)[1].astype(np.int64) - int(t.scheme.center)  # per byte value: r
+    counts = code_scans.offset_histogram(t)
+    if counts is not None:  # the compiled histogram (fast extra)
+        return int(counts @ values), int(counts @ (values * values))
+    # sum(q) and sum(q^2) in int64 over 1M-code chunks (q^2 <= 65025 fits 16 bits), then
+    # r = q - c: sum(r) = sum(q) - n c, sum(r^2) = sum(q^2) - 2 c sum(q) + n c^2
+    flat = t.codes.reshape(-1)
+    wide = np.int16 if flat.dtype == np.int8 else np.uint16
+    q1 = q2 = 0
+    for i in range(0, flat.size, 1 << 20):
+        chunk = flat[i:i + (1 << 20)]
+        q1 += int(chunk.sum(dtype=np.int64))
+        q2 += int(np.multiply(chunk, chunk, dtype=wide).sum(dtype=np.int64))
+    c, n = int(t.scheme.center), int(flat.size)
+    return q1 - n * c, q2 - 2 * c * q1 + n * c * c
+
+
 def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
     """(mean, std) of ``q - z`` in code units over the tensor; None for float-bias and codebook schemes."""
     s = t.scheme
@@ -154,17 +213,12 @@ def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
     s1 = s2 = 0
     if s.zero_point is ZeroPoint.NONE or codes.ndim < 2:
         if s.zero_point is ZeroPoint.NONE:
-            flat = codes.reshape(-1).view(np.uint8)
-            counts = sum(np.bincount(flat[i:i + (1 << 20)], minlength=256)  # bincount widens to int64:
-                         for i in range(0, flat.size, 1 << 20)).astype(object)  # count in 1M chunks
-            values = np.arange(256, dtype=np.int64)
-            if codes.dtype == np.int8:
-                values = np.where(values >= 128, values - 256, values)
-            v = (values - int(s.center)).astype(object)
-            s1, s2 = int((counts * v).sum()), int((counts * v * v).sum())
+            s1, s2 = _centred_sums(t)
         else:
             r = codes.astype(np.int64) - t.group_map.expand(t.zero_points.astype(np.int64), t.shape, t.axes)
             s1, s2 = int(r.sum()), int((r * r).sum())
+    elif (sums := code_scans.offset_sums(t)) is not None:  # the compiled scan (fast extra)
+        s1, s2 = sums
     else:
         step = max(1, (1 << 20) // max(1, int(np.prod(codes.shape[1:]))))
         z = t.group_map.expand(t.zero_points.astype(np.int16), t.shape, t.axes) \
@@ -295,7 +349,11 @@ def check_degenerate(t: QuantizedTensor) -> list[Finding]:
     if t.numel < 2:
         return []
     q = t.codes
-    if np.all(q == q.flat[0]):
+    same = code_scans.all_codes_equal(t)
+    if same is None:  # a differing code in the first 4096 settles it without a full-size comparison
+        flat = q.reshape(-1)
+        same = bool(np.all(flat[:4096] == flat[0])) and bool(np.all(q == flat[0]))
+    if same:
         return [finding("degenerate", t.name, f"all {t.numel} codes equal {int(q.flat[0])}: the tensor decodes to "
                         f"one value per group (an empty pack loop, CASES.md B17)", code_value=int(q.flat[0]),
                         numel=t.numel)]

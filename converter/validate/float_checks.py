@@ -31,6 +31,7 @@ import numpy as np
 from converter.codebooks import E2M1_VALUES, FloatElement, element_of
 from converter.groups import Granularity
 from converter.tensor import Checkpoint, QuantizedTensor, TensorSpec
+from converter.validate import code_scans
 from converter.validate.findings import Finding, finding
 
 #: ``unsaturated`` becomes a warning when at least this fraction of the non-zero groups misses the top code.
@@ -171,6 +172,8 @@ def check_nonfinite_codes(t: QuantizedTensor) -> list[Finding]:
         return []
     table = np.zeros(256, dtype=bool)
     table[bad_codes] = True
+    if code_scans.count_table(t, table) == 0:  # the compiled count (fast extra): clean, nothing to locate
+        return []
     codes = t.codes
     k, first, hist = 0, None, np.zeros(256, dtype=np.int64)
     for r0, r1 in _row_chunks(codes.shape, 1):  # row blocks: no full-size mask
@@ -239,7 +242,9 @@ def block_saturation(t: QuantizedTensor) -> dict[str, Any] | None:
     if t.numel == 0:
         return {"bound": bound, "groups": 0, "all_zero": 0, "unsaturated": 0, "unsaturated_fraction": 0.0,
                 "first_unsaturated": []}
-    peak = reduce_codes(t, rank, np.maximum)
+    peak = code_scans.group_max_table(t, rank)  # the compiled scan (fast extra), else numpy in row blocks
+    if peak is None:
+        peak = reduce_codes(t, rank, np.maximum)
     zero = peak == 0
     unsat = (peak < top) & ~zero
     n, z, u = int(peak.size), int(zero.sum()), int(unsat.sum())
@@ -253,10 +258,12 @@ def _only_e2m1_values(t: QuantizedTensor, el: FloatElement, rows: int = 4096) ->
     codes = np.asarray(t.codes)
     if codes.dtype.itemsize != 1 or len(el.values) != 256:
         return False
-    counts = np.zeros(256, dtype=np.int64)
-    flat = codes.reshape(codes.shape[0], -1) if codes.ndim else codes.reshape(1, 1)
-    for i in range(0, flat.shape[0], rows):
-        counts += np.bincount(flat[i:i + rows].view(np.uint8).ravel(), minlength=256)
+    counts = code_scans.offset_histogram(t)  # the compiled histogram (fast extra)
+    if counts is None:
+        counts = np.zeros(256, dtype=np.int64)
+        flat = codes.reshape(codes.shape[0], -1) if codes.ndim else codes.reshape(1, 1)
+        for i in range(0, flat.shape[0], rows):
+            counts += np.bincount(flat[i:i + rows].view(np.uint8).ravel(), minlength=256)
     e2m1 = np.isin(np.abs(np.asarray(el.values, np.float64)), np.abs(np.asarray(E2M1_VALUES, np.float64)))
     return bool(counts.any() and not counts[~e2m1].any())
 

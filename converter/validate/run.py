@@ -31,7 +31,7 @@ from converter.formats.source import Source
 from converter.runtime import auto_workers, current
 from converter.tensor import QuantizedTensor
 from converter.validate import checksums as checksum_checks
-from converter.validate import (data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
+from converter.validate import (code_scans, data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
                                 reader_errors, scale_direction, structural)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
@@ -132,6 +132,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     quantized = [spec for spec in specs if spec.kind == "quantized"]
     results: dict[str, TensorResult] = {}
     template = ValidationReport(path=report.path, format=report.format, reference=report.reference, strict=strict)
+    code_scans.warm(max((spec.numel for spec in quantized), default=0))  # before any worker forks
     with Progress("validating", len(quantized), sum(_stored_bytes(spec) for spec in quantized)) as progress:
         def done(i: int, res: TensorResult) -> None:
             results[quantized[i].name] = res
