@@ -69,6 +69,16 @@ def dequantize(t: "QuantizedTensor", dtype=None) -> np.ndarray:
     rows, n = t.shape
     if rows * n == 0:
         return np.empty((rows, n), dtype=np.float32)
+    if s.codebook is not None and use_compiled(rows * n):  # the fast extra: FP8 / FP4 codes times scales, one pass
+        codebook = np.asarray(s.codebook, dtype=np.float32)
+        raw = _raw_bytes(t)
+        plain = raw is not None and not raw[2] and not raw[3]  # stored fields are the codes (no flip, no sign)
+        nibbles = plain and raw[1] == 4
+        codes = raw[0] if nibbles or (plain and raw[1] == 8) else np.ascontiguousarray(t.codes)
+        out = decode_codebook(codes.view(np.uint8), codebook, t.scales.astype(np.float32), n_in=n, nibbles=nibbles,
+                              group_size=gm.group_size if gm.granularity is Granularity.GROUP else None)
+        if out is not None:
+            return out
     return row_plan(t).dequantize()
 
 
@@ -115,15 +125,6 @@ def row_plan(t: "QuantizedTensor") -> RowPlan | None:
     codebook = np.asarray(s.codebook, dtype=np.float32) if s.codebook is not None else None
     kind = ZeroPoint.NONE.value if codebook is not None else s.zero_point.value
     center = float(s.center) if kind == ZeroPoint.NONE.value and codebook is None else 0.0
-    if codebook is not None and use_compiled(rows * n):  # the fast extra: FP8 / FP4 codes times scales, one pass
-        raw = _raw_bytes(t)
-        plain = raw is not None and not raw[2] and not raw[3]  # stored fields are the codes (no flip, no sign)
-        nibbles = plain and raw[1] == 4
-        codes = raw[0] if nibbles or (plain and raw[1] == 8) else np.ascontiguousarray(t.codes)
-        out = decode_codebook(codes.view(np.uint8), codebook, t.scales.astype(np.float32), n_in=n, nibbles=nibbles,
-                              group_size=gm.group_size if gm.granularity is Granularity.GROUP else None)
-        if out is not None:
-            return out
     got = _raw_bytes(t) if codebook is None else None
     table = None
     if got is not None:  # packed codes decoded bytewise, the centre already in the table
