@@ -10,7 +10,8 @@ TABLE = ((OK, "success; validate: no findings"),
          (FINDINGS, "validate: findings reported (errors, or warnings with --strict)"),
          (USAGE, "usage error: bad option, destination exists without --overwrite, DST inside SRC"),
          (UNREADABLE, "input cannot be read or converted: missing, corrupt, unsupported or not representable;"
-                       " or the work failed (output not writable, a worker process died)"),
+                       " or the work failed (output not writable, a worker process died, the read-back proof failed:"
+                       " nothing is renamed into place)"),
          (INTERRUPTED, "interrupted (Ctrl-C); no partial output left"))
 
 

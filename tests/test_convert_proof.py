@@ -1,6 +1,7 @@
 """The repack proof is about the bytes in the written files: a byte changed on disk after the
-write (before the read-back) is reported, whatever the number of worker processes; an output the
-repack replaces is gone when it returns."""
+write (before the read-back) fails the proof, whatever the number of worker processes, and nothing
+reaches DST (outputs are renamed into place only when proven); an output the repack replaces is gone
+when it returns."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from converter.errors import ProofFailedError
 from converter.formats import registry
 from converter.formats.safetensors_io import read_header
 from converter.runtime import run_options
@@ -27,7 +29,7 @@ def _flip_byte(path, tensor: str, at: int) -> None:
 
 
 def _tampering(monkeypatch, tensor: str, at: int) -> None:
-    """Make the compressed-tensors writer change one byte of ``tensor`` once its output is committed."""
+    """Make the compressed-tensors writer change one byte of ``tensor`` once it has written its (staged) output."""
     get = registry.get
     real = get("compressed-tensors")
 
@@ -53,16 +55,18 @@ def test_clean_repack_is_all_exact(gptq_dir, tmp_path, workers):
     ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight_packed", 0),
     ("model.embed_tokens.weight", "model.embed_tokens.weight", 7),
 ])
-def test_a_byte_changed_in_the_written_file_is_reported(gptq_dir, tmp_path, monkeypatch, workers, tensor, stored, at):
+def test_a_byte_changed_in_the_written_file_fails_the_proof_and_nothing_is_committed(gptq_dir, tmp_path, monkeypatch,
+                                                                                     workers, tensor, stored, at):
     _tampering(monkeypatch, stored, at)
-    with run_options(workers=workers):
-        rep = convert_exact(gptq_dir, tmp_path / "ct", "compressed-tensors")
-    rows = {r["name"]: r for r in rep["tensors"]}
-    assert rows[tensor]["mode"] == "changed" and not rows[tensor]["bit_exact"]
-    if "codes_identical" in rows[tensor]:
-        assert not rows[tensor]["codes_identical"]
-    assert [n for n, r in rows.items() if r["mode"] != "changed"] == [n for n in rows if n != tensor]
-    assert rep["summary"]["changed"] == 1 and not rep["summary"]["all_exact"]
+    (tmp_path / "ct").mkdir()
+    (tmp_path / "ct" / "old.txt").write_text("previous output")
+    with run_options(workers=workers), pytest.raises(ProofFailedError) as e:
+        convert_exact(gptq_dir, tmp_path / "ct", "compressed-tensors", overwrite=True)
+    assert e.value.tensor == tensor and e.value.found == tensor  # only that one tensor failed
+    assert "nothing was written" in str(e.value)
+    # the previous output is untouched and no staging directory is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct"]
+    assert [p.name for p in (tmp_path / "ct").iterdir()] == ["old.txt"]
 
 
 def test_overwrite_leaves_only_the_new_output(gptq_dir, tmp_path):

@@ -10,19 +10,22 @@ failure).
 
 Before any data moves, every quantized tensor's scheme is checked against the target
 (``FormatHandler.check_target``); if one is not representable, nothing is written and the error
-names the tensors and the requantize options (never a silent requantize). After writing, the
-output is read back with the target's reader and compared with the source tensor by tensor:
-codes (in a common unsigned domain), scales, and the dequantized values (:func:`verify_output`:
-tensors spread over the worker processes; an output the write replaced is deleted meanwhile).
+names the tensors and the requantize options (never a silent requantize). The output is written
+into a staging directory beside DST, read back there with the target's reader and compared with the
+source tensor by tensor: codes (in a common unsigned domain), scales, and the dequantized values
+(:func:`verify_output`: tensors spread over the worker processes). Only a proven output is renamed
+into place; a tensor that reads back otherwise is a :class:`~converter.errors.ProofFailedError` naming
+it, and DST is left as it was (:func:`refuse_failed_proof`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 
-from converter.errors import ConverterError, NotRepresentableError, UnsupportedError
+from converter.errors import ConverterError, NotRepresentableError, ProofFailedError, UnsupportedError
 from converter.formats import registry
 from converter.formats.activations import activation_scales, owner
 from converter.groups import Granularity
@@ -36,7 +39,7 @@ from converter.quant.target import Target
 from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.tensor import Checkpoint, opaque_reason
 from converter.write.dry_run import DryRunPlanned
-from converter.write.atomic import check_not_inside, deferred_removal
+from converter.write.atomic import check_not_inside, retarget_paths, staged_output
 from converter.write.engine import run_tasks
 
 REQUANTIZE_HINT = ("to requantize instead, pass a target layout: --per-tensor | --per-channel | --group-size G, "
@@ -279,6 +282,20 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
     return prove(ckpt.names())
 
 
+def refuse_failed_proof(rows: list[dict[str, Any]], dst: str | Path) -> None:
+    """Raise :class:`ProofFailedError` when a tensor read back from the staged output is not what the source
+    and the plan promise (a row ``changed``: codes, scales or values other than the source's, beyond a stated
+    rounding; a missing tensor); nothing is then renamed into place. Names every such tensor."""
+    bad = [r for r in rows if r.get("mode") in ("changed", "missing")]
+    if bad:
+        names = [r["name"] for r in bad]
+        raise ProofFailedError(f"the written output read back differs from the source in {len(bad)} tensor(s); "
+                               "nothing was written", file=dst, tensor=names[0], field="read-back proof",
+                               expected="every tensor exact, exact up to a stated rounding, or as planned",
+                               found=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+                               + (f" ({bad[0]['reason']})" if bad[0].get("reason") else ""))
+
+
 def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool = False,
                   options: dict[str, Any] | None = None, source_format: str | None = None) -> dict[str, Any]:
     """Repack ``src`` (read as ``source_format``, auto-detected when None) into format ``to`` at ``dst`` and
@@ -310,10 +327,12 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
             exc.hint = f"{exc.hint}; or {line}"
         exc.args = (exc.render(),)
         raise
-    # an output this replaces is deleted while the proof runs (deletion waits on the disk)
-    with deferred_removal() as remove_replaced:
+    # the output is written into a staging directory, read back and proven there, and renamed into place only
+    # when the proof holds (write.atomic.staged_output); --engine ray|dask stages and proves on its nodes itself
+    unstaged = current().shard_job is not None or current().dry_run  # (a dry run creates nothing at all)
+    with (contextlib.nullcontext(Path(dst)) if unstaged else staged_output(dst, overwrite=overwrite)) as target:
         try:
-            written = handler.write(view, Path(dst), overwrite=overwrite, **(options or {}))
+            written = handler.write(view, target, overwrite=overwrite, **(options or {}))
         except DryRunPlanned as planned:  # --dry-run: the writer's plan, nothing written
             return plan_document("convert", source=str(src), source_format=ckpt.format, destination=str(dst),
                                  target_format=to, rows=tensor_rows(view, {d["tensor"]: ("dequantized", d["reason"])
@@ -327,15 +346,18 @@ def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool 
                 exc.hint = (exc.hint + "; or " if exc.hint else "") + line
             exc.args = (exc.render(),)
             raise
-        out = registry.load((written or {}).get("path") or dst, format=to)  # a split output: its first part
-        rows = verify_output(ckpt, out, (written or {}).get("tied_head"), meanwhile=remove_replaced,
+        first = Path((written or {}).get("path") or target)  # a split output: its first part
+        out = registry.load(first, format=to)
+        rows = verify_output(ckpt, out, (written or {}).get("tied_head"),
                              renamed=(written or {}).get("renamed"), dropped=(written or {}).get("dropped"),
                              offsets=(written or {}).get("offsets"))
-    if handler.prove_written is not None:  # the format's check that does not go through its reader
-        failed = handler.prove_written(view, Path((written or {}).get("path") or dst), out)
-        for r in rows:
-            if r["name"] in failed:
-                r.update(mode="changed", bit_exact=False, reason=failed[r["name"]])
+        if handler.prove_written is not None:  # the format's check that does not go through its reader
+            failed = handler.prove_written(view, first, out)
+            for r in rows:
+                if r["name"] in failed:
+                    r.update(mode="changed", bit_exact=False, reason=failed[r["name"]])
+        refuse_failed_proof(rows, dst)
+    written = retarget_paths(written, target, Path(dst))
     proven = {r["name"]: bool(r["bit_exact"]) for r in rows}
     for d in modules:
         if d["decision"] == "dequantized":

@@ -292,6 +292,66 @@ def atomic_outputs(dsts: list[Path], *, overwrite: bool = False) -> Iterator[Pat
     _remove(stage)
 
 
+@contextlib.contextmanager
+def staged_output(dst: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Stage a command's whole output, to be read back and proven before anything reaches ``dst``.
+
+    Yields ``<stage>/<dst name>``, ``<stage>`` a fresh temporary sibling directory of ``dst``: the command
+    writes its output there (a writer's own atomic steps happen inside the stage, on paths nothing else
+    sees), reads it back and proves it. When the body returns, every entry of the stage (the output, and
+    the other parts of a split GGUF ``<name>-0000i-of-0000N.gguf``) is moved into ``dst``'s directory, the
+    entry named like ``dst`` last; an exception (a failed proof included) removes the stage and leaves
+    ``dst`` as it was. The brief's rule: outputs are renamed into place only when complete and proven.
+
+    Raises
+    ------
+    OutputExistsError
+        ``dst`` (or a part's final path) exists and ``overwrite`` is false, checked again at commit.
+    """
+    dst = Path(dst)
+    if _exists(dst) and not overwrite:
+        raise _refuse_existing(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_siblings(dst)
+    stage = temp_sibling(dst, ".stage")
+    stage.mkdir()
+    inner = stage / dst.name
+    try:
+        yield inner
+        entries = sorted(p for p in stage.iterdir() if p.name != dst.name)
+        if not _exists(inner) and not entries:
+            raise ConverterError("nothing was written to the temporary output", file=dst,
+                                 expected="an output", found="none")
+        for p in [*entries, *([inner] if _exists(inner) else [])]:
+            _commit(p, dst.parent / p.name, overwrite)
+        _fsync(dst.parent)
+    except ConverterError as exc:
+        _remove(stage)
+        _retarget(exc, inner, dst)
+        _retarget(exc, stage, dst.parent)
+        raise
+    except BaseException:
+        _remove(stage)
+        raise
+    _remove(stage)
+
+
+def retarget_paths(doc, staged: Path, dst: Path):
+    """``doc`` (a writer's summary: dicts, lists, strings) with every mention of the staged output
+    ``staged`` (or a path inside it) rewritten to ``dst``, the path the user named."""
+    if isinstance(doc, dict):
+        return {k: retarget_paths(v, staged, dst) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return type(doc)(retarget_paths(v, staged, dst) for v in doc)
+    if isinstance(doc, (str, Path)) and str(staged) in str(doc):
+        out = str(doc).replace(str(staged), str(dst)).replace(str(staged.parent), str(dst.parent))
+        return Path(out) if isinstance(doc, Path) else out
+    if isinstance(doc, (str, Path)) and str(staged.parent) in str(doc):
+        out = str(doc).replace(str(staged.parent), str(dst.parent))
+        return Path(out) if isinstance(doc, Path) else out
+    return doc
+
+
 def _retarget(exc: ConverterError, tmp: Path, dst: Path) -> ConverterError:
     """Rewrite mentions of the temporary sibling ``tmp`` (or a path inside it) to ``dst``: the user
     named ``dst`` and ``tmp`` no longer exists once the error propagates. Returns ``exc``."""
