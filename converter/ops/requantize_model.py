@@ -26,12 +26,12 @@ from converter.write.engine import collect_results, task_result, run_tasks
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
 from converter.quant.format_quant import FormatQuantizer, quantize_with
-from converter.quant.requant import RequantResult, Target, classify, requantize, target_probe
+from converter.quant.requant import RequantResult, Target, classify, quantized_spec, requantize, target_spec
 from converter.quant.quantize import quantize as quantize_values
 from converter.quant.target import resolve
 from converter.scheme import QuantScheme
 from converter.scheme import ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers
 from converter.write.dry_run import DryRunPlanned
@@ -164,15 +164,11 @@ def _decoded_target(spec: TensorSpec, target: Target, fmt: FormatQuantizer | Non
     return scheme, gm
 
 
-def _float_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None) -> QuantizedTensor:
-    """A zero-filled QuantizedTensor with the target's scheme / groups for a float ``spec``."""
+def _float_spec(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None) -> TensorSpec:
+    """The spec of a float ``spec`` quantized to the target's scheme / groups, from its shape alone (integer
+    zero points left implicit, float biases stored, as the format quantizer returns them)."""
     scheme, gm = _decoded_target(spec, target, fmt) if spec.decoded_by else _float_target(spec, target, fmt)
-    axes = _float_axes(spec)
-    ps = gm.param_shape(spec.shape, axes)
-    zp = np.zeros(ps, scheme.scale_np_dtype) if scheme.zero_point is ZeroPoint.FLOAT else None
-    fill = scheme.center if not scheme.signed else 0
-    return QuantizedTensor(spec.name, axes, np.full(spec.shape, fill, scheme.code_dtype),
-                           np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
+    return quantized_spec(spec.name, spec.shape, _float_axes(spec), scheme, gm, integer_zero=False)
 
 
 def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
@@ -194,9 +190,9 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     specs = {}
     for spec in src.specs():
         if spec.kind == "quantized":
-            specs[spec.name] = spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
+            specs[spec.name] = target_spec(spec, overrides.get(spec.name, target), fmt)
         elif spec.name in plans:  # a float weight the target format's quantizer quantizes, or decoded values
-            specs[spec.name] = spec_of(_float_probe(spec, overrides.get(spec.name, target), fmt))
+            specs[spec.name] = _float_spec(spec, overrides.get(spec.name, target), fmt)
         else:
             specs[spec.name] = spec
 
