@@ -88,7 +88,8 @@ _COLLECTORS: contextvars.ContextVar[tuple[dict, ...]] = contextvars.ContextVar("
 
 
 class Deferred:
-    """``fn(*args)`` running on its own (daemon) thread from construction; :meth:`result` waits for it.
+    """``fn(*args)`` running on its own (daemon) thread from construction, in a copy of the caller's
+    :mod:`contextvars` context (the run options in force); :meth:`result` waits for it.
 
     For work that releases the GIL (numpy, ``zlib.crc32``) and may overlap what the task does next.
     A task's :class:`Deferred` results are waited for before the task returns (:func:`task_result`).
@@ -99,7 +100,9 @@ class Deferred:
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="qckpt-deferred", daemon=True)
+        ctx = contextvars.copy_context()
+        self._thread = threading.Thread(target=ctx.run, args=(self._run, fn, args), name="qckpt-deferred",
+                                        daemon=True)
         self._thread.start()
 
     def _run(self, fn: Callable[..., Any], args: tuple) -> None:

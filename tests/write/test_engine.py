@@ -247,3 +247,10 @@ def test_a_deferred_result_outside_a_task_is_delivered_at_once():
     with collect_results() as got:
         task_result("deferred", "x", Deferred(lambda: 7))
     assert got == {("deferred", "x"): 7}
+
+
+def test_a_deferred_result_sees_the_run_options_in_force():
+    from converter.write.engine import Deferred
+    with run_options(workers=3, max_memory="123M"):
+        d = Deferred(lambda: (current().n_workers, current().max_memory))
+    assert d.result() == (3, 123 * 2**20)
