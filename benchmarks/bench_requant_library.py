@@ -18,7 +18,8 @@ command both ways, each in a fresh process, paired runs (median): ``converter.co
 to="compressed-tensors", target={"bits": 8, "granularity": "channel"})`` from a Python script (the
 library caller: no CLI set-up, BLAS left at its default) against ``qckpt convert SRC DST --to
 compressed-tensors --per-channel --bits 8``, wall and CPU seconds; the two outputs must be
-byte-identical.
+byte-identical. Measured 2026-12-06, one Llama-7B-shaped GPTQ layer (with its 32000-row embedding and
+head), load 8.5: library 8.72 s wall / 2.72 s CPU, CLI 12.31 s / 3.67 s (x0.79), byte-identical.
 
 Measured (2 cores shared with other jobs, load ~5, OpenBLAS default 2 threads): unlimited
 108-368 ns/weight, capped 10-17 ns/weight; the code before the cap (c9c210c, same call through

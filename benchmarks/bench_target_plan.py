@@ -14,7 +14,9 @@ Both runs must find the same plan (checked before any figure is printed).
 (:func:`converter.ops.requantize_model.requantize_checkpoint`: every tensor's requantized spec, headers
 only), time and peak traced memory (``tracemalloc``, which sees numpy's allocations), against the
 old planning that built each spec from a zero-filled full-size probe tensor (reproduced here as the
-baseline). Both must give the same specs.
+baseline). Both must give the same specs. Measured 2026-12-06 (2 cores, load ~4), 4 Llama-7B-shaped
+GPTQ layers (``tests/synthetic.py``, 28 quantized tensors): shapes only 7.9 ms, 0.0 MiB traced; full
+probes 252.9 ms, 43.1 MiB traced (the largest code array, 11008 x 4096 int8).
 
 Measured 2026-12-06 on the 2-core dev VM (shared with a test run), SmolLM2-135M-Instruct Q4_1
 (211 quantized tensors, 4-5 classes)::
