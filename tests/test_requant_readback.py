@@ -117,3 +117,37 @@ def test_packed_read_back_tensor_digest_unpacks_in_blocks(monkeypatch, sample):
         codes = np.array(t.codes)
         codes.reshape(-1)[codes.size // 2] ^= 1
         assert _digest(t.replace(codes=codes)) != blocked
+
+
+def test_read_ahead_proof_flags_the_changed_tensor_and_raises_a_reader_error(monkeypatch):
+    """In one process the read-back runs a tensor ahead on its own thread: every row still gets its
+    own verdict (a changed digest is False, the others True), and an error reading one tensor is
+    raised once every thread has finished."""
+    import threading
+    from pathlib import Path
+
+    from converter.errors import CorruptFileError
+    from converter.formats import registry
+    from converter.ops import readback
+    from converter.runtime import run_options
+    out = registry.load(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "gptq_w4_g128_sym")
+    names = out.quantized_names()
+    assert len(names) >= 3
+    written = {n: _digest(out[n]) for n in names}
+    written[names[1]] = "p:00000000"
+    rows = {n: {} for n in names}
+    with run_options(workers=1):
+        readback.verify_readback(out, rows, written)
+    assert [rows[n]["readback_bit_exact"] for n in names] == [n != names[1] for n in names]
+
+    real = readback.digest
+
+    def failing(t):
+        if t.name == names[0]:
+            raise CorruptFileError("unreadable words", tensor=t.name)
+        return real(t)
+    monkeypatch.setattr(readback, "digest", failing)
+    with run_options(workers=1), pytest.raises(CorruptFileError) as info:
+        readback.verify_readback(out, {n: {} for n in names}, written)
+    assert info.value.tensor == names[0]
+    assert not [t for t in threading.enumerate() if t.name == "qckpt-deferred"]

@@ -23,7 +23,9 @@ on a machine with a spare core the write-side digest costs no wall time.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections import deque
 from typing import Mapping
 
 import numpy as np
@@ -40,6 +42,8 @@ __all__ = ["digest", "digest_later", "crc_codes", "verify_readback", "BLOCK_BYTE
 
 #: Codes per CRC block, about (1 MiB: the converted block stays in cache between conversion and CRC).
 BLOCK_BYTES = 1 << 20
+#: Read-back tensors in flight besides the one waited for, in one process (:func:`verify_readback`).
+READ_AHEAD = 1
 
 
 def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0) -> int:
@@ -148,7 +152,10 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: Mapping[str
     committed output, through the target's reader) has the digest of the one computed.
 
     The tensors are read and digested in the worker processes of the options in force
-    (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
+    (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task. In one
+    process, tensor ``i + 1`` is read and digested on its own thread while tensor ``i`` is
+    (:data:`READ_AHEAD` tensors at most: reading back overlaps the digests, as the background writer
+    overlaps the writes).
     """
     names = list(rows)
     total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
@@ -160,4 +167,21 @@ def verify_readback(out: Checkpoint, rows: dict[str, dict], written: Mapping[str
 
     def done(i: int, ok: bool) -> None:
         rows[names[i]]["readback_bit_exact"] = ok
-    run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
+    workers = auto_workers(total, len(names))
+    if workers > 1 or len(names) <= 1:
+        run_tasks(len(names), check, workers=workers, on_result=done)
+        return
+    pending: deque[tuple[int, Deferred]] = deque()
+    try:
+        for i in range(len(names)):
+            pending.append((i, Deferred(check, i)))
+            if len(pending) > READ_AHEAD:
+                j, d = pending.popleft()
+                done(j, d.result())
+        while pending:
+            j, d = pending.popleft()
+            done(j, d.result())
+    finally:  # (after a failure: no thread outlives the proof)
+        for _, d in pending:
+            with contextlib.suppress(BaseException):
+                d.result()
