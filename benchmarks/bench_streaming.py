@@ -36,6 +36,18 @@ Figures are medians: the repack and requantize commands run ``--repeat`` times (
 each run followed at once by its own baseline, and the ratios are medians of those pairs (this
 kind of virtual machine's write speed drifts 2-3x over minutes). The input sits in the page
 cache (as right after a download). Results also go to ``<workdir>/results-<size>.json``.
+Each paired command prints its CPU time (user + system, workers included) and the load average
+beside its wall time: on a shared machine the ratios move with the load, the CPU time much less.
+
+Measured 2026-12-06 (issue 19 round, default install, 2 cores shared by 8 agents), ``--size 7b
+--only repack requant --repeat 1 --no-kernels``, load 11-12.5: repack 67.4 s wall / 15.1 s CPU
+(x4.68 its copy), requant w1 304.7 s / 80.6 s CPU (x18.9), w2 261.4 s / 84.1 s (x25.7); peak RSS
+(process tree) 282 / 208 / 354 MiB, against 285-316 / 205 / 356-363 MiB on 4 layers (flat with 8x
+the layers). At that load the ratios say nothing about the code; paired against the code before
+the round (6cfd767) at load 4.3-5.2, 7b w1 took 77-157 s wall / 64.8-70.6 s CPU before and
+106-111 s / 70.6-71.3 s after; on 4 layers at load 1.9-2.7 (6 pairs) 9.70 s wall / 8.57 s CPU
+(x3.04 plain I/O) before and 9.40 s / 8.68 s (x2.89) after, outputs byte-identical: the
+requantize kernels (about three quarters of the CPU time) set the pace.
 """
 
 from __future__ import annotations
