@@ -169,8 +169,9 @@ class FormatHandler:
     output : OutputKind
         What the writer makes: one file (its suffix) or a model directory, quantized or dense only,
         and whether a float-only checkpoint may be written.
-    probe_companions : callable(QuantizedTensor) -> list of Tensor, optional
-        The tensors the format requires beside a quantized probe tensor to write it (ModelOpt FP8:
+    probe_companions : callable(QuantizedTensor | TensorSpec) -> list of Tensor, optional
+        The tensors the format requires beside a quantized probe tensor (or a planned tensor's spec:
+        only its name, scheme and group map are read) to write it (ModelOpt FP8:
         the static ``<module>.input_scale`` of a per-tensor W8A8 layer); used by ``--self-test``
         probes (:func:`converter.validate.probes.probe_tensors`). None: the tensor alone.
     arrange : callable(Checkpoint) -> Checkpoint, optional

@@ -34,7 +34,7 @@ from converter.ops.compare import compare_offset, compare_tensors
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers, current
-from converter.quant.requant import target_probe
+from converter.quant.requant import target_spec
 from converter.quant.target import Target
 from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.tensor import Checkpoint, opaque_reason
@@ -146,7 +146,7 @@ def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any,
         if spec is None:
             return True
         try:
-            probe = target_probe(spec, target)
+            probe = target_spec(spec, target)  # (shapes only: name, scheme, groups)
         except ConverterError:
             return False
         return all(owner(c.name) in acts for c in handler.probe_companions(probe))

@@ -22,22 +22,21 @@ import numpy as np
 
 from converter.errors import ConverterError, NotRepresentableError
 from converter.formats import registry
-from converter.write.engine import collect_results, task_result, run_tasks
+from converter.write.engine import collect_results, task_result
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
 from converter.quant.format_quant import FormatQuantizer, quantize_with
-from converter.quant.requant import RequantResult, Target, classify, requantize, target_probe
+from converter.quant.requant import RequantResult, Target, classify, quantized_spec, requantize, target_spec
 from converter.quant.quantize import quantize as quantize_values
 from converter.quant.target import resolve
 from converter.scheme import QuantScheme
 from converter.scheme import ZeroPoint
-from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec, spec_of
-from converter.quant.recode import as_integer_zero, as_unsigned
-from converter.runtime import auto_workers, current
+from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.write.dry_run import DryRunPlanned
 from converter.write.atomic import check_not_inside
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.plan_doc import plan_document, tensor_rows
+from converter.ops.readback import digest_later, verify_readback
 from converter.ops.module_policy import (KEPT_DENSE, QUANTIZED, apply_module_policy, summarize_decisions,
                                          verify_dequantized)
 from converter.ops.value_source import point_at_stored
@@ -48,68 +47,6 @@ RESULT_KIND = "requantize"
 
 OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G, --bits B, --sym | --asym, "
                "--scale-dtype, or pick another --to format")
-
-
-def _digest(t: QuantizedTensor) -> str:
-    """A CRC-32 chain over what the dequantized values are a function of: the scheme (up to the
-    scale dtype and the rounding rule that made the codes), groups, shape, and the codes (unsigned
-    domain), float32 scales and float32 zero points (explicit integer zero points, so a symmetric
-    centre and its explicit zero agree).
-
-    Equal digests mean identical dequantized float32 values (dequantize is a deterministic function
-    of exactly these) up to a 2^-32 chance per tensor of missing a corruption, at a quarter of the
-    bytes of the values themselves; CRC-32 (``zlib``) runs at memory speed where SHA-256 would cost
-    more than the requantization. A tensor whose zero points have no integer form (float biases)
-    is digested by its values instead.
-    """
-    import zlib
-
-    def crc(parts) -> str:
-        c = 0
-        for p in parts:
-            c = zlib.crc32(p, c)
-        return f"{c:08x}"
-    try:
-        c = as_integer_zero(as_unsigned(t))
-    except ConverterError:
-        d = np.ascontiguousarray(t.dequantize())
-        return "v:" + crc([repr(d.shape).encode(), memoryview(d).cast("B")])
-    gm = c.group_map
-    scheme = c.scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)
-    head = repr((c.shape, c.axes, scheme, gm.granularity.value, gm.axis, gm.group_size)).encode()
-    parts = [head]
-    if gm.g_idx is not None:
-        parts.append(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data)
-    parts += [np.ascontiguousarray(c.codes).data, np.ascontiguousarray(c.scales, dtype=np.float32).data,
-              np.ascontiguousarray(c.zero_points, dtype=np.float32).data]
-    return "p:" + crc(parts)
-
-
-def verify_readback(out: Checkpoint, rows: dict[str, dict], written: dict[str, str]) -> None:
-    """Set ``readback_bit_exact`` in each report row: the tensor read back from ``out`` (the
-    committed output, through the target's reader) has the digest of the one computed.
-
-    The tensors are read and digested in the worker processes of the options in force
-    (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task.
-    """
-    total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
-
-    def prove(names: list[str]) -> list[bool]:
-        oks = [False] * len(names)
-
-        def check(i: int) -> bool:
-            back = out[names[i]] if names[i] in out else None
-            mine = written.get(names[i])
-            return bool(mine is not None and isinstance(back, QuantizedTensor) and _digest(back) == mine)
-
-        def done(i: int, ok: bool) -> None:
-            oks[i] = ok
-        run_tasks(len(names), check, workers=auto_workers(total, len(names)), on_result=done)
-        return oks
-    job = current().shard_job  # --engine ray|dask: each node reads back its own shard's tensors
-    names = list(rows)
-    for name, ok in zip(names, job.prove_rows(names, prove) if job is not None else prove(names)):
-        rows[name]["readback_bit_exact"] = ok
 
 
 def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
@@ -172,15 +109,11 @@ def _decoded_target(spec: TensorSpec, target: Target, fmt: FormatQuantizer | Non
     return scheme, gm
 
 
-def _float_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None) -> QuantizedTensor:
-    """A zero-filled QuantizedTensor with the target's scheme / groups for a float ``spec``."""
+def _float_spec(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None) -> TensorSpec:
+    """The spec of a float ``spec`` quantized to the target's scheme / groups, from its shape alone (integer
+    zero points left implicit, float biases stored, as the format quantizer returns them)."""
     scheme, gm = _decoded_target(spec, target, fmt) if spec.decoded_by else _float_target(spec, target, fmt)
-    axes = _float_axes(spec)
-    ps = gm.param_shape(spec.shape, axes)
-    zp = np.zeros(ps, scheme.scale_np_dtype) if scheme.zero_point is ZeroPoint.FLOAT else None
-    fill = scheme.center if not scheme.signed else 0
-    return QuantizedTensor(spec.name, axes, np.full(spec.shape, fill, scheme.code_dtype),
-                           np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
+    return quantized_spec(spec.name, spec.shape, _float_axes(spec), scheme, gm, integer_zero=False)
 
 
 def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpoint | None = None,
@@ -190,8 +123,8 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
 
     Loading a quantized tensor requantizes it and reports ``(report row, digest)`` as the running
     task's result ``(RESULT_KIND, name)`` (:func:`requant_results` sorts them out): the row of
-    :func:`converter.quant.error_report.tensor_report` and the :func:`_digest` of the tensor the
-    target's reader should read back.
+    :func:`converter.quant.error_report.tensor_report` and the :func:`converter.ops.readback.digest` of
+    the tensor the target's reader should read back (computed on its own thread meanwhile).
 
     ``fmt``: the target format's own quantizer (``FormatHandler.quantizer``, :mod:`converter.quant.format_quant`),
     which adapts every target and produces the types it defines (:func:`converter.quant.requant.requantize`).
@@ -202,9 +135,9 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     specs = {}
     for spec in src.specs():
         if spec.kind == "quantized":
-            specs[spec.name] = spec_of(target_probe(spec, overrides.get(spec.name, target), fmt))
+            specs[spec.name] = target_spec(spec, overrides.get(spec.name, target), fmt)
         elif spec.name in plans:  # a float weight the target format's quantizer quantizes, or decoded values
-            specs[spec.name] = spec_of(_float_probe(spec, overrides.get(spec.name, target), fmt))
+            specs[spec.name] = _float_spec(spec, overrides.get(spec.name, target), fmt)
         else:
             specs[spec.name] = spec
 
@@ -225,6 +158,10 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         else:
             result = requantize(t, overrides.get(name, target), fmt=fmt)
         out = result.tensor
+        # the digest of what the target's reader should read back (in its form when the format stores it
+        # otherwise, e.g. GGUF's 32-element blocks), on its own thread while the report row is computed and
+        # the writer encodes and writes the tensor (waited for before the task returns): one tensor in memory
+        digest = digest_later(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)
         ref = None
         if reference is not None and name in reference:
             ref = reference[name].dequantize()
@@ -233,10 +170,7 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
                                             field="shape", expected=list(t.shape), found=list(ref.shape))
         row = tensor_report(t, result, plans[name], reference=ref,
                             src_spec=src.spec(name) if isinstance(t, QuantizedTensor) else None)
-        # a digest, not the tensor: one tensor in memory at a time (in the form the target's
-        # reader returns it, when the format stores it differently, e.g. GGUF's 32-element blocks)
-        task_result(RESULT_KIND, name,
-                    (row, _digest(fmt.stored(out) if fmt is not None and fmt.stored is not None else out)))
+        task_result(RESULT_KIND, name, (row, digest))
         return out
 
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,

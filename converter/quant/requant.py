@@ -47,7 +47,7 @@ from converter.spec import StoredArray
 from converter.tensor import QuantizedTensor, TensorSpec
 
 __all__ = ["Target", "resolve", "classify", "carry", "exact_regroup", "mse_scale_search", "requantize",
-           "target_probe", "target_spec", "RequantResult", "DEFAULT_RATIOS"]
+           "target_spec", "quantized_spec", "RequantResult", "DEFAULT_RATIOS"]
 
 
 def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
@@ -185,47 +185,44 @@ def _to_float_element(t: QuantizedTensor, scheme: QuantScheme, gm: GroupMap) -> 
     return RequantResult(q, "requantized", degenerate_groups=degenerate, vs_source=fig)
 
 
-def target_probe(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None = None) -> QuantizedTensor:
-    """A zero-filled QuantizedTensor with the target's scheme / groups for ``spec`` (shape only;
-    ``fmt``: the target format's quantizer, see :func:`resolve`)."""
-    gm_src = spec.group_map
-    scheme, gm = resolve(spec.scheme, gm_src, target, fmt)
-    if spec.act_order and target.granularity is None:
-        n = spec.shape[list(spec.axes).index(gm.axis)]
-        gm = GroupMap.per_group(gm.group_size, gm.axis, g_idx=np.arange(n, dtype=np.int32) // gm.group_size)
-    ps = gm.param_shape(spec.shape, spec.axes)
-    zp = None
-    if scheme.zero_point is ZeroPoint.INTEGER:
-        zp = np.zeros(ps, scheme.code_dtype)
-    elif scheme.zero_point is ZeroPoint.FLOAT:
-        zp = np.zeros(ps, scheme.scale_np_dtype)
-    fill = scheme.center if scheme.codebook is None and not scheme.signed else 0
-    return QuantizedTensor(spec.name, tuple(spec.axes), np.full(spec.shape, fill, scheme.code_dtype),
-                           np.ones(ps, scheme.scale_np_dtype), scheme, gm, zero_points=zp, stored={})
-
-
 def target_spec(spec: TensorSpec, target: Target, fmt: FormatQuantizer | None = None) -> TensorSpec:
-    """The spec of :func:`target_probe` (``spec_of(target_probe(...))``) from the shapes alone: no
-    array is allocated, so a planner can test many targets on a large checkpoint.
+    """The spec of ``spec`` requantized to ``target`` (``fmt``: the target format's quantizer, see
+    :func:`resolve`), from the shapes alone: no array is allocated, so a planner can test many
+    targets on a large checkpoint, and a requantizing view plans every tensor without touching data.
 
-    ``stored`` lists the logical arrays (codes, scales, zero points, ``g_idx`` under act-order) with
-    their dtypes and byte sizes; ``double_quant`` is None (a requantized tensor has no K-quant fields).
+    ``stored`` lists the logical arrays (codes, scales, zero points, ``g_idx`` under act-order: the
+    source's act-order kept when the target leaves the granularity alone) with their dtypes and byte
+    sizes; ``double_quant`` is None (a requantized tensor has no K-quant fields).
     """
     scheme, gm = resolve(spec.scheme, spec.group_map, target, fmt)
     act = bool(spec.act_order) and target.granularity is None
-    ps = gm.param_shape(spec.shape, spec.axes)
+    return quantized_spec(spec.name, spec.shape, spec.axes, scheme, gm, act_order=act)
+
+
+def quantized_spec(name: str, shape, axes, scheme: QuantScheme, gm: GroupMap, *, act_order: bool = False,
+                   integer_zero: bool = True) -> TensorSpec:
+    """The spec of a QuantizedTensor ``name`` of ``shape`` (named ``axes``) in ``scheme`` / groups ``gm``, as
+    :func:`converter.tensor.spec_of` gives it for the arrays a quantizer returns, without the arrays.
+
+    ``stored``: codes (``U<bits>``, ceil(numel * bits / 8) bytes), scales (the scheme's scale dtype, the
+    group map's parameter shape), zero points when the scheme has them (integer: the code dtype, float
+    biases: the scale dtype; ``integer_zero=False`` leaves integer zero points out, as a quantizer of
+    float weights that keeps them implicit does), ``g_idx`` (int32, one per ``gm.axis`` index) under
+    ``act_order``.
+    """
+    shape = tuple(int(n) for n in shape)
+    ps = gm.param_shape(shape, tuple(axes))
     n_params = int(np.prod(ps, dtype=np.int64))
-    numel = int(np.prod(spec.shape, dtype=np.int64))
+    numel = int(np.prod(shape, dtype=np.int64))
     sd = scheme.scale_np_dtype
-    stored = [StoredArray(spec.name + ".codes", "codes", f"U{scheme.bits}", tuple(spec.shape),
-                          -(-numel * scheme.bits // 8)),
-              StoredArray(spec.name + ".scales", "scales", scheme.scale_dtype, ps, n_params * sd.itemsize)]
-    if scheme.zero_point is not ZeroPoint.NONE:
+    stored = [StoredArray(name + ".codes", "codes", f"U{scheme.bits}", shape, -(-numel * scheme.bits // 8)),
+              StoredArray(name + ".scales", "scales", scheme.scale_dtype, tuple(ps), n_params * sd.itemsize)]
+    if scheme.zero_point is ZeroPoint.FLOAT or (scheme.zero_point is ZeroPoint.INTEGER and integer_zero):
         zd = scheme.code_dtype if scheme.zero_point is ZeroPoint.INTEGER else sd
-        stored.append(StoredArray(spec.name + ".zero_points", "zero_points", dtype_name(zd), ps,
+        stored.append(StoredArray(name + ".zero_points", "zero_points", dtype_name(zd), tuple(ps),
                                   n_params * zd.itemsize))
-    if act:
-        n = int(spec.shape[list(spec.axes).index(gm.axis)])
-        stored.append(StoredArray(spec.name + ".g_idx", "g_idx", "I32", (n,), 4 * n))
-    return TensorSpec(spec.name, "quantized", tuple(spec.shape), tuple(stored), axes=tuple(spec.axes), scheme=scheme,
-                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size, block=gm.block), act_order=act)
+    if act_order:
+        n = int(shape[list(axes).index(gm.axis)])
+        stored.append(StoredArray(name + ".g_idx", "g_idx", "I32", (n,), 4 * n))
+    return TensorSpec(name, "quantized", shape, tuple(stored), axes=tuple(axes), scheme=scheme,
+                      group_map=GroupMap(gm.granularity, gm.axis, gm.group_size, block=gm.block), act_order=act_order)

@@ -12,6 +12,9 @@ process boundary.
 the checkpoint for the tensor) is reported with :func:`task_result` into the running task's own
 results, which travel back with the task's return value and are delivered to the
 :func:`collect_results` block of the caller in the parent. Nothing is shared between processes.
+A result may be a :class:`Deferred` (or a tuple holding some): computed on its own thread while the
+task goes on (a digest of a tensor while the writer encodes and writes it), it is waited for when
+the task's function returns, before the task counts as done, so nothing outlives its task.
 
 **Process start.** A ``fork`` copies only the calling thread; a lock held by another thread at that
 moment stays locked forever in the child. So before the workers are forked, the kernels' thread
@@ -35,6 +38,7 @@ import contextlib
 import contextvars
 import os
 import pickle
+import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -46,8 +50,8 @@ from converter.kernels.threads import forget_pool, shutdown_pool
 from converter.runtime import limit_blas_threads, mark_worker_process
 from converter.write.background import drain_process, pause_threads
 
-__all__ = ["run_tasks", "task_result", "collect_results", "RemoteTraceback", "WorkerError", "deliver_results",
-           "pack_error", "unpack_error",
+__all__ = ["run_tasks", "task_result", "collect_results", "Deferred", "RemoteTraceback", "WorkerError",
+           "deliver_results", "pack_error", "unpack_error",
            "prepare_fork"]
 
 
@@ -84,18 +88,75 @@ _SINK: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qckpt_task_
 _COLLECTORS: contextvars.ContextVar[tuple[dict, ...]] = contextvars.ContextVar("qckpt_collectors", default=())
 
 
+class Deferred:
+    """``fn(*args)`` running on its own (daemon) thread from construction, in a copy of the caller's
+    :mod:`contextvars` context (the run options in force); :meth:`result` waits for it.
+
+    For work that releases the GIL (numpy, ``zlib.crc32``) and may overlap what the task does next.
+    A task's :class:`Deferred` results are waited for before the task returns (:func:`task_result`).
+    """
+
+    __slots__ = ("_thread", "_value", "_error")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        ctx = contextvars.copy_context()
+        self._thread = threading.Thread(target=ctx.run, args=(self._run, fn, args), name="qckpt-deferred",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised by result(), in the task's thread
+            self._error = exc
+
+    def result(self) -> Any:
+        """The value (waits for the thread); its exception re-raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _resolve(value: Any) -> Any:
+    """``value`` with its :class:`Deferred` parts (itself, or items of a tuple) replaced by their results."""
+    if isinstance(value, Deferred):
+        return value.result()
+    if isinstance(value, tuple) and any(isinstance(v, Deferred) for v in value):
+        return tuple(v.result() if isinstance(v, Deferred) else v for v in value)
+    return value
+
+
+def _resolve_all(results: dict) -> dict:
+    """Every value resolved (:func:`_resolve`), each waited for even when an earlier one failed (no
+    thread outlives its task); the first exception raised after."""
+    error = None
+    for key, value in results.items():
+        try:
+            results[key] = _resolve(value)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
+
+
 def task_result(kind: str, name: str, value: Any) -> None:
     """Report ``value`` (picklable) as the result ``(kind, name)`` of the running task.
 
     Inside a task (inline or in a worker process) it joins the task's results, which come back
     with the task's return value; outside one it is delivered at once. Either way it ends up in
     every :func:`collect_results` block open in the parent (a later value for the same key wins).
+    ``value`` may be a :class:`Deferred`, or a tuple holding some: inside a task it is waited for when
+    the task's function returns; outside one, at once.
     """
     sink = _SINK.get()
     if sink is not None:
         sink[(kind, name)] = value
     else:
-        _deliver({(kind, name): value})
+        _deliver(_resolve_all({(kind, name): value}))
 
 
 def _deliver(results: dict) -> None:
@@ -122,11 +183,18 @@ def collect_results() -> Iterator[dict[tuple[str, str], Any]]:
 
 
 def _call(fn: Callable[[int], Any], i: int) -> tuple[Any, dict]:
-    """``fn(i)`` with its own result sink: returns ``(return value, reported results)``."""
+    """``fn(i)`` with its own result sink: returns ``(return value, reported results)``, every
+    :class:`Deferred` result waited for (also when ``fn`` raised: its exception wins)."""
     sink: dict = {}
     token = _SINK.set(sink)
     try:
-        return fn(i), sink
+        try:
+            res = fn(i)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                _resolve_all(sink)
+            raise
+        return res, _resolve_all(sink)
     finally:
         _SINK.reset(token)
 

@@ -12,7 +12,6 @@ still what makes the file durable. Elsewhere (no ``sync_file_range``) it does no
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -37,7 +36,9 @@ def _sync_file_range():
         _LOOKED_UP = True
         if sys.platform.startswith("linux"):
             try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+                # the symbols already loaded into this process (libc among them): no find_library, which
+                # forks ``ldconfig -p`` (a fork of a process holding a tensor, mid-write)
+                libc = ctypes.CDLL(None, use_errno=True)
                 fn = libc.sync_file_range
                 fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
                 fn.restype = ctypes.c_int

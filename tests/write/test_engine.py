@@ -195,3 +195,62 @@ def test_run_options_reach_the_kernel_row_threads():
     with run_options(workers=3, max_memory="64M", quiet=False):
         kthreads.run_rows(lambda a, b: seen.append(current()), 6, 2, 3)
     assert len(seen) == 3 and all((o.workers, o.max_memory, o.quiet) == (3, 64 * 2**20, False) for o in seen)
+
+
+# -- deferred results (a digest computed on its own thread while the task goes on) ------------------
+
+def _deferred_task(i: int) -> int:
+    """Reports a result computed on another thread, which finishes only after the task's function returned."""
+    from converter.write.engine import Deferred
+    release = threading.Event()
+
+    def slow(k: int) -> tuple[int, int]:
+        release.wait(5)
+        return k, threading.get_ident()
+    task_result("deferred", str(i), ("row", Deferred(slow, i * 10)))
+    release.set()
+    return i
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_deferred_results_are_waited_for_and_delivered_resolved(workers):
+    done = {}
+    with collect_results() as got:
+        run_tasks(4, _deferred_task, workers=workers, on_result=lambda i, r: done.setdefault(i, r))
+    assert done == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert sorted(got) == [("deferred", str(i)) for i in range(4)]
+    for i in range(4):
+        row, (value, ident) = got[("deferred", str(i))]
+        assert row == "row" and value == 10 * i
+        assert ident != threading.get_ident()  # computed on another thread
+    assert not [t for t in threading.enumerate() if t.name == "qckpt-deferred"]  # none outlives its task
+
+
+def _failing_deferred_task(i: int) -> int:
+    from converter.write.engine import Deferred
+
+    def fail() -> None:
+        raise QuantizationError("deferred digest failed", tensor=f"t{i}")
+    task_result("deferred", str(i), Deferred(fail))
+    return i
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_deferred_result_that_fails_fails_its_task(workers):
+    with pytest.raises(QuantizationError) as info, collect_results():
+        run_tasks(3, _failing_deferred_task, workers=workers, on_result=lambda i, r: None)
+    assert info.value.tensor in {"t0", "t1", "t2"}
+
+
+def test_a_deferred_result_outside_a_task_is_delivered_at_once():
+    from converter.write.engine import Deferred
+    with collect_results() as got:
+        task_result("deferred", "x", Deferred(lambda: 7))
+    assert got == {("deferred", "x"): 7}
+
+
+def test_a_deferred_result_sees_the_run_options_in_force():
+    from converter.write.engine import Deferred
+    with run_options(workers=3, max_memory="123M"):
+        d = Deferred(lambda: (current().n_workers, current().max_memory))
+    assert d.result() == (3, 123 * 2**20)

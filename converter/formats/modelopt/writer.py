@@ -83,8 +83,9 @@ def _dense(ckpt: Checkpoint, spec: TensorSpec) -> TensorPlan:
     return dense_plan(spec)
 
 
-def probe_companions(t: QuantizedTensor) -> list[DenseTensor]:
-    """The static activation scale a per-tensor FP8 probe needs to be written as ModelOpt ``FP8`` (W8A8:
+def probe_companions(t: "QuantizedTensor | TensorSpec") -> list[DenseTensor]:
+    """The static activation scale a per-tensor FP8 probe (a tensor or a planned spec: its name, scheme and
+    group map) needs to be written as ModelOpt ``FP8`` (W8A8:
     ``<module>.input_scale``, float32 0.5, 0-dim, as ``export_hf_checkpoint`` stores it); none otherwise."""
     if element_of(t.scheme.codebook) is not None and t.group_map.granularity is Granularity.TENSOR \
             and t.name.endswith(".weight"):

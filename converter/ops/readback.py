@@ -1,0 +1,194 @@
+"""The read-back proof of a requantized output: a digest of each tensor as written, and of the same
+tensor read back from the committed output through the target's reader.
+
+:func:`digest` is a CRC-32 chain over what the dequantized values are a function of: the scheme (up
+to the scale dtype and the rounding rule that made the codes), groups, shape, and the codes
+(unsigned domain), float32 scales and float32 zero points (explicit integer zero points, so a
+symmetric centre and its explicit zero agree). Equal digests mean identical dequantized float32
+values (dequantize is a deterministic function of exactly these) up to a 2^-32 chance per tensor
+of missing a corruption, at a quarter of the bytes of the values themselves; CRC-32 (``zlib``) runs
+at memory speed where SHA-256 would cost more than the requantization. A tensor whose zero points
+have no integer form (float biases) is digested by its values instead.
+
+The codes, the one full-size part, go through the CRC in row blocks of about :data:`BLOCK_BYTES`
+(:func:`crc_codes`): signed int8 codes are moved to the unsigned domain block by block in a reused
+buffer, packed codes (a read-back tensor) are unpacked block by block, so the digest is one pass
+over cache-sized blocks with no full-size temporary; the CRC of consecutive blocks chained is the CRC
+of the whole array, so the digest is the same number as over the whole converted array.
+
+:func:`digest_later` computes a digest on its own thread (:class:`converter.write.engine.Deferred`):
+the requantizing loader hands it to the task while the writer encodes and writes the same tensor, so
+on a machine with a spare core the write-side digest costs no wall time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections import deque
+from typing import Mapping
+
+import numpy as np
+
+from converter.errors import ConverterError
+from converter.layout import PackedCodes
+from converter.quant.recode import as_integer_zero, as_unsigned
+from converter.runtime import auto_workers, current
+from converter.scheme import ZeroPoint
+from converter.tensor import Checkpoint, QuantizedTensor
+from converter.write.engine import Deferred, run_tasks
+
+__all__ = ["digest", "digest_later", "crc_codes", "verify_readback", "BLOCK_BYTES"]
+
+#: Codes per CRC block, about (1 MiB: the converted block stays in cache between conversion and CRC).
+BLOCK_BYTES = 1 << 20
+#: Read-back tensors in flight besides the one waited for, in one process (:func:`verify_readback`).
+READ_AHEAD = 1
+
+
+def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0) -> int:
+    """``zlib.crc32`` of the C-order bytes of ``raw``'s codes moved by ``offset`` (mod 256), continuing ``crc``.
+
+    Parameters
+    ----------
+    raw : ndarray of int8 / uint8 codes, or PackedCodes
+        Logical axes, outermost first (``(out, in)``, ``(expert, out, in)`` ...). Packed codes are
+        unpacked in row blocks of the outermost axis when they can be cut there
+        (:meth:`PackedCodes.rows`), else whole.
+    offset : int
+        Added to every code byte modulo 256 (``2^(b-1)``: signed b-bit codes to the unsigned domain,
+        the same bytes as ``(q.astype(int16) + offset).astype(uint8)``). Arrays only.
+
+    Returns
+    -------
+    int
+        The CRC, equal to ``zlib.crc32`` of the whole converted array's bytes.
+    """
+    shape = tuple(raw.shape)
+    rows = shape[0] if shape else 1
+    per_row = max(1, int(np.prod(shape[1:], dtype=np.int64))) if shape else 1
+    step = max(1, BLOCK_BYTES // per_row)
+    if isinstance(raw, PackedCodes):
+        if offset:
+            raise ValueError("an offset applies to code arrays, not packed codes (use PackedCodes.shifted)")
+        if not shape or raw.rows(0, 0) is None:  # rows would split words: whole
+            return zlib.crc32(raw.unpack(), crc)
+        for r0 in range(0, rows, step):
+            crc = zlib.crc32(raw.rows(r0, min(rows, r0 + step)).unpack(), crc)
+        return crc
+    arr = np.asarray(raw)
+    if arr.dtype.itemsize != 1 or not shape:
+        if offset:
+            raise ValueError("an offset applies to one-byte codes")
+        return zlib.crc32(np.ascontiguousarray(arr).data, crc)
+    buf = np.empty(min(rows, step) * per_row, np.uint8) if offset else None
+    add = np.uint8(offset % 256)
+    for r0 in range(0, rows, step):
+        blk = np.ascontiguousarray(arr[r0:r0 + step]).reshape(-1).view(np.uint8)
+        if buf is not None:
+            blk = np.add(blk, add, out=buf[:blk.size])
+        crc = zlib.crc32(blk, crc)
+    return crc
+
+
+def _canonical_signed(t: QuantizedTensor) -> "tuple | None":
+    """For signed int8 code arrays with an implicit centre or integer zero points: ``(scheme, zero points,
+    offset)`` of ``as_integer_zero(as_unsigned(t))`` (unsigned, explicit integer zero points) without
+    converting the codes (the offset moves them, block by block, in :func:`crc_codes`); None for every
+    other tensor (the general path)."""
+    s = t.scheme
+    raw = t.__dict__["_codes"]
+    if (isinstance(raw, PackedCodes) or not s.signed or s.codebook is not None or raw.dtype != np.int8
+            or s.zero_point not in (ZeroPoint.NONE, ZeroPoint.INTEGER)):
+        return None
+    off = 1 << (s.bits - 1)
+    u = s.replace(signed=False, zero_point=ZeroPoint.INTEGER)
+    if s.zero_point is ZeroPoint.NONE:  # (as_unsigned: the centre moves; as_integer_zero: made explicit)
+        zp = np.full(t.scales.shape, u.center, dtype=u.code_dtype)
+    else:
+        zp = (t.zero_points.astype(np.int16) + off).astype(np.uint8)
+    return u, zp, off
+
+
+def _crc(parts, c: int = 0) -> int:
+    for p in parts:
+        c = zlib.crc32(p, c)
+    return c
+
+
+def digest(t: QuantizedTensor) -> str:
+    """The read-back digest of ``t`` (module docstring): ``"p:<crc32 hex>"`` over its parameters and codes,
+    ``"v:<crc32 hex>"`` over its dequantized float32 values when its zero points have no integer form."""
+    fast = _canonical_signed(t)
+    if fast is not None:
+        scheme, zp, off = fast
+        raw = t.__dict__["_codes"]
+    else:
+        try:
+            c = as_integer_zero(as_unsigned(t))
+        except ConverterError:
+            d = np.ascontiguousarray(t.dequantize())
+            return "v:" + f"{_crc([repr(d.shape).encode(), memoryview(d).cast('B')]):08x}"
+        scheme, zp, off, raw = c.scheme, c.zero_points, 0, c.__dict__["_codes"]
+    gm = t.group_map  # (neither conversion changes the groups, the shape or the axes)
+    scheme = scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)
+    head = repr((t.shape, t.axes, scheme, gm.granularity.value, gm.axis, gm.group_size)).encode()
+    crc = zlib.crc32(head)
+    if gm.g_idx is not None:
+        crc = zlib.crc32(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data, crc)
+    crc = crc_codes(raw, crc, offset=off)
+    crc = _crc([np.ascontiguousarray(t.scales, dtype=np.float32).data,
+                np.ascontiguousarray(zp, dtype=np.float32).data], crc)
+    return f"p:{crc:08x}"
+
+
+def digest_later(t: QuantizedTensor) -> Deferred:
+    """:func:`digest` of ``t`` computed on its own thread (``t`` must not change meanwhile)."""
+    return Deferred(digest, t)
+
+
+def verify_readback(out: Checkpoint, rows: dict[str, dict], written: Mapping[str, str]) -> None:
+    """Set ``readback_bit_exact`` in each report row: the tensor read back from ``out`` (the
+    committed output, through the target's reader) has the digest of the one computed.
+
+    The tensors are read and digested in the worker processes of the options in force
+    (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task. In one
+    process, tensor ``i + 1`` is read and digested on its own thread while tensor ``i`` is
+    (:data:`READ_AHEAD` tensors at most: reading back overlaps the digests, as the background writer
+    overlaps the writes).
+    """
+    total = sum(int(a.nbytes) for spec in out.specs() for a in spec.stored)
+
+    def prove(names: list[str]) -> list[bool]:
+        oks = [False] * len(names)
+
+        def check(i: int) -> bool:
+            back = out[names[i]] if names[i] in out else None
+            mine = written.get(names[i])
+            return bool(mine is not None and isinstance(back, QuantizedTensor) and digest(back) == mine)
+
+        def done(i: int, ok: bool) -> None:
+            oks[i] = ok
+        workers = auto_workers(total, len(names))
+        if workers > 1 or len(names) <= 1:
+            run_tasks(len(names), check, workers=workers, on_result=done)
+            return oks
+        pending: deque[tuple[int, Deferred]] = deque()
+        try:
+            for i in range(len(names)):
+                pending.append((i, Deferred(check, i)))
+                if len(pending) > READ_AHEAD:
+                    j, d = pending.popleft()
+                    done(j, d.result())
+            while pending:
+                j, d = pending.popleft()
+                done(j, d.result())
+        finally:  # (after a failure: no thread outlives the proof)
+            for _, d in pending:
+                with contextlib.suppress(BaseException):
+                    d.result()
+        return oks
+    job = current().shard_job  # --engine ray|dask: each node reads back its own shard's tensors
+    names = list(rows)
+    for name, ok in zip(names, job.prove_rows(names, prove) if job is not None else prove(names)):
+        rows[name]["readback_bit_exact"] = ok
