@@ -81,18 +81,25 @@ def test_overwrite_leaves_only_the_new_output(gptq_dir, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_requantize_readback_reports_a_byte_changed_on_disk(gptq_dir, tmp_path, monkeypatch, workers):
-    """requantize_model's read-back (spread over the workers) flags the tensor whose bytes
-    changed after the write, and only that one."""
+def test_requantize_readback_refuses_a_byte_changed_on_disk(gptq_dir, tmp_path, monkeypatch, workers):
+    """requantize_model's read-back (spread over the workers) finds the tensor whose bytes changed after the
+    write, and only that one: ProofFailedError naming it, nothing at DST, no staging directory left."""
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     _tampering(monkeypatch, "model.layers.1.mlp.up_proj.weight_packed", 5)
-    with run_options(workers=workers):
-        rep = requantize_model(gptq_dir, tmp_path / "rq", Target(bits=8, granularity="channel"),
-                               to="compressed-tensors")
-    flags = {r["name"]: r["readback_bit_exact"] for r in rep["tensors"]}
-    assert flags.pop("model.layers.1.mlp.up_proj.weight") is False
-    assert flags and all(flags.values())
+    with run_options(workers=workers), pytest.raises(ProofFailedError) as e:
+        requantize_model(gptq_dir, tmp_path / "rq", Target(bits=8, granularity="channel"), to="compressed-tensors")
+    assert e.value.tensor == "model.layers.1.mlp.up_proj.weight" and e.value.found == e.value.tensor
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_requantize_untampered_is_proven_and_committed(gptq_dir, tmp_path):
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    rep = requantize_model(gptq_dir, tmp_path / "rq", Target(bits=8, granularity="channel"), to="compressed-tensors")
+    assert rep["tensors"] and all(r["readback_bit_exact"] for r in rep["tensors"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rq"] and (tmp_path / "rq" / "model.safetensors").is_file()
+    assert rep["destination"] == str(tmp_path / "rq")
 
 
 @pytest.mark.parametrize("workers", [1, 2])

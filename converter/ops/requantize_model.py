@@ -14,13 +14,14 @@ what was written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from converter.errors import ConverterError, NotRepresentableError
+from converter.errors import ConverterError, NotRepresentableError, ProofFailedError
 from converter.formats import registry
 from converter.write.engine import collect_results, task_result
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
@@ -33,7 +34,8 @@ from converter.scheme import QuantScheme
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, DenseTensor, QuantizedTensor, TensorSpec
 from converter.write.dry_run import DryRunPlanned
-from converter.write.atomic import check_not_inside
+from converter.runtime import current
+from converter.write.atomic import check_not_inside, retarget_paths, staged_output
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.ops.readback import digest_later, verify_readback
@@ -47,6 +49,19 @@ RESULT_KIND = "requantize"
 
 OPTION_HINT = ("change the target: --per-tensor | --per-channel | --group-size G, --bits B, --sym | --asym, "
                "--scale-dtype, or pick another --to format")
+
+
+def refuse_unproven(rows: dict[str, dict], modules: list[dict], dst: str | Path) -> None:
+    """Raise :class:`ProofFailedError` when a tensor read back from the staged output has another digest
+    than the one computed (``readback_bit_exact`` false), or a module written dense reads back otherwise;
+    nothing is then renamed into place. Names every such tensor."""
+    bad = [name for name, row in rows.items() if row.get("readback_bit_exact") is False]
+    bad += [d["tensor"] for d in modules if d.get("readback_bit_exact") is False]
+    if bad:
+        raise ProofFailedError(f"the written output read back differs from what was computed in {len(bad)} "
+                               "tensor(s); nothing was written", file=dst, tensor=bad[0], field="read-back proof",
+                               expected="every tensor read back with the digest computed while writing",
+                               found=", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
 
 
 def plan(ckpt: Checkpoint, target: Target, fmt: FormatQuantizer | None = None,
@@ -267,36 +282,43 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
         exc.hint = (exc.hint + "; " if exc.hint and exc.field == "group_size" else "") + OPTION_HINT
         exc.args = (exc.render(),)
         raise
-    with collect_results() as got:
-        try:
-            written = handler.write(view, Path(dst), overwrite=overwrite, **(write_options or {})) or {}
-        except DryRunPlanned as planned:  # --dry-run: the writer's plan, nothing written (nothing requantized)
-            modes = {**{d["tensor"]: ("dequantized", d["reason"]) for d in modules if d["decision"] == "dequantized"},
-                     **plans}
-            return plan_document("convert", source=str(src), source_format=source.format, destination=str(dst),
-                                 target_format=to, rows=tensor_rows(view, modes), outputs=planned.outputs,
-                                 modules=modules)
-        except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
-            if isinstance(exc, NotRepresentableError) and plans.get(exc.tensor, ("exact",))[0] == "exact":
-                point_at_stored(ckpt, exc)  # a value carried from the source: the file and array it came from
-            else:  # a value computed while requantizing (a scale too large, a new zero point ...): no stored
-                exc.with_context(file=ckpt.path)  # array of the source holds it
-            raise
-        for name in plans:  # a writer that skipped a tensor still gets a row
-            if (RESULT_KIND, name) not in got:
-                view[name]
-    rows, digests = requant_results(got)
-    if verify:
-        out = registry.load((written or {}).get("path") or dst, format=to)  # a split output: its first part
-        verify_readback(out, rows, digests)
-        if handler.prove_written is not None:  # the format's check that does not go through its reader
-            for name in handler.prove_written(view, Path((written or {}).get("path") or dst), out):
-                if name in rows:
-                    rows[name]["readback_bit_exact"] = False
-        verify_dequantized(source, out, modules)
-        for name, row in rows.items():  # the cost of what was written (a writer may narrow the scales:
-            if name in out and out.spec(name).kind == "quantized":  # F32 powers of two -> MLX's E8M0)
-                row["metadata"]["after"] = metadata_cost(out.spec(name))
+    # staged beside DST, read back and proven there, renamed into place only when the proof holds
+    # (write.atomic.staged_output); --engine ray|dask stages and proves on its nodes; --dry-run creates nothing
+    unstaged = not verify or current().shard_job is not None or current().dry_run
+    with (contextlib.nullcontext(Path(dst)) if unstaged else staged_output(dst, overwrite=overwrite)) as out_path:
+        with collect_results() as got:
+            try:
+                written = handler.write(view, out_path, overwrite=overwrite, **(write_options or {})) or {}
+            except DryRunPlanned as planned:  # --dry-run: the writer's plan, nothing written (nothing requantized)
+                modes = {**{d["tensor"]: ("dequantized", d["reason"]) for d in modules
+                            if d["decision"] == "dequantized"}, **plans}
+                return plan_document("convert", source=str(src), source_format=source.format, destination=str(dst),
+                                     target_format=to, rows=tensor_rows(view, modes), outputs=planned.outputs,
+                                     modules=modules)
+            except ConverterError as exc:  # a per-value check in the writer: name the source (nothing left at dst)
+                if isinstance(exc, NotRepresentableError) and plans.get(exc.tensor, ("exact",))[0] == "exact":
+                    point_at_stored(ckpt, exc)  # a value carried from the source: the file and array it came from
+                else:  # a value computed while requantizing (a scale too large, a new zero point ...): no stored
+                    exc.with_context(file=ckpt.path)  # array of the source holds it
+                raise
+            for name in plans:  # a writer that skipped a tensor still gets a row
+                if (RESULT_KIND, name) not in got:
+                    view[name]
+        rows, digests = requant_results(got)
+        if verify:
+            first = Path((written or {}).get("path") or out_path)  # a split output: its first part
+            out = registry.load(first, format=to)
+            verify_readback(out, rows, digests)
+            if handler.prove_written is not None:  # the format's check that does not go through its reader
+                for name in handler.prove_written(view, first, out):
+                    if name in rows:
+                        rows[name]["readback_bit_exact"] = False
+            verify_dequantized(source, out, modules)
+            for name, row in rows.items():  # the cost of what was written (a writer may narrow the scales:
+                if name in out and out.spec(name).kind == "quantized":  # F32 powers of two -> MLX's E8M0)
+                    row["metadata"]["after"] = metadata_cost(out.spec(name))
+            refuse_unproven(rows, modules, dst)
+    written = retarget_paths(written, out_path, Path(dst))
     passthrough = [s.name for s in ckpt.specs() if s.kind != "quantized" and s.name not in plans]
     doc = summarize(list(rows.values()), source=str(src), source_format=source.format, destination=str(dst),
                     target_format=to, target=target.to_json(),
