@@ -51,7 +51,7 @@ def _llama_cpp_rates(x: np.ndarray, repeat: int) -> dict[str, float]:
     out = {}
     flat = np.ascontiguousarray(x).reshape(-1)
     for t, size in sizes.items():
-        fn = getattr(lib, f"quantize_row_{t.lower()}_ref")
+        fn = getattr(lib, f"quantize_row_{t[0].lower()}{t[1:]}_ref")
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         block = 256 if t.endswith("_K") else 32
         buf = np.zeros(flat.size // block * size, np.uint8)
@@ -89,7 +89,7 @@ def main() -> None:
         print(f"{t:5} qckpt encode {s:8.3f} s {rates[t]:8.2f} Melem/s")
     if a.llama_cpp:
         for t, r in _llama_cpp_rates(x, a.repeat).items():
-            print(f"{t:5} llama.cpp quantize_row_{t.lower()}_ref {r:8.1f} Melem/s (C, one thread)")
+            print(f"{t:5} llama.cpp quantize_row_{t[0].lower()}{t[1:]}_ref {r:8.1f} Melem/s (C, one thread)")
     tensors = seven_b()
     types = choose_types("Q4_K_M", [t for t, _ in tensors], ModelInfo("llama", 32, 32, 32))
     total = sum(n for _, n in tensors)

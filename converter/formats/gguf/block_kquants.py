@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from converter.errors import QuantizationError
+from converter.kernels.compiled import use_compiled
 from converter.formats.gguf.block_fields import (BlockFields, QK_K, BIT_SHIFTS, CRUMB_SHIFTS, NIBBLE_SHIFTS,
                                                  block_view, f16_at, map_row_chunks, split_nibbles)
 
@@ -204,12 +205,19 @@ class KQuantCodec:
         n_super = row_len // QK_K
         out = np.empty((rows, n_super * self.type_size), dtype=np.uint8)
         pack = PACKERS[self.name]
+        compiled = use_compiled(values.size)
+        if compiled:
+            from converter.formats.gguf.compiled_encode import encode_kquant_blocks
 
         def chunk(a: int, b: int) -> np.ndarray:
             x = values[a:b]
             if not np.isfinite(x).all():
                 raise QuantizationError(f"{self.name} input is not finite (NaN/inf)", field="values",
                                         expected="finite", found="NaN/inf")
+            if compiled:
+                raw, deferred = encode_kquant_blocks(self.name, np.ascontiguousarray(x).reshape(-1, QK_K))
+                if not deferred:  # else: a scale overflowed; numpy gives the reference bytes or error
+                    return raw.reshape(x.shape[0], -1)
             f = quantize_kquant(self.name, x.reshape(-1, QK_K))
             for field, v in (("d", f.d), ("dmin", f.dmin)):
                 if v is not None and not np.isfinite(v).all():

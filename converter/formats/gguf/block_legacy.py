@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from converter.errors import ErrorKind, QuantizationError
+from converter.kernels.compiled import use_compiled
 from converter.kernels.rounding import round_half_away
 from converter.formats.gguf.block_fields import (BlockFields, block_view, check_f16_range,
                                                  f16_at, f16_bytes, join_nibbles,
@@ -155,7 +156,19 @@ class LegacyCodec:
         values = self._check_values(values)
         rows, row_len = values.shape
         out = np.empty((rows, row_len // self.block_size * self.type_size), dtype=np.uint8)
-        return map_row_chunks(out, row_len, lambda a, b: self._encode_rows(values[a:b]))
+        encode_rows = self._compiled_rows if use_compiled(values.size) else self._encode_rows
+        return map_row_chunks(out, row_len, lambda a, b: encode_rows(values[a:b]))
+
+    def _compiled_rows(self, values: np.ndarray) -> np.ndarray:
+        """:meth:`encode` of one chunk by the compiled kernel (byte-identical); the numpy path for a
+        chunk the kernel defers (non-finite values, a scale outside float16, mixed signed zeros)."""
+        from converter.formats.gguf.compiled_encode import encode_legacy_blocks
+
+        blocks = np.ascontiguousarray(values).reshape(-1, self.block_size)
+        raw, deferred = encode_legacy_blocks(self.name, blocks, self.type_size)
+        if deferred:
+            return self._encode_rows(values)
+        return raw.reshape(values.shape[0], -1)
 
     def _encode_rows_transposed(self, values: np.ndarray) -> np.ndarray:
         """Q4_0 / Q8_0 :meth:`encode` of one chunk with the blocks transposed to ``(32, n_blocks)``.
