@@ -26,108 +26,141 @@ from numba.extending import register_jitable
 from converter.formats.gguf.compiled_scalar import (clamp, f16_value, first_absmax, nearest_int, put_f16,
                                                     q3, qkx2_lanes, qx_lanes)
 
-__all__ = ["LEGACY_KIND", "encode_legacy_blocks", "encode_kquant_blocks"]
+__all__ = ["encode_legacy_blocks", "encode_kquant_blocks"]
 
-#: Legacy type -> kernel selector.
-LEGACY_KIND = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4}
 _F16_MAX = np.float32(65504.0)
 
 
+@register_jitable
+def _finite_and_zero_signs(x):
+    """``(all finite, holds +0.0, holds -0.0)`` of one 32-element block."""
+    bad = 0
+    plus_zero = False
+    minus_zero = False
+    for i in range(32):
+        bad |= np.float32(x[i]).view(np.int32) & 0x7F800000 == 0x7F800000  # inf or NaN
+    if bad:
+        return False, False, False
+    for i in range(32):
+        if x[i] == 0:
+            if np.signbit(x[i]):
+                minus_zero = True
+            else:
+                plus_zero = True
+    return True, plus_zero, minus_zero
+
+
 @jit
-def _legacy(blocks, kind, out):  # pragma: no cover - compiled (tests run it through numba)
-    """``blocks`` (M, 32) float32 -> ``out`` (M, type_size) uint8; returns 1 to defer to numpy."""
-    q = np.empty(32, np.int64)
+def _q8_0(blocks, out):  # pragma: no cover - compiled (tests run it through numba)
+    """Q8_0: ``d = amax / 127``, ``q = roundf(x / d)``; ``blocks`` (M, 32) -> ``out`` (M, 34). 1: defer."""
     for b in range(blocks.shape[0]):
         x = blocks[b]
-        plus_zero = False
-        minus_zero = False
+        amax = np.float32(0.0)
+        bad = 0
         for i in range(32):
-            v = x[i]
-            if not np.isfinite(v):
-                return 1
-            if v == 0:
-                if np.signbit(v):
-                    minus_zero = True
-                else:
-                    plus_zero = True
-        if kind == 4:  # Q8_0: d = amax / 127, q = roundf(x / d)
-            amax = np.float32(0.0)
-            for i in range(32):
-                a = abs(x[i])
-                if a > amax:
-                    amax = a
-            d = amax / np.float32(127.0)
-            if not d <= _F16_MAX:
-                return 1
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            if not np.isfinite(inv):  # d subnormal: numpy's casts of inf / NaN codes decide
-                return 1
-            put_f16(out, b, 0, d)
-            for i in range(32):
-                t = x[i] * inv
-                a = abs(t)
-                fl = np.floor(a)
-                if a - fl >= np.float32(0.5):
-                    fl += np.float32(1.0)
-                r = np.int64(fl)
-                if t < 0:
-                    r = -r
-                out[b, 2 + i] = clamp(r, -128, 127) & 0xFF
-            continue
-        if kind == 0 or kind == 2:  # Q4_0 / Q5_0: d = mx / -2^(bits-1), mx the first of largest |x|
-            k = 0
-            amax = abs(x[0])
-            for i in range(1, 32):
-                a = abs(x[i])
-                if a > amax:
-                    amax = a
-                    k = i
-            off = 8 if kind == 0 else 16
-            top = 15 if kind == 0 else 31
-            d = x[k] / np.float32(-off)
-            if not abs(d) <= _F16_MAX:
-                return 1
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            if not np.isfinite(inv):  # d subnormal: numpy's casts of inf / NaN codes decide
-                return 1
-            half = np.float32(off + 0.5)
-            for i in range(32):
-                t = x[i] * inv + half
-                if t > np.float32(top):
-                    t = np.float32(top)
-                q[i] = np.int64(t)
-            put_f16(out, b, 0, d)
-            pos = 2
-        else:  # Q4_1 / Q5_1: d = (max - min) / (2^bits - 1), m = min
-            if plus_zero and minus_zero:
-                return 1
-            mn = x[0]
-            mx = x[0]
-            for i in range(1, 32):
-                if x[i] < mn:
-                    mn = x[i]
-                if x[i] > mx:
-                    mx = x[i]
-            top = 15 if kind == 1 else 31
-            d = (mx - mn) / np.float32(top)
-            if not abs(mn) <= _F16_MAX or not abs(d) <= _F16_MAX:
-                return 1
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            if not np.isfinite(inv):  # d subnormal: numpy's casts of inf / NaN codes decide
-                return 1
-            for i in range(32):
-                t = (x[i] - mn) * inv + np.float32(0.5)
-                q[i] = clamp(np.int64(t), 0, top)
-            put_f16(out, b, 0, d)
-            put_f16(out, b, 2, mn)
-            pos = 4
-        if kind >= 2:  # 5-bit: qh, bit j = bit 4 of element j
+            bad |= np.float32(x[i]).view(np.int32) & 0x7F800000 == 0x7F800000  # inf or NaN
+            a = abs(x[i])
+            amax = a if a > amax else amax
+        if bad:
+            return 1
+        d = amax / np.float32(127.0)
+        if not d <= _F16_MAX:
+            return 1
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        if not np.isfinite(inv):  # d subnormal: numpy's casts of inf / NaN codes decide
+            return 1
+        put_f16(out, b, 0, d)
+        for i in range(32):
+            t = x[i] * inv
+            a = abs(t)
+            fl = np.floor(a)
+            if a - fl >= np.float32(0.5):
+                fl += np.float32(1.0)
+            r = np.int32(fl)
+            r = -r if t < 0 else r
+            out[b, 2 + i] = min(max(r, -128), 127) & 0xFF
+    return 0
+
+
+@jit
+def _q_0(blocks, bits, out):  # pragma: no cover - compiled
+    """Q4_0 (``bits`` 4) / Q5_0 (5): ``d = mx / -2^(bits-1)`` with ``mx`` the first element of largest
+    magnitude, ``q = min(2^bits - 1, trunc(x/d + 2^(bits-1) + 0.5))``. Returns 1 to defer to numpy."""
+    off = 8 if bits == 4 else 16
+    top = np.float32(15.0) if bits == 4 else np.float32(31.0)
+    half = np.float32(off + 0.5)
+    q = np.empty(32, np.int32)
+    for b in range(blocks.shape[0]):
+        x = blocks[b]
+        bad = 0
+        amax = np.float32(0.0)
+        for i in range(32):
+            bad |= np.float32(x[i]).view(np.int32) & 0x7F800000 == 0x7F800000  # inf or NaN
+            a = abs(x[i])
+            amax = a if a > amax else amax
+        if bad:
+            return 1
+        k = 0
+        while abs(x[k]) != amax:
+            k += 1
+        d = x[k] / np.float32(-off)
+        if not abs(d) <= _F16_MAX:
+            return 1
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        if not np.isfinite(inv):
+            return 1
+        put_f16(out, b, 0, d)
+        for i in range(32):
+            t = x[i] * inv + half
+            q[i] = np.int32(top if t > top else t)
+        pos = 2
+        if bits == 5:  # qh: bit j = bit 4 of element j
             for j in range(4):
                 h = 0
                 for t in range(8):
                     h |= ((q[8 * j + t] >> 4) & 1) << t
-                out[b, pos + j] = h
-            pos += 4
+                out[b, 2 + j] = h
+            pos = 6
+        for j in range(16):
+            out[b, pos + j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)
+    return 0
+
+
+@jit
+def _q_1(blocks, bits, out):  # pragma: no cover - compiled
+    """Q4_1 (``bits`` 4) / Q5_1 (5): ``d = (max - min) / (2^bits - 1)``, ``m = min``,
+    ``q = trunc((x - min)/d + 0.5)``. Returns 1 to defer to numpy."""
+    top = 15 if bits == 4 else 31
+    q = np.empty(32, np.int32)
+    for b in range(blocks.shape[0]):
+        x = blocks[b]
+        finite, plus_zero, minus_zero = _finite_and_zero_signs(x)
+        if not finite or (plus_zero and minus_zero):
+            return 1
+        mn = x[0]
+        mx = x[0]
+        for i in range(1, 32):
+            mn = x[i] if x[i] < mn else mn
+            mx = x[i] if x[i] > mx else mx
+        d = (mx - mn) / np.float32(top)
+        if not abs(mn) <= _F16_MAX or not abs(d) <= _F16_MAX:
+            return 1
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        if not np.isfinite(inv):
+            return 1
+        for i in range(32):
+            t = np.int32((x[i] - mn) * inv + np.float32(0.5))
+            q[i] = top if t > top else t
+        put_f16(out, b, 0, d)
+        put_f16(out, b, 2, mn)
+        pos = 4
+        if bits == 5:
+            for j in range(4):
+                h = 0
+                for t in range(8):
+                    h |= ((q[8 * j + t] >> 4) & 1) << t
+                out[b, 4 + j] = h
+            pos = 8
         for j in range(16):
             out[b, pos + j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)
     return 0
@@ -136,7 +169,12 @@ def _legacy(blocks, kind, out):  # pragma: no cover - compiled (tests run it thr
 def encode_legacy_blocks(type_name: str, blocks: np.ndarray, type_size: int) -> tuple[np.ndarray, int]:
     """``blocks`` (M, 32) float32 C-contiguous -> ``(bytes (M, type_size) uint8, flag)``; flag 1: use numpy."""
     out = np.empty((blocks.shape[0], type_size), dtype=np.uint8)
-    flag = _legacy(blocks, LEGACY_KIND[type_name], out)
+    if type_name == "Q8_0":
+        flag = _q8_0(blocks, out)
+    elif type_name in ("Q4_0", "Q5_0"):
+        flag = _q_0(blocks, int(type_name[1]), out)
+    else:
+        flag = _q_1(blocks, int(type_name[1]), out)
     return out, int(flag)
 
 
