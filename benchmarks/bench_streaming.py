@@ -113,7 +113,7 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
     err = proc.stderr.read()
-    _, status, _usage = os.wait4(proc.pid, 0)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     done.set()
     th.join()
@@ -122,8 +122,9 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"qckpt {' '.join(args)} failed ({proc.returncode}): {err.decode()[-2000:]}")
     # VmHWM, not wait4's ru_maxrss: a forked child's ru_maxrss starts from this (large) process's RSS
-    return {"wall_s": wall, "peak_rss_tree": peak[0], "peak_rss_max_process": max(hwm.values(), default=0),
-            "stdout": b"".join(out_chunks)}
+    # CPU: the child and the worker processes it waited for (ru_utime + ru_stime of wait4)
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_tree": peak[0],
+            "peak_rss_max_process": max(hwm.values(), default=0), "stdout": b"".join(out_chunks)}
 
 
 def data_files(path: Path) -> list[Path]:
