@@ -201,13 +201,15 @@ def _affine_kquant(blocks, q5, q2, out):  # pragma: no cover - compiled
     xt = np.empty((n, G), np.float32)
     w = np.empty((n, G), np.float32)
     L = np.empty((n, G), np.int32)
-    la = np.empty((n, G), np.int32)
-    lane = np.empty((13, G), np.float32)
+    la = np.empty((n, G), np.float32)
+    lane = np.empty((14, G), np.float32)
     take = np.empty(G, np.bool_)
+    flat = np.empty(G, np.bool_)
     scales = np.empty(G, np.float32)
     mins = np.empty(G, np.float32)
     ls = np.empty(16, np.int64)
     lm = np.empty(16, np.int64)
+    q = np.empty(256, np.int32)  # codes of one super-block in element order
     N = blocks.shape[0]
     for b0 in range(0, N, _BATCH):
         nb = min(_BATCH, N - b0)
@@ -233,7 +235,8 @@ def _affine_kquant(blocks, q5, q2, out):  # pragma: no cover - compiled
                 for g in range(gn):
                     w[i, g] = av[g] + abs(xt[i, g])
         qkx2_lanes(xt, w, gn, n, nmax, rmin, rdelta, nstep, q2, L, la, scales, mins, lane[1], lane[2], lane[3],
-                   lane[4], lane[5], lane[6], lane[7], lane[8], lane[9], lane[10], lane[11], lane[12], take)
+                   lane[4], lane[5], lane[6], lane[7], lane[8], lane[9], lane[10], lane[11], lane[12], lane[13], take,
+                   flat)
         for g in range(gn):
             if not (np.isfinite(scales[g]) and np.isfinite(mins[g])):
                 return 1
@@ -277,7 +280,6 @@ def _affine_kquant(blocks, q5, q2, out):  # pragma: no cover - compiled
             d = f16_value(dh)
             dmin = f16_value(mh)
             x = blocks[b]
-            q = la[0]  # codes of this super-block in element order (la is free after the search)
             for j in range(nsub):
                 dj = d * np.float32(ls[j])
                 dmj = dmin * np.float32(lm[j])
@@ -319,8 +321,8 @@ def _symmetric_kquant(blocks, q6, out):  # pragma: no cover - compiled
     G = _BATCH * 16
     xt = np.empty((16, G), np.float32)
     L = np.empty((16, G), np.int32)
-    la = np.empty((16, G), np.int32)
-    lane = np.empty((6, G), np.float32)
+    la = np.empty((16, G), np.float32)
+    lane = np.empty((8, G), np.float32)
     scales = np.empty(G, np.float32)
     Ls = np.empty(256, np.int64)
     q = np.empty(256, np.int64)
@@ -334,7 +336,8 @@ def _symmetric_kquant(blocks, q6, out):  # pragma: no cover - compiled
                 for j in range(16):
                     for i in range(16):
                         xt[i, t * 16 + j] = blocks[b0 + t, 16 * j + i]
-            qx_lanes(xt, gn, 16, 32, L, la, scales, lane[0], lane[1], lane[2], lane[3], lane[4], lane[5])
+            qx_lanes(xt, gn, 16, 32, L, la, scales, lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6],
+                     lane[7])
         for t in range(nb):
             b = b0 + t
             x = blocks[b]

@@ -98,18 +98,34 @@ def first_absmax(x, start, n):
     return amax, mx
 
 
+_EXACT_LIMIT = np.float32(4194303.0)
+"""``|v|`` up to which ``(v + 1.5*2^23) - 1.5*2^23`` in float32 is ``nearest_int(v)`` exactly: the sum
+lies in [2^23, 2^24), where float32 spacing is 1, so the add rounds ``v`` half to even and the
+subtraction is exact; the integer trick of ``nearest_int`` reads the same bits."""
+
+
+@register_jitable
+def in_exact_range(lo, hi):
+    """Both bounds finite and within :data:`_EXACT_LIMIT` (False for NaN)."""
+    return lo > -_EXACT_LIMIT and lo < _EXACT_LIMIT and hi > -_EXACT_LIMIT and hi < _EXACT_LIMIT
+
+
 @register_jitable
 def qkx2_lanes(xt, w, G, n, nmax, rmin, rdelta, nstep, use_mad, L, la, scale, the_min, mn, mx, sum_w, sum_x,
-               best, isc, s1, s2, s3, cur, tsc, tmn, take):
+               best, isc, s1, s2, s3, cur, tsc, tmn, xmin, take, flat):
     """``make_qkx2_quants`` on ``G`` sub-blocks at once, element-major: ``xt[i, g]`` is element ``i``
-    of sub-block ``g``, ``w[i, g]`` its weight. Codes into ``L[:n, :G]`` (``la`` scratch), scales
-    and ``-min`` into ``scale[:G]`` / ``the_min[:G]``; the other arrays are (G,) scratch.
+    of sub-block ``g``, ``w[i, g]`` its weight. Codes into ``L[:n, :G]`` (int32; ``la`` float32
+    scratch), scales and ``-min`` into ``scale[:G]`` / ``the_min[:G]``; the other arrays are (G,) scratch.
 
     Each sub-block's sums are accumulated in llama.cpp's order (a lane of its own), so the
     results equal :func:`kquant_search.make_qkx2_quants`; the lanes only give the CPU independent
-    work (and SIMD) where one sub-block alone is a chain of dependent float adds.
+    work (and SIMD) where one sub-block alone is a chain of dependent float adds. A search step
+    rounds in float32 (``(v + 1.5*2^23) - 1.5*2^23``, clamped) when every non-flat lane's
+    ``iscale * (x - min)`` is bounded inside :data:`_EXACT_LIMIT` (``x - min`` and the product are
+    monotonic in ``x``, so the bounds are the lane's extremes), else with ``nearest_int``'s bits.
     """
     nm = np.float32(nmax)
+    magic = np.float32(12582912.0)
     for g in range(G):
         mn[g] = xt[0, g]
         mx[g] = xt[0, g]
@@ -123,8 +139,10 @@ def qkx2_lanes(xt, w, G, n, nmax, rmin, rdelta, nstep, use_mad, L, la, scale, th
             sum_w[g] += w[i, g]
             sum_x[g] += w[i, g] * v
     for g in range(G):
+        xmin[g] = mn[g]
         if mn[g] > 0:
             mn[g] = np.float32(0.0)
+        flat[g] = mx[g] == mn[g]
         isc[g] = nm / (mx[g] - mn[g])
         scale[g] = np.float32(1.0) / isc[g]
         best[g] = np.float32(0.0)
@@ -138,21 +156,36 @@ def qkx2_lanes(xt, w, G, n, nmax, rmin, rdelta, nstep, use_mad, L, la, scale, th
             best[g] += w[i, g] * diff
     for step in range(nstep + 1):
         top = rmin + rdelta * np.float32(step) + nm
+        exact = True
         for g in range(G):
             isc[g] = top / (mx[g] - mn[g])
             s1[g] = np.float32(0.0)
             s2[g] = np.float32(0.0)
             s3[g] = np.float32(0.0)
-        for i in range(n):
-            for g in range(G):
-                v = xt[i, g]
-                li = clamp(nearest_int(isc[g] * (v - mn[g])), 0, nmax)
-                la[i, g] = li
-                lf = np.float32(li)
-                wl = w[i, g] * lf
-                s1[g] += wl
-                s2[g] += wl * lf
-                s3[g] += wl * v
+            if not flat[g]:
+                exact = exact and in_exact_range(isc[g] * (xmin[g] - mn[g]), isc[g] * (mx[g] - mn[g]))
+        if exact:
+            for i in range(n):
+                for g in range(G):
+                    v = xt[i, g]
+                    lf = (isc[g] * (v - mn[g]) + magic) - magic
+                    lf = np.float32(0.0) if lf < 0 else lf
+                    lf = nm if lf > nm else lf
+                    la[i, g] = lf
+                    wl = w[i, g] * lf
+                    s1[g] += wl
+                    s2[g] += wl * lf
+                    s3[g] += wl * v
+        else:
+            for i in range(n):
+                for g in range(G):
+                    v = xt[i, g]
+                    lf = np.float32(clamp(nearest_int(isc[g] * (v - mn[g])), 0, nmax))
+                    la[i, g] = lf
+                    wl = w[i, g] * lf
+                    s1[g] += wl
+                    s2[g] += wl * lf
+                    s3[g] += wl * v
         for g in range(G):
             D = sum_w[g] * s2[g] - s1[g] * s1[g]
             ts = (sum_w[g] * s3[g] - sum_x[g] * s1[g]) / D
@@ -166,12 +199,12 @@ def qkx2_lanes(xt, w, G, n, nmax, rmin, rdelta, nstep, use_mad, L, la, scale, th
             cur[g] = np.float32(0.0)
         for i in range(n):
             for g in range(G):
-                diff = tsc[g] * np.float32(la[i, g]) + tmn[g] - xt[i, g]
+                diff = tsc[g] * la[i, g] + tmn[g] - xt[i, g]
                 diff = abs(diff) if use_mad else diff * diff
                 cur[g] += w[i, g] * diff
         changed = False
         for g in range(G):
-            t = take[g] and cur[g] < best[g] and mx[g] != mn[g]
+            t = take[g] and cur[g] < best[g] and not flat[g]
             take[g] = t
             if t:
                 best[g] = cur[g]
@@ -182,54 +215,77 @@ def qkx2_lanes(xt, w, G, n, nmax, rmin, rdelta, nstep, use_mad, L, la, scale, th
             for i in range(n):
                 for g in range(G):
                     if take[g]:
-                        L[i, g] = la[i, g]
+                        L[i, g] = np.int32(la[i, g])
     for g in range(G):
         the_min[g] = -mn[g]
-        if mx[g] == mn[g]:  # flat (mn is unchanged for a flat sub-block: it never takes a step)
+        if flat[g]:  # mn is unchanged for a flat sub-block: it never takes a step
             scale[g] = np.float32(0.0)
             for i in range(n):
                 L[i, g] = 0
 
 
 @register_jitable
-def qx_lanes(xt, G, n, nmax, L, la, scale, amax, mx, best, isc, s1, s2):
+def qx_lanes(xt, G, n, nmax, L, la, scale, amax, mx, best, isc, s1, s2, xmin, xmax):
     """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL)`` on ``G`` sub-blocks at once
     (``xt[i, g]``, as :func:`qkx2_lanes`): stored codes (``L + nmax``, 0 for an all-zero sub-block)
-    into ``L[:n, :G]``, scales into ``scale[:G]`` (as :func:`kquant_search.make_qx_quants`)."""
+    into ``L[:n, :G]`` (int32; ``la`` float32 scratch), scales into ``scale[:G]`` (as
+    :func:`kquant_search.make_qx_quants`); float32 rounding under the rule of :func:`qkx2_lanes`."""
     nm = np.float32(nmax)
+    lo_q = np.float32(-nmax)
+    hi_q = np.float32(nmax - 1)
+    magic = np.float32(12582912.0)
     for g in range(G):
         amax[g] = np.float32(0.0)
         mx[g] = np.float32(0.0)
+        xmin[g] = xt[0, g]
+        xmax[g] = xt[0, g]
     for i in range(n):
         for g in range(G):
-            a = abs(xt[i, g])
+            v = xt[i, g]
+            a = abs(v)
             if a > amax[g]:
                 amax[g] = a
-                mx[g] = xt[i, g]
+                mx[g] = v
+            xmin[g] = v if v < xmin[g] else xmin[g]
+            xmax[g] = v if v > xmax[g] else xmax[g]
     for step in range(-10, 10):  # -10: the first guess (is = 0), then is = -9..9 without 0
         if step == 0:
             continue
         sstep = 0 if step == -10 else step
+        exact = True
         for g in range(G):
             isc[g] = -(nm + np.float32(0.1) * np.float32(sstep)) / mx[g] if sstep != 0 else -nm / mx[g]
             s1[g] = np.float32(0.0)
             s2[g] = np.float32(0.0)
-        for i in range(n):
-            for g in range(G):
-                v = xt[i, g]
-                li = clamp(nearest_int(isc[g] * v), -nmax, nmax - 1)
-                la[i, g] = li
-                lf = np.float32(li)
-                wv = v * v
-                s1[g] += wv * v * lf
-                s2[g] += wv * lf * lf
+            if amax[g] >= np.float32(1e-15):
+                exact = exact and in_exact_range(isc[g] * xmin[g], isc[g] * xmax[g])
+        if exact:
+            for i in range(n):
+                for g in range(G):
+                    v = xt[i, g]
+                    lf = (isc[g] * v + magic) - magic
+                    lf = lo_q if lf < lo_q else lf
+                    lf = hi_q if lf > hi_q else lf
+                    la[i, g] = lf
+                    wv = v * v
+                    s1[g] += wv * v * lf
+                    s2[g] += wv * lf * lf
+        else:
+            for i in range(n):
+                for g in range(G):
+                    v = xt[i, g]
+                    lf = np.float32(clamp(nearest_int(isc[g] * v), -nmax, nmax - 1))
+                    la[i, g] = lf
+                    wv = v * v
+                    s1[g] += wv * v * lf
+                    s2[g] += wv * lf * lf
         if step == -10:
             for g in range(G):
                 scale[g] = s1[g] / s2[g] if s2[g] != 0 else np.float32(0.0)
                 best[g] = scale[g] * s1[g]
             for i in range(n):
                 for g in range(G):
-                    L[i, g] = la[i, g]
+                    L[i, g] = np.int32(la[i, g])
             continue
         changed = False
         for g in range(G):
@@ -243,7 +299,7 @@ def qx_lanes(xt, G, n, nmax, L, la, scale, amax, mx, best, isc, s1, s2):
             for i in range(n):
                 for g in range(G):
                     if s2[g] != 0:
-                        L[i, g] = la[i, g]
+                        L[i, g] = np.int32(la[i, g])
     for g in range(G):
         zero = amax[g] < np.float32(1e-15)
         if zero:
