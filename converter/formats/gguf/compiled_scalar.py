@@ -8,6 +8,10 @@ operation is in the order of the numpy port (which is llama.cpp's order): litera
 operation is promoted to float64. Sources: ``ggml/src/ggml-quants.c`` (llama.cpp as vendored in
 llama-cpp-python 0.3.36) and ``ggml-impl.h`` (``GGML_FP32_TO_FP16``: IEEE round to nearest even,
 as numpy's ``astype(np.float16)``).
+
+numba's on-disk cache of a kernel is keyed on the kernel's own source file only: a change here must
+come with a change of :mod:`converter.formats.gguf.compiled_encode` (or a cleared cache), else a
+cached kernel keeps the old helper.
 """
 
 from __future__ import annotations
