@@ -185,17 +185,19 @@ def test_compiled_convert_matches_llama_quantize_file(tmp_path, monkeypatch, fil
         assert mine[t.name] == (t.tensor_type.name, np.asarray(t.data).tobytes()), t.name
 
 
-def test_auto_mode_uses_the_kernel_only_above_the_cut_over(monkeypatch):
+@pytest.mark.parametrize("type_name, entry", [("Q8_0", "encode_legacy_blocks"), ("Q4_K", "encode_kquant_blocks")])
+def test_auto_mode_takes_the_kernel_for_a_requantize_row_block_not_for_a_tiny_call(monkeypatch, type_name, entry):
     from converter.formats.gguf import compiled_encode
+    from converter.kernels.rtn import QUANT_BLOCK_ELEMENTS
 
     calls = []
-    real = compiled_encode.encode_legacy_blocks
-    monkeypatch.setattr(compiled_encode, "encode_legacy_blocks", lambda *a: calls.append(1) or real(*a))
+    real = getattr(compiled_encode, entry)
+    monkeypatch.setattr(compiled_encode, entry, lambda *a: calls.append(1) or real(*a))
     monkeypatch.delenv(compiled.KERNELS_ENV, raising=False)
-    codec = codec_for("Q8_0")
-    small = np.ones((4, 64), np.float32)
-    codec.encode(small)
+    codec = codec_for(type_name)
+    codec.encode(np.ones((4, 256), np.float32))
     assert calls == []
-    big = np.ones((compiled.MIN_ELEMENTS // 1024, 1024), np.float32)
-    codec.encode(big)
+    # the requantize path (quant/format_quant.py) hands the encoder row blocks of 2^17 values
+    block = np.random.default_rng(0).standard_normal((QUANT_BLOCK_ELEMENTS // 4096, 4096)).astype(np.float32)
+    codec.encode(block)
     assert calls

@@ -15,6 +15,11 @@ from converter.formats.gguf.block_fields import (BlockFields, QK_K, BIT_SHIFTS, 
                                                  block_view, f16_at, map_row_chunks, split_nibbles)
 
 
+#: numpy time of one value's K-quant encode in plain numpy passes (about 100-300 ns against ~1): the
+#: compiled kernel's size cut-over (:func:`converter.kernels.compiled.use_compiled`) weighs a call's
+#: values by it, so the row blocks the requantize path hands over (2^17 values) take the compiled path.
+NUMPY_COST = 64
+
 # --------------------------------------------------------------------------------------------
 # K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-element super-blocks)
 # --------------------------------------------------------------------------------------------
@@ -205,7 +210,7 @@ class KQuantCodec:
         n_super = row_len // QK_K
         out = np.empty((rows, n_super * self.type_size), dtype=np.uint8)
         pack = PACKERS[self.name]
-        compiled = use_compiled(values.size)
+        compiled = use_compiled(values.size * NUMPY_COST)
         if compiled:
             from converter.formats.gguf.compiled_encode import encode_kquant_blocks
 

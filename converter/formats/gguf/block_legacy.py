@@ -16,6 +16,11 @@ from converter.formats.gguf.block_fields import (BlockFields, block_view, check_
                                                  map_row_chunks, split_nibbles)
 
 
+#: numpy time of one value's encode in plain numpy passes (about 5-20 ns against ~1): the compiled
+#: kernel's size cut-over (:func:`converter.kernels.compiled.use_compiled`) weighs a call's values by
+#: it, so the row blocks the requantize path hands over (2^17 values) take the compiled path.
+NUMPY_COST = 8
+
 #: The legacy types, in the order of the codec registry (the types qckpt writes).
 LEGACY_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
@@ -156,7 +161,7 @@ class LegacyCodec:
         values = self._check_values(values)
         rows, row_len = values.shape
         out = np.empty((rows, row_len // self.block_size * self.type_size), dtype=np.uint8)
-        encode_rows = self._compiled_rows if use_compiled(values.size) else self._encode_rows
+        encode_rows = self._compiled_rows if use_compiled(values.size * NUMPY_COST) else self._encode_rows
         return map_row_chunks(out, row_len, lambda a, b: encode_rows(values[a:b]))
 
     def _compiled_rows(self, values: np.ndarray) -> np.ndarray:
