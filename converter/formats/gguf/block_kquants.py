@@ -241,11 +241,19 @@ class KQuantCodec:
         from converter.formats.gguf.kquant_pack import PACKERS
 
         rows, row_len = fields.codes.shape
-        n = rows * (row_len // QK_K)
+        per_row = row_len // QK_K
+        n = rows * per_row
         k = QK_K // self.sub_block_size
         d = np.asarray(fields.super_scales, dtype=np.float16).reshape(n)
         dmin = None if fields.super_mins is None else np.asarray(fields.super_mins, dtype=np.float16).reshape(n)
         sc = np.asarray(fields.sub_scales).reshape(n, k)
         m = None if fields.sub_mins is None else np.asarray(fields.sub_mins).reshape(n, k)
-        codes = np.ascontiguousarray(fields.codes, dtype=np.uint8).reshape(n, QK_K)
-        return PACKERS[self.name](codes, d, dmin, sc, m).reshape(rows, -1)
+        codes = fields.codes.reshape(n, QK_K)
+        pack = PACKERS[self.name]
+
+        def chunk(a: int, b: int) -> np.ndarray:  # rows a:b: the packers' temporaries stay chunk-sized
+            s = slice(a * per_row, b * per_row)
+            return pack(codes[s].astype(np.uint8, copy=False), d[s], None if dmin is None else dmin[s], sc[s],
+                        None if m is None else m[s]).reshape(-1, per_row * self.type_size)
+        out = np.empty((rows, per_row * self.type_size), dtype=np.uint8)
+        return map_row_chunks(out, row_len, chunk)
