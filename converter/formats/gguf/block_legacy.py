@@ -160,20 +160,18 @@ class LegacyCodec:
         """
         values = self._check_values(values)
         rows, row_len = values.shape
+        if use_compiled(values.size * NUMPY_COST):
+            # the kernel needs no temporaries: one call on all rows, straight into the output; the
+            # numpy path (below) when it defers (non-finite values, a scale outside float16, mixed
+            # signed zeros: the reference bytes or error)
+            from converter.formats.gguf.compiled_encode import encode_legacy_blocks
+
+            raw, deferred = encode_legacy_blocks(self.name, np.ascontiguousarray(values).reshape(-1, self.block_size),
+                                                 self.type_size)
+            if not deferred:
+                return raw.reshape(rows, -1)
         out = np.empty((rows, row_len // self.block_size * self.type_size), dtype=np.uint8)
-        encode_rows = self._compiled_rows if use_compiled(values.size * NUMPY_COST) else self._encode_rows
-        return map_row_chunks(out, row_len, lambda a, b: encode_rows(values[a:b]))
-
-    def _compiled_rows(self, values: np.ndarray) -> np.ndarray:
-        """:meth:`encode` of one chunk by the compiled kernel (byte-identical); the numpy path for a
-        chunk the kernel defers (non-finite values, a scale outside float16, mixed signed zeros)."""
-        from converter.formats.gguf.compiled_encode import encode_legacy_blocks
-
-        blocks = np.ascontiguousarray(values).reshape(-1, self.block_size)
-        raw, deferred = encode_legacy_blocks(self.name, blocks, self.type_size)
-        if deferred:
-            return self._encode_rows(values)
-        return raw.reshape(values.shape[0], -1)
+        return map_row_chunks(out, row_len, lambda a, b: self._encode_rows(values[a:b]))
 
     def _encode_rows_transposed(self, values: np.ndarray) -> np.ndarray:
         """Q4_0 / Q8_0 :meth:`encode` of one chunk with the blocks transposed to ``(32, n_blocks)``.

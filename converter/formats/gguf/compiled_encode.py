@@ -93,23 +93,37 @@ def _q_0(blocks, bits, out):  # pragma: no cover - compiled
     for b in range(blocks.shape[0]):
         x = blocks[b]
         bad = 0
-        amax = np.float32(0.0)
+        pmax = x[0]
+        nmin = x[0]
         for i in range(32):
             bad |= np.float32(x[i]).view(np.int32) & 0x7F800000 == 0x7F800000  # inf or NaN
-            a = abs(x[i])
-            amax = a if a > amax else amax
+            pmax = x[i] if x[i] > pmax else pmax
+            nmin = x[i] if x[i] < nmin else nmin
         if bad:
             return 1
-        k = 0
-        while abs(x[k]) != amax:
-            k += 1
-        d = x[k] / np.float32(-off)
+        # the first element of largest magnitude: the max or the min, unless |max| == |min| (then scan)
+        if pmax > -nmin:
+            mx = pmax
+        elif pmax < -nmin:
+            mx = nmin
+        else:
+            k = 0
+            while abs(x[k]) != pmax:
+                k += 1
+            mx = x[k]
+        d = mx / np.float32(-off)
         if not abs(d) <= _F16_MAX:
             return 1
         inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
         if not np.isfinite(inv):
             return 1
         put_f16(out, b, 0, d)
+        if bits == 4:  # byte j: element j (low nibble) | element j + 16 (high nibble)
+            for j in range(16):
+                lo = x[j] * inv + half
+                hi = x[j + 16] * inv + half
+                out[b, 2 + j] = np.int32(top if lo > top else lo) | (np.int32(top if hi > top else hi) << 4)
+            continue
         for i in range(32):
             t = x[i] * inv + half
             q[i] = np.int32(top if t > top else t)
