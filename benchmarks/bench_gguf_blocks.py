@@ -3,16 +3,19 @@
 Run: ``python benchmarks/bench_gguf_blocks.py [--size 4096] [--repeat 3]``.
 
 For Q4_0 and Q8_0 on a ``size x size`` float32 matrix it times
-- encode:  ours ``codec.encode(x)``            vs ``gguf.quants.quantize(x, type)``
+- encode:  ours ``codec.encode(x)`` (ns per weight) with the numpy path and with the compiled kernels (``fast`` extra,
+  when numba is installed; bytes checked equal to gguf-py's)  vs ``gguf.quants.quantize(x, type)``;
+  targets (issue 19): numpy >= 1.4x gguf-py, compiled >= 3x
 - decode:  ours, the product's read path ``tensor_from_fields(name, codec.decode(raw), shape).dequantize()``,
   vs ``gguf.quants.dequantize(raw, type)``
 - fields:  ours ``codec.decode(raw)`` alone (codes + scales, no floats; gguf-py has no equivalent)
-and prints the best-of-N time, GB/s of float32 data (``size*size*4`` bytes) and ours/gguf speed ratios.
+and prints the best-of-N time (decode: GB/s of float32 data (``size*size*4`` bytes)) and ours/gguf speed ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from gguf import GGMLQuantizationType  # noqa: E402
 
 from converter.formats.gguf.blocks import codec_for  # noqa: E402
 from converter.formats.gguf.schemes import tensor_from_fields  # noqa: E402
+from converter.kernels import compiled  # noqa: E402
+from converter.runtime import run_options  # noqa: E402
 from timing import best_time  # noqa: E402
 
 
@@ -36,15 +41,27 @@ def main() -> None:
 
     x = np.random.default_rng(0).standard_normal((args.size, args.size)).astype(np.float32)
     gb = x.nbytes / 1e9
-    print(f"matrix {args.size}x{args.size} float32 ({gb:.3f} GB), best of {args.repeat}")
+    print(f"matrix {args.size}x{args.size} float32 ({gb:.3f} GB), best of {args.repeat}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'type':5} {'op':7} {'ours s':>8} {'GB/s':>7} {'gguf s':>8} {'GB/s':>7} {'speedup':>8}")
     for name in ("Q4_0", "Q8_0"):
         codec, qtype = codec_for(name), GGMLQuantizationType[name]
         raw = gguf.quants.quantize(x, qtype)
-        assert np.array_equal(codec.encode(x), raw)
+        with run_options(kernels="numpy"):
+            assert np.array_equal(codec.encode(x), raw)
+            numpy_s = best_time(lambda codec=codec: codec.encode(x), args.repeat)
+        ref = best_time(lambda qtype=qtype: gguf.quants.quantize(x, qtype), args.repeat)
+        line = (f"{name:5} encode  numpy {numpy_s / x.size * 1e9:5.2f} ns/w ({ref / numpy_s:5.2f}x gguf-py, "
+                f"target >= 1.4x)")
+        if compiled.available():
+            with run_options(kernels="numba"):
+                assert np.array_equal(codec.encode(x), raw)
+                comp_s = best_time(lambda codec=codec: codec.encode(x), args.repeat)
+            line += (f"   compiled {comp_s / x.size * 1e9:5.2f} ns/w ({ref / comp_s:5.2f}x gguf-py, target >= 3x;"
+                     f" {numpy_s / comp_s:4.2f}x numpy)")
+        print(line + f"   gguf-py {ref / x.size * 1e9:5.2f} ns/w")
         # the lambdas run within this iteration; the defaults bind its codec / raw / qtype all the same
         rows = [
-            ("encode", lambda codec=codec: codec.encode(x), lambda qtype=qtype: gguf.quants.quantize(x, qtype)),
             ("decode", lambda codec=codec, raw=raw: tensor_from_fields("t", codec.decode(raw), x.shape).dequantize(),
              lambda raw=raw, qtype=qtype: gguf.quants.dequantize(raw, qtype)),
             ("fields", lambda codec=codec, raw=raw: codec.decode(raw), None),

@@ -127,7 +127,7 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
     err = proc.stderr.read()
-    _, status, _usage = os.wait4(proc.pid, 0)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     done.set()
     th.join()
