@@ -136,7 +136,7 @@ def run_cmd(args: list[str], *, cwd: Path = ROOT) -> dict:
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"qckpt {' '.join(args)} failed ({proc.returncode}): {err.decode()[-2000:]}")
     # VmHWM, not wait4's ru_maxrss: a forked child's ru_maxrss starts from this (large) process's RSS
-    return {"wall_s": wall, "cpu_s": _usage.ru_utime + _usage.ru_stime, "load": os.getloadavg()[0],
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "load": os.getloadavg()[0],
             "peak_rss_tree": peak[0], "peak_rss_max_process": max(hwm.values(), default=0),
             "stdout": b"".join(out_chunks)}
 
