@@ -219,8 +219,8 @@ def row_splittable(t: Tensor) -> bool:
         return t.data.ndim >= 1
     if t.group_map.granularity is Granularity.BLOCK:  # 2-D: rows as row groups; 3-D: whole experts
         return t.double_quant is None and t.packed is None and t.axes in (("out", "in"), (EXPERT, "out", "in"))
-    if t.double_quant is not None:
-        return False
+    if t.double_quant is not None:  # K-quant records run per out row: a 2-D tensor's rows cut with them
+        return t.axes == ("out", "in") and t.packed is None and t.group_map.row_local(t.axes)
     if t.axes == (EXPERT, "out", "in"):  # whole experts: groups along in (no g_idx) or per out channel
         gm = t.group_map
         if not ((gm.granularity is Granularity.GROUP and gm.axis == "in" and gm.g_idx is None)
@@ -258,6 +258,11 @@ def take_rows(t: Tensor, start: int, stop: int) -> Tensor:
 
     def cut(a: np.ndarray | None) -> np.ndarray | None:
         return a if a is None or per_tensor else a[start:stop]
+    dq = t.double_quant
+    if dq is not None:  # (out, n_super) / (out, n_groups) records: the same rows
+        dq = dataclasses.replace(dq, super_scales=cut(dq.super_scales), sub_scales=cut(dq.sub_scales),
+                                 super_mins=cut(dq.super_mins), sub_mins=cut(dq.sub_mins))
+        return t.replace(codes=codes, scales=cut(t.scales), zero_points=cut(t.zero_points), double_quant=dq)
     return t.replace(codes=codes, scales=cut(t.scales), zero_points=cut(t.zero_points))
 
 

@@ -35,10 +35,11 @@ from converter.layout import PackedCodes
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers, current
 from converter.scheme import ZeroPoint
-from converter.tensor import Checkpoint, QuantizedTensor
+from converter.rows import Rows
+from converter.tensor import Checkpoint, QuantizedTensor, row_splittable
 from converter.write.engine import Deferred, run_tasks
 
-__all__ = ["digest", "digest_later", "crc_codes", "verify_readback", "BLOCK_BYTES"]
+__all__ = ["digest", "digest_later", "crc_codes", "values_crc", "verify_readback", "BLOCK_BYTES"]
 
 #: Codes per CRC block, about (1 MiB: the converted block stays in cache between conversion and CRC).
 BLOCK_BYTES = 1 << 20
@@ -116,6 +117,20 @@ def _crc(parts, c: int = 0) -> int:
     return c
 
 
+def values_crc(t: QuantizedTensor) -> int:
+    """CRC-32 of ``repr(shape)`` then ``t``'s dequantized float32 values in C order, produced in row blocks
+    (:class:`converter.rows.Rows`) when the tensor can be cut into rows (a GGUF K-quant ``(out, in)``
+    tensor: never whole), else whole; the same number either way (chained CRCs of consecutive blocks)."""
+    shape = tuple(int(s) for s in t.shape)
+    crc = zlib.crc32(repr(shape).encode())
+    if len(shape) != 2 or not row_splittable(t):
+        return zlib.crc32(memoryview(np.ascontiguousarray(t.dequantize())).cast("B"), crc)
+    values = Rows(t)
+    for r0 in range(0, shape[0], values.step):
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(values[r0:r0 + values.step])).cast("B"), crc)
+    return crc
+
+
 def digest(t: QuantizedTensor) -> str:
     """The read-back digest of ``t`` (module docstring): ``"p:<crc32 hex>"`` over its parameters and codes,
     ``"v:<crc32 hex>"`` over its dequantized float32 values when its zero points have no integer form."""
@@ -127,8 +142,7 @@ def digest(t: QuantizedTensor) -> str:
         try:
             c = as_integer_zero(as_unsigned(t))
         except ConverterError:
-            d = np.ascontiguousarray(t.dequantize())
-            return "v:" + f"{_crc([repr(d.shape).encode(), memoryview(d).cast('B')]):08x}"
+            return f"v:{values_crc(t):08x}"
         scheme, zp, off, raw = c.scheme, c.zero_points, 0, c.__dict__["_codes"]
     gm = t.group_map  # (neither conversion changes the groups, the shape or the axes)
     scheme = scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)

@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from converter.errors import FormatError
+from converter.errors import FormatError, ProofFailedError
 from converter.formats.gguf import format as gguf_format
 from converter.formats.gguf import heads as gguf_heads
 from converter.formats.gguf.names import llama_row_permutation
@@ -135,7 +135,8 @@ def _quantized_llama(tmp_path: Path) -> Path:
 
 def test_readback_proof_is_independent_of_the_permutation_code(tmp_path, monkeypatch):
     """Writer and reader sharing one wrong head count (the old default) cancel out in the read-back; the
-    proof still flags k because it checks the stored rows against llama.cpp's permute of the source."""
+    proof still catches k because it checks the stored rows against llama.cpp's permute of the source: the
+    output is refused naming k alone (q is right), and nothing is written."""
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     src = _quantized_llama(tmp_path)
@@ -149,10 +150,11 @@ def test_readback_proof_is_independent_of_the_permutation_code(tmp_path, monkeyp
 
     monkeypatch.setattr("converter.formats.gguf.tensor_plan.qk_permutation", wrong)  # the writer's lookup
     monkeypatch.setattr("converter.formats.gguf.reader.qk_permutation", wrong)
-    bad = requantize_model(src, tmp_path / "bad.gguf", target, to="gguf")
-    rows = {r["name"]: r for r in bad["tensors"]}
-    assert rows["model.layers.0.self_attn.k_proj.weight"]["readback_bit_exact"] is False
-    assert rows["model.layers.0.self_attn.q_proj.weight"]["readback_bit_exact"] is True
+    with pytest.raises(ProofFailedError) as e:
+        requantize_model(src, tmp_path / "bad.gguf", target, to="gguf")
+    assert e.value.found == "model.layers.0.self_attn.k_proj.weight"  # k only: q reads back right
+    assert not (tmp_path / "bad.gguf").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if "qckpt-tmp" in p.name) == []
 
 
 def test_proof_names_the_rows_that_moved(tmp_path):
