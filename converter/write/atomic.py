@@ -306,7 +306,8 @@ def staged_output(dst: str | os.PathLike, *, overwrite: bool = False) -> Iterato
     Raises
     ------
     OutputExistsError
-        ``dst`` (or a part's final path) exists and ``overwrite`` is false, checked again at commit.
+        ``dst`` (or a part's final path) exists and ``overwrite`` is false, checked again (every part's
+        final path) before anything is renamed.
     """
     dst = Path(dst)
     if _exists(dst) and not overwrite:
@@ -318,11 +319,19 @@ def staged_output(dst: str | os.PathLike, *, overwrite: bool = False) -> Iterato
     inner = stage / dst.name
     try:
         yield inner
-        entries = sorted(p for p in stage.iterdir() if p.name != dst.name)
+        entries = [p for p in stage.iterdir() if p.name != dst.name]
         if not _exists(inner) and not entries:
             raise ConverterError("nothing was written to the temporary output", file=dst,
                                  expected="an output", found="none")
-        for p in [*entries, *([inner] if _exists(inner) else [])]:
+        # the parts of a split GGUF in reverse (``-00001-of-`` last, as :func:`atomic_outputs`: a reader that starts
+        # from the first part never finds it beside a missing one), the entry named like ``dst`` last of all; every
+        # final path is checked before the first rename, so a refusal commits nothing
+        order = [*sorted(entries, reverse=True), *([inner] if _exists(inner) else [])]
+        if not overwrite:
+            for p in order:
+                if _exists(dst.parent / p.name):
+                    raise _refuse_existing(dst.parent / p.name)
+        for p in order:
             _commit(p, dst.parent / p.name, overwrite)
         _fsync(dst.parent)
     except ConverterError as exc:

@@ -197,3 +197,28 @@ def test_a_cut_gguf_writer_disagrees_with_is_refused_and_nothing_is_left(tmp_pat
     with pytest.raises(FormatError, match="cut the parts otherwise"):
         write_gguf(load(llama_dir), tmp_path / "out" / "m.gguf", split_max_tensors=7)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_convert_refused_on_an_existing_later_part_commits_no_part(tmp_path, llama_dir):
+    # convert stages the whole output (write.atomic.staged_output): with part 1 gone and parts 2 and 3 still there,
+    # a run without --overwrite is refused and must not have renamed a new part 1 in beside the old parts
+    out = tmp_path / "out"
+    r = run("convert", llama_dir, out / "m.gguf", "--to", "gguf", "--max-shard-tensors", "10", "--quiet")
+    assert r.exit_code == 0, r.output
+    (out / "m-00001-of-00003.gguf").unlink()
+    later = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run("convert", llama_dir, out / "m.gguf", "--to", "gguf", "--max-shard-tensors", "10", "--quiet")
+    assert r.exit_code == 2 and "-of-00003.gguf: destination exists" in r.output, r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == later  # no part 1, no staging directory
+
+
+def test_staged_split_parts_are_renamed_first_part_last(tmp_path, monkeypatch):
+    from converter.write import atomic
+    renamed = []
+    real = atomic._commit
+    monkeypatch.setattr(atomic, "_commit", lambda tmp, dst, ow: (renamed.append(dst.name), real(tmp, dst, ow)))
+    with atomic.staged_output(tmp_path / "m.gguf") as inner:
+        for i in (1, 2, 3):
+            (inner.parent / f"m-0000{i}-of-00003.gguf").write_bytes(b"%d" % i)
+    assert renamed == ["m-00003-of-00003.gguf", "m-00002-of-00003.gguf", "m-00001-of-00003.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(renamed)
