@@ -152,7 +152,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         (:func:`converter.formats.gguf.hf_source.source_kv`).
     split_max_size, split_max_tensors : int, optional
         Split the output as ``convert_hf_to_gguf.py --split-max-size / --split-max-tensors`` does
-        (:mod:`converter.formats.gguf.split_write`): bytes of tensor data / tensors per part, 0 no limit; default:
+        (:mod:`converter.formats.gguf.split_write`): bytes of tensor data (also a size string, ``"2GB"``) / tensors
+        per part, integers >= 0, 0 no limit (else :class:`~converter.errors.FormatError`); default:
         the run options' ``gguf_split_size`` / ``gguf_split_tensors`` (``qckpt --max-shard-size``), 0.
         Parts ``<stem>-00001-of-0000N.gguf`` beside ``dst``; one file ``dst`` when everything fits in one part.
 
