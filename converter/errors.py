@@ -182,9 +182,9 @@ class MissingExtraError(UnsupportedError):
 
 
 class EngineError(ConverterError, RuntimeError):
-    """A distributed engine (``--engine ray|dask``) cannot run the job: its extra is not installed, the
-    cluster cannot be reached, a node runs another qckpt version, or a task was lost more times than
-    the retries allow."""
+    """A distributed engine (``--engine ray|dask``) cannot run the job: the cluster cannot be reached, a node
+    runs another qckpt version, or a task was lost more times than the retries allow (a missing extra is
+    :class:`MissingExtraError`)."""
 
 
 class ProofFailedError(ConverterError):

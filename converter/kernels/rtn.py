@@ -131,6 +131,16 @@ def _reduce(x3: np.ndarray, tail: np.ndarray | None, ufunc: np.ufunc) -> np.ndar
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
+def _no_underflow(scales: np.ndarray) -> np.ndarray:
+    """Float32 scales of non-zero groups that the division by the code range rounded to 0 (an extremum
+    among float32's smallest subnormals, e.g. ``3 * 2**-149 / 7``) raised to the smallest positive float32
+    (``2**-149``), as :func:`safe_cast_scales` raises a scale its dtype cannot hold; a scale of 0 would
+    give NaN codes. Every group that reaches here with a 0 scale is non-zero (all-zero groups get 1)."""
+    if scales.all():
+        return scales
+    return np.where(scales == 0, np.float32(np.finfo(np.float32).smallest_subnormal), scales).astype(np.float32)
+
+
 def params_from_extrema(s: Grid, *, amax: np.ndarray | None = None, mx: np.ndarray | None = None,
                         mn: np.ndarray | None = None, tensor: str | None = None
                         ) -> tuple[np.ndarray, np.ndarray | None, int] | None:
@@ -163,7 +173,7 @@ def params_from_extrema(s: Grid, *, amax: np.ndarray | None = None, mx: np.ndarr
         qpos = np.float32((1 << (s.bits - 1)) - 1)
         with np.errstate(divide="ignore", invalid="ignore"):
             sc = np.where(amax > 0, amax / qpos, np.float32(1.0)).astype(np.float32)  # finite / positive
-        return safe_cast_scales(sc, s, tensor=tensor), None, degenerate
+        return safe_cast_scales(_no_underflow(sc), s, tensor=tensor), None, degenerate
     if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
         return None
     degenerate = int(np.count_nonzero((mx == 0) & (mn == 0)))
@@ -172,7 +182,7 @@ def params_from_extrema(s: Grid, *, amax: np.ndarray | None = None, mx: np.ndarr
     hi = np.maximum(mx, 0).astype(np.float32)
     rng = hi - lo
     sc = np.where(rng > 0, rng / levels, np.float32(1.0)).astype(np.float32)
-    sc = safe_cast_scales(sc, s, tensor=tensor)
+    sc = safe_cast_scales(_no_underflow(sc), s, tensor=tensor)
     s32 = sc.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = round_values(-lo / s32, s.rounding)  # sc > 0: finite

@@ -94,7 +94,7 @@ def apply_module_policy(ckpt: Checkpoint, handler: Any) -> tuple[Checkpoint, lis
 
 def verify_dequantized(source: Checkpoint, out: Checkpoint, decisions: list[dict[str, Any]]) -> None:
     """Set ``readback_bit_exact`` on each ``dequantized`` decision: the dense tensor read back from
-    ``out`` (the committed output, through the target's reader) holds float32 values equal to the
+    ``out`` (the staged output, through the target's reader) holds float32 values equal to the
     source tensor's dequantization, bit for bit (:func:`converter.ops.compare.compare_tensors`;
     one tensor in memory at a time)."""
     for d in decisions:

@@ -1,5 +1,5 @@
 """The read-back proof of a requantized output: a digest of each tensor as written, and of the same
-tensor read back from the committed output through the target's reader.
+tensor read back from the staged output (renamed into place only when proven) through the target's reader.
 
 :func:`digest` is a CRC-32 chain over what the dequantized values are a function of: the scheme (up
 to the scale dtype and the rounding rule that made the codes), groups, shape, and the codes
@@ -163,7 +163,7 @@ def digest_later(t: QuantizedTensor) -> Deferred:
 
 def verify_readback(out: Checkpoint, rows: dict[str, dict], written: Mapping[str, str]) -> None:
     """Set ``readback_bit_exact`` in each report row: the tensor read back from ``out`` (the
-    committed output, through the target's reader) has the digest of the one computed.
+    staged output, through the target's reader) has the digest of the one computed.
 
     The tensors are read and digested in the worker processes of the options in force
     (:func:`converter.runtime.auto_workers` on the output's stored bytes), one per task. In one

@@ -14,7 +14,7 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from converter.errors import ConverterError, OutputExistsError
@@ -22,12 +22,9 @@ from converter.runtime import current
 from converter.write.dry_run import DryRunPlanned
 
 __all__ = ["atomic_output", "atomic_outputs", "check_not_inside", "refuse_existing", "sha256_file", "temp_sibling",
-           "clean_stale_siblings", "deferred_removal"]
+           "clean_stale_siblings", "staged_output", "retarget_paths"]
 
 _TAG = ".qckpt-tmp-"
-
-#: Replaced outputs waiting to be deleted, while a :func:`deferred_removal` block is active.
-_RETIRED: list[Path] | None = None
 
 
 def _prefix(dst: Path) -> str:
@@ -139,42 +136,7 @@ def _commit(tmp: Path, dst: Path, overwrite: bool) -> None:
     except BaseException:
         os.rename(aside, dst)
         raise
-    if _RETIRED is not None:
-        _RETIRED.append(aside)  # deleted by the enclosing deferred_removal block
-    else:
-        _remove(aside)
-
-
-def _remove_retired(retired: list[Path]) -> None:
-    while retired:
-        _remove(retired.pop(0))
-
-
-@contextlib.contextmanager
-def deferred_removal() -> Iterator[Callable[[], None]]:
-    """Delete the outputs that overwrites replace when the caller chooses, not at commit.
-
-    Deleting a multi-GB checkpoint mostly waits on the filesystem (about 0.8 s for 4 GB on
-    ext4), so a caller with CPU work left after the write (``convert``'s read-back proof)
-    overlaps the two. Inside the block, :func:`atomic_output` commits exactly as usual: the old
-    output is renamed aside (a ``.<dstname>.qckpt-tmp-<pid>-*.old`` sibling, which
-    :func:`clean_stale_siblings` removes if this process dies) and the new one renamed into
-    place; only the deletion of the aside copy waits.
-
-    Yields
-    ------
-    callable() -> None
-        Deletes everything retired so far (idempotent). What is left is deleted when the block
-        exits, also on an exception.
-    """
-    global _RETIRED
-    saved, retired = _RETIRED, []
-    _RETIRED = retired
-    try:
-        yield lambda: _remove_retired(retired)
-    finally:
-        _RETIRED = saved
-        _remove_retired(retired)
+    _remove(aside)
 
 
 @contextlib.contextmanager
@@ -306,7 +268,8 @@ def staged_output(dst: str | os.PathLike, *, overwrite: bool = False) -> Iterato
     Raises
     ------
     OutputExistsError
-        ``dst`` (or a part's final path) exists and ``overwrite`` is false, checked again at commit.
+        ``dst`` (or a part's final path) exists and ``overwrite`` is false, checked again (every part's
+        final path) before anything is renamed.
     """
     dst = Path(dst)
     if _exists(dst) and not overwrite:
@@ -318,11 +281,19 @@ def staged_output(dst: str | os.PathLike, *, overwrite: bool = False) -> Iterato
     inner = stage / dst.name
     try:
         yield inner
-        entries = sorted(p for p in stage.iterdir() if p.name != dst.name)
+        entries = [p for p in stage.iterdir() if p.name != dst.name]
         if not _exists(inner) and not entries:
             raise ConverterError("nothing was written to the temporary output", file=dst,
                                  expected="an output", found="none")
-        for p in [*entries, *([inner] if _exists(inner) else [])]:
+        # the parts of a split GGUF in reverse (``-00001-of-`` last, as :func:`atomic_outputs`: a reader that starts
+        # from the first part never finds it beside a missing one), the entry named like ``dst`` last of all; every
+        # final path is checked before the first rename, so a refusal commits nothing
+        order = [*sorted(entries, reverse=True), *([inner] if _exists(inner) else [])]
+        if not overwrite:
+            for p in order:
+                if _exists(dst.parent / p.name):
+                    raise _refuse_existing(dst.parent / p.name)
+        for p in order:
             _commit(p, dst.parent / p.name, overwrite)
         _fsync(dst.parent)
     except ConverterError as exc:

@@ -197,3 +197,48 @@ def test_a_cut_gguf_writer_disagrees_with_is_refused_and_nothing_is_left(tmp_pat
     with pytest.raises(FormatError, match="cut the parts otherwise"):
         write_gguf(load(llama_dir), tmp_path / "out" / "m.gguf", split_max_tensors=7)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_convert_refused_on_an_existing_later_part_commits_no_part(tmp_path, llama_dir):
+    # convert stages the whole output (write.atomic.staged_output): with part 1 gone and parts 2 and 3 still there,
+    # a run without --overwrite is refused and must not have renamed a new part 1 in beside the old parts
+    out = tmp_path / "out"
+    r = run("convert", llama_dir, out / "m.gguf", "--to", "gguf", "--max-shard-tensors", "10", "--quiet")
+    assert r.exit_code == 0, r.output
+    (out / "m-00001-of-00003.gguf").unlink()
+    later = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run("convert", llama_dir, out / "m.gguf", "--to", "gguf", "--max-shard-tensors", "10", "--quiet")
+    assert r.exit_code == 2 and "-of-00003.gguf: destination exists" in r.output, r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == later  # no part 1, no staging directory
+
+
+def test_staged_split_parts_are_renamed_first_part_last(tmp_path, monkeypatch):
+    from converter.write import atomic
+    renamed = []
+    real = atomic._commit
+    monkeypatch.setattr(atomic, "_commit", lambda tmp, dst, ow: (renamed.append(dst.name), real(tmp, dst, ow)))
+    with atomic.staged_output(tmp_path / "m.gguf") as inner:
+        for i in (1, 2, 3):
+            (inner.parent / f"m-0000{i}-of-00003.gguf").write_bytes(b"%d" % i)
+    assert renamed == ["m-00003-of-00003.gguf", "m-00002-of-00003.gguf", "m-00001-of-00003.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(renamed)
+
+
+@pytest.mark.parametrize("option,value", [("split_max_tensors", -3), ("split_max_size", -1),
+                                          ("split_max_tensors", 2.5), ("split_max_size", "ten")])
+def test_python_api_bad_split_limit_is_a_typed_error_and_writes_nothing(tmp_path, llama_dir, option, value):
+    # a negative count used to cut after every tensor (21 parts); a size string raised a bare ValueError
+    import converter
+    from converter.errors import FormatError
+    with pytest.raises(FormatError) as e:
+        converter.convert(llama_dir, tmp_path / "out" / "m.gguf", to="gguf", **{option: value})
+    assert e.value.field == option
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_python_api_split_size_as_text_is_read_as_the_cli_reads_it(tmp_path, llama_dir):
+    import converter
+    doc = converter.convert(llama_dir, tmp_path / "m.gguf", to="gguf", split_max_size="40KB")
+    ref = converter.convert(llama_dir, tmp_path / "r.gguf", to="gguf", split_max_size=40_000)
+    assert [f[1:] for f in doc["written"]["files"]] == [f[1:] for f in ref["written"]["files"]]
+    assert len(doc["written"]["files"]) > 1

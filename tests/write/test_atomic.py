@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from converter.errors import OutputExistsError
-from converter.write.atomic import atomic_output, check_not_inside, deferred_removal, sha256_file
+from converter.write.atomic import atomic_output, check_not_inside, sha256_file
 
 
 def siblings(path):
@@ -80,40 +80,6 @@ def test_overwrite_dir(tmp_path):
     with atomic_output(dst, overwrite=True, is_dir=True) as tmp:
         (tmp / "new.txt").write_text("new")
     assert sorted(p.name for p in dst.iterdir()) == ["new.txt"] and siblings(dst) == []
-
-
-def test_deferred_removal_keeps_the_replaced_dir_aside_until_asked(tmp_path):
-    dst = tmp_path / "outdir"
-    dst.mkdir()
-    (dst / "old.txt").write_text("old")
-    with deferred_removal() as remove:
-        with atomic_output(dst, overwrite=True, is_dir=True) as tmp:
-            (tmp / "new.txt").write_text("new")
-        # committed: the new output is in place, the old one waits aside under a temp-sibling name
-        assert sorted(p.name for p in dst.iterdir()) == ["new.txt"]
-        aside = siblings(dst)
-        assert len(aside) == 1 and aside[0].endswith(".old")
-        assert (tmp_path / aside[0] / "old.txt").read_text() == "old"
-        remove()
-        assert siblings(dst) == []
-        remove()  # idempotent
-    assert siblings(dst) == []
-
-
-@pytest.mark.parametrize("is_dir", [False, True])
-def test_deferred_removal_deletes_on_exit_even_after_an_error(tmp_path, is_dir):
-    dst = tmp_path / ("outdir" if is_dir else "out.bin")
-    if is_dir:
-        dst.mkdir()
-    else:
-        dst.write_bytes(b"old")
-    with pytest.raises(KeyError):
-        with deferred_removal():
-            with atomic_output(dst, overwrite=True, is_dir=is_dir) as tmp:
-                (tmp / "new.txt").write_text("new") if is_dir else tmp.write_bytes(b"new")
-            raise KeyError("after the commit")
-    assert siblings(dst) == []
-    assert (dst / "new.txt").read_text() == "new" if is_dir else dst.read_bytes() == b"new"
 
 
 def test_overwrite_failure_keeps_old(tmp_path):

@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from converter.errors import ErrorKind, FormatError, NotRepresentableError, UnsupportedError
-from converter.runtime import current
+from converter.runtime import current, parse_shard_size
 from converter.write.atomic import atomic_output, atomic_outputs
 from converter.write.dry_run import DryRunPlanned
 from converter.tensor import Checkpoint
@@ -107,6 +107,30 @@ __all__ = ["read_gguf", "write_gguf", "detect_gguf", "check_target", "quantize_t
            "scheme_for", "tensor_from_fields", "legacy_type_for", "requant_adapt", "GGUF_QUANTIZER",
            "LEGACY_TYPES", "DENSE_TYPES", "NO_TOKENIZER"]
 
+def _split_limit(value: Any, field: str) -> int:
+    """A ``split_max_size`` / ``split_max_tensors`` given to the writer (the Python API; the CLI parses its own): an
+    integer >= 0 (0: no limit); a size string (``"2GB"``) for ``split_max_size``, as ``--max-shard-size`` reads it.
+
+    Raises
+    ------
+    FormatError
+        Anything else (a negative count used to cut after every tensor; a size string raised a bare ValueError).
+    """
+    if field == "split_max_size" and isinstance(value, str):
+        try:
+            return parse_shard_size(value)
+        except FormatError as exc:  # named as the keyword the caller gave, not the CLI's flag
+            exc.field = field
+            exc.args = (exc.render(),)
+            raise
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise FormatError(f"{field} is not a limit", field=field,
+                          expected="an integer >= 0 (0: no limit)" + (", or a size such as '2GB'"
+                                                                     if field == "split_max_size" else ""),
+                          found=repr(value))
+    return int(value)
+
+
 def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_type: str | None = None,
                arch: str | None = None, gguf_metadata: str | Path | None = None, split_max_size: int | None = None,
                split_max_tensors: int | None = None, **_: Any) -> dict:
@@ -128,7 +152,8 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
         (:func:`converter.formats.gguf.hf_source.source_kv`).
     split_max_size, split_max_tensors : int, optional
         Split the output as ``convert_hf_to_gguf.py --split-max-size / --split-max-tensors`` does
-        (:mod:`converter.formats.gguf.split_write`): bytes of tensor data / tensors per part, 0 no limit; default:
+        (:mod:`converter.formats.gguf.split_write`): bytes of tensor data (also a size string, ``"2GB"``) / tensors
+        per part, integers >= 0, 0 no limit (else :class:`~converter.errors.FormatError`); default:
         the run options' ``gguf_split_size`` / ``gguf_split_tensors`` (``qckpt --max-shard-size``), 0.
         Parts ``<stem>-00001-of-0000N.gguf`` beside ``dst``; one file ``dst`` when everything fits in one part.
 
@@ -224,8 +249,9 @@ def write_gguf(ckpt: Checkpoint, dst: Path, *, overwrite: bool = False, gguf_typ
     for name in offsets:
         notes.setdefault(name, []).append(f"stored as w + {offsets[name]:g} (llama.cpp's {arch} norm convention)")
     opts = current()
-    split_size = opts.gguf_split_size if split_max_size is None else int(split_max_size)
-    split_tensors = opts.gguf_split_tensors if split_max_tensors is None else int(split_max_tensors)
+    split_size = opts.gguf_split_size if split_max_size is None else _split_limit(split_max_size, "split_max_size")
+    split_tensors = (opts.gguf_split_tensors if split_max_tensors is None
+                     else _split_limit(split_max_tensors, "split_max_tensors"))
     parts = split_parts([p.nbytes for p in plans], split_size, split_tensors)
     paths = part_paths_for(Path(dst), len(parts))
     if len(parts) > 1 and alignment != 32:  # later parts have no key/values: llama.cpp reads them aligned to 32

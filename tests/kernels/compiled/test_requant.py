@@ -240,3 +240,22 @@ def test_row_ranges_on_two_threads_give_the_single_thread_results(monkeypatch):
         results.append(pair[1])
     assert threads == [1, 2]  # the compiled path ran on one, then two threads
     assert_same(results)
+
+
+@pytest.mark.parametrize("asym", [False, True])
+def test_a_group_of_float32_subnormals_gets_a_nonzero_scale_on_both_paths(asym):
+    """max |x| = 3 * 2**-149 (d, float32's smallest subnormal): 3d / 7 (or 6d / 15) rounds to 0 in float32, a scale
+    that made NaN codes (and NaN figures on the numpy path only). By hand: the scale is raised to d, so x / s is
+    3, -3, 0, 2 exactly: codes 3, -3, 0, 2 (symmetric, signed 4-bit) or, zero point 3, 6, 0, 3, 5 (asymmetric,
+    unsigned), the reconstruction exact."""
+    d = np.float32(np.finfo(np.float32).smallest_subnormal)
+    x = np.array([[3, -3, 0, 2] * 8], dtype=np.float32) * d
+    pair = both(x, grid(4, not asym, asym, "F32"), None)
+    assert_same(pair)
+    (got, fig), _ = pair
+    assert got.scales.tolist() == [[d]]
+    if asym:
+        assert got.zero_points.tolist() == [[3]] and got.codes[0, :4].tolist() == [6, 0, 3, 5]
+    else:
+        assert got.codes[0, :4].tolist() == [3, -3, 0, 2]
+    assert fig.to_json()["exact"] is True and fig.max_abs == 0.0
