@@ -220,7 +220,9 @@ def audit(path: Path, what_if: bool, fmt: str | None, as_json: bool) -> None:
 def dequantize(src, dst, dtype, match_tool, tool_dtype, overwrite, fmt, as_json):
     """Any supported checkpoint SRC -> plain float safetensors DST (file if it ends in .safetensors, else a directory).
     """
-    from converter.ops.dequantize import dequantize as do_dequantize  # lazy: the formats layer (see the top)
+    from converter.ops.dequantize import check_destination, dequantize as do_dequantize  # lazy: the formats layer
+    with usage_errors():
+        check_destination(dst)
     if match_tool and dtype is not None:
         raise click.UsageError("--match-tool writes each tensor in its tool's dtype: leave --dtype out "
                                "(--tool-dtype sets a tool's run-time dtype)")

@@ -86,3 +86,16 @@ def test_directory_writer_refuses_a_file_name_as_destination(tmp_path):
     r = CliRunner().invoke(main, ["convert", src, str(tmp_path / "x.gguf"), "--to", "gguf"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "x.gguf").is_file()
+
+
+def test_dequantize_refuses_a_gguf_file_name(tmp_path):
+    """``dequantize SRC out.gguf`` made a directory called out.gguf; a usage error now, nothing written."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    r = CliRunner().invoke(main, ["dequantize", str(SAMPLES / "gptq_w4_g128_sym"), str(tmp_path / "out.gguf")])
+    assert r.exit_code == 2 and "dequantize writes one .safetensors file or a model directory" in r.output
+    assert "qckpt convert SRC DST.gguf --to gguf" in r.output
+    assert list(tmp_path.iterdir()) == []

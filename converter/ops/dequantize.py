@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from converter.errors import UnsupportedError
 from converter.formats import registry
 from converter.formats.plain import write_plain
 from converter.ops.plan_doc import plan_document, tensor_rows
@@ -12,6 +13,24 @@ from converter.write.atomic import check_not_inside, refuse_existing
 from converter.write.dry_run import DryRunPlanned
 
 __all__ = ["dequantize"]
+
+
+def check_destination(dst: str | Path) -> None:
+    """A float checkpoint is one ``.safetensors`` file or a model directory: a DST with another file suffix
+    (``out.gguf``, ``out.bin``) would become a directory of that name, so it is refused.
+
+    Raises
+    ------
+    UnsupportedError
+        ``dst`` ends in a file suffix other than ``.safetensors`` (the names to use instead in the hint).
+    """
+    suffix = Path(dst).suffix.lower()
+    if suffix in registry.FILE_SUFFIXES and suffix != ".safetensors":
+        raise UnsupportedError("dequantize writes one .safetensors file or a model directory", file=dst, field="DST",
+                               expected="NAME.safetensors or a directory name", found=Path(dst).name,
+                               hint=f"e.g. {Path(dst).with_suffix('')} (a folder) or "
+                                    f"{Path(dst).with_suffix('.safetensors')}; "
+                                    "GGUF: qckpt convert SRC DST.gguf --to gguf")
 
 
 def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrite: bool = False,
@@ -29,6 +48,7 @@ def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrit
     """
     check_not_inside(src, dst)
     refuse_existing(dst, overwrite)
+    check_destination(dst)
     ckpt = registry.load(src, format=source_format)
     try:
         res = write_plain(ckpt, dst, dtype="F32" if match_tool else dtype, overwrite=overwrite,
