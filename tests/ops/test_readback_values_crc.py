@@ -63,3 +63,39 @@ def test_values_crc_is_the_crc_of_the_whole_array(kquant_file, monkeypatch):
             assert digest(t) == f"v:{expected:08x}"
             by_values += 1
     assert by_values
+
+
+def test_mlx_per_channel_requantize_is_proven(tmp_path):
+    """MLX has no per-channel layout: a per-channel target is stored as groups of 128 repeating each row's scale.
+    The read-back digest treats a row whose groups all share its parameters as per-channel (same values), so the
+    proof holds; it used to flag every tensor ('!', readback_bit_exact false) and now would refuse the output."""
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+
+    rep = requantize_model(SAMPLES / "gptq_w4_g128_sym", tmp_path / "m", Target(bits=8, granularity="channel"),
+                           to="mlx")
+    assert rep["tensors"] and all(r["readback_bit_exact"] and "readback" not in r for r in rep["tensors"])
+    back = registry.load(tmp_path / "m")
+    t = back[rep["tensors"][0]["name"]]
+    assert t.group_map.granularity.value == "group" and t.scales.shape[1] > 1  # stored as repeated groups
+    assert digest(t).startswith("p:")
+
+
+def test_a_digest_with_no_common_form_is_reported_unproven_not_refused():
+    """Written with integer zero points, read back with float biases that have no integer form (a real MLX
+    affine file's biases): no common digest, so the row says why it is not proven, and the proof does not refuse."""
+    from converter.ops.readback import NOT_COMPARABLE, verify_readback
+    from converter.ops.requantize_model import refuse_unproven
+
+    out = registry.load(SAMPLES / "mlx_affine_g64_b4")
+    name = out.quantized_names()[0]
+    assert digest(out[name]).startswith("v:")
+    rows = {name: {}}
+    verify_readback(out, rows, {name: "p:00000000"})
+    assert rows[name] == {"readback_bit_exact": False, "readback": NOT_COMPARABLE}
+    refuse_unproven(rows, [], "dst")  # (no ProofFailedError)
+    rows = {name: {}}
+    verify_readback(out, rows, {name: "v:00000000"})  # same form, other digest: refused
+    assert rows[name] == {"readback_bit_exact": False}
+    with pytest.raises(Exception, match="read-back proof"):
+        refuse_unproven(rows, [], "dst")
