@@ -79,8 +79,11 @@ _AT_FORK: list[list[str]] | None = None
 
 
 def _record_threads() -> None:
+    """The qckpt threads (all named ``qckpt-*``) alive at a fork. Other libraries' threads are theirs to
+    make fork-safe (a Dask client leaves a ``Dask-Offload`` thread behind in this test process)."""
     if _AT_FORK is not None:
-        _AT_FORK.append(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))
+        _AT_FORK.append(sorted(t.name for t in threading.enumerate()
+                               if t is not threading.main_thread() and t.name.startswith("qckpt")))
 
 
 os.register_at_fork(before=_record_threads)
