@@ -15,7 +15,9 @@ from typing import Any, Callable
 import click
 
 from converter.distributed.executor import ENGINES
+from converter.cli_errors import usage_errors
 from converter.errors import ConverterError
+from converter.kernels import compiled
 from converter.runtime import fixed_mmap_threshold, limit_blas_threads, parse_shard_size, parse_size, run_options
 from converter.vocabulary import (FP8_GRANULARITY_OPTIONS, GRANULARITY_OPTIONS, granularity_of, granularity_options,
                                   parse_block)
@@ -53,9 +55,30 @@ def run_options_flags(fn=None, *, budget: str = "rows"):
             mem = parse_size(max_memory) if max_memory is not None else None
         except ConverterError as exc:
             raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
+        with usage_errors():  # QCKPT_KERNELS checked before any work (an unknown word, numba missing)
+            kernels = compiled.mode()
         with run_options(workers=workers, max_memory=mem, quiet=quiet, verbose=verbose):
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+        if verbose:
+            _kernel_summary(kernels)
+        return out
     return wrapper
+
+
+def _kernel_summary(kernels: str) -> None:
+    """``--verbose``: which kernel path this process took (compiled kernels in worker processes print their own
+    first-call lines)."""
+    used = compiled.compile_seconds()
+    if used:
+        what = f"{len(used)} compiled kernel(s) called in this process"
+    elif kernels == "numpy":
+        what = "numpy kernels (QCKPT_KERNELS=numpy)"
+    elif not compiled.available():
+        what = "numpy kernels (numba is not installed: pip install 'qckpt[fast]')"
+    else:
+        what = (f"no compiled kernel called in this process (auto: calls on fewer than {compiled.MIN_ELEMENTS:,} "
+                "values stay on numpy; QCKPT_KERNELS=numba compiles every call)")
+    click.echo(f"qckpt: kernels: {what}", err=True)
 
 
 def gptq_options(gptq_format: str | None, to: str) -> dict:

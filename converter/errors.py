@@ -173,6 +173,13 @@ class WorkerDiedError(ConverterError, RuntimeError):
     """A worker process ended without reporting (killed by a signal, e.g. by the kernel for memory)."""
 
 
+class OptionValueError(ConverterError, ValueError):
+    """An option's value is not one the command knows (``--quant-type Q4_K_Z``), found where the value is
+    interpreted; a usage error (exit 2), the known values listed."""
+
+    exit_code = exit_codes.USAGE
+
+
 class MissingExtraError(UnsupportedError):
     """An option needs an optional extra that is not installed (``--plot``: ``plot``; compiled kernels:
     ``fast``); the message names the ``pip install`` line. A usage error: the same command without the

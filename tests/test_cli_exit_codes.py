@@ -99,3 +99,17 @@ def test_dequantize_refuses_a_gguf_file_name(tmp_path):
     assert r.exit_code == 2 and "dequantize writes one .safetensors file or a model directory" in r.output
     assert "qckpt convert SRC DST.gguf --to gguf" in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_gguf_quant_type_is_a_usage_error_listing_each_type_once(tmp_path):
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    r = CliRunner().invoke(main, ["convert", str(SAMPLES / "gguf" / "minilm_gguf_F16.gguf"), str(tmp_path / "x.gguf"),
+                                  "--to", "gguf", "--quant-type", "Q4_K_Z"])
+    assert r.exit_code == 2 and "unknown GGUF quantization type" in r.output and "found Q4_K_Z" in r.output
+    listed = r.output.split("expected ")[1].split(", found")[0].split(", ")
+    assert "Q4_K_M" in listed and "Q6_K" in listed and len(listed) == len(set(listed))
+    assert not (tmp_path / "x.gguf").exists()

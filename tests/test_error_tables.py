@@ -149,3 +149,12 @@ def test_plot_file_is_produced(requantized, tmp_path, suffix, head):
              "--plot", tmp_path / ("v" + suffix))
     assert r.exit_code == 0, r.output
     assert (tmp_path / ("v" + suffix)).read_bytes()[:200].find(head[:4]) >= 0
+
+
+def test_an_exact_requantize_says_so_instead_of_an_empty_sqnr(tmp_path):
+    """Every tensor carried exactly: the overall line read 'SQNR - dB'."""
+    r = _run("convert", SAMPLES / "gptq_w4_g128_sym", tmp_path / "o", "--to", "compressed-tensors", "--bits", "4",
+             "--group-size", "128", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "overall vs source: rel. Frobenius 0, SQNR exact (no error), max |err| 0" in r.output
+    assert "SQNR - dB" not in r.output

@@ -346,7 +346,8 @@ def render_error_report(doc: dict) -> None:
             f"result {o['exact']} exact / {o['lossy']} lossy; degenerate groups {o['degenerate_groups']}, "
             f"partial groups {o['partial_groups']}; {len(doc['passthrough'])} dense tensors passed through")
     if v:
-        c.print(f"overall vs source: rel. Frobenius {fmt(v['rel_frobenius'])}, SQNR {fmt(v['sqnr_db'])} dB, "
+        sqnr = "exact (no error)" if v["sqnr_db"] is None else f"{fmt(v['sqnr_db'])} dB"
+        c.print(f"overall vs source: rel. Frobenius {fmt(v['rel_frobenius'])}, SQNR {sqnr}, "
                 f"max |err| {fmt(v['max_abs'])}, output error {fmt(v['output_rel_error'])}")
     vr = o.get("vs_reference")
     if vr and vr.get("source"):

@@ -320,22 +320,41 @@ def test_group_128_target_written_as_blocks_reads_back(tmp_path):
 # The output head: llama.cpp keeps it above the requested type (llama_tensor_get_type)
 # ------------------------------------------------------------------------------------------------
 
-def _tied_llama_source(tmp_path, with_head=False):
-    """A native llama-named checkpoint: a quantized (int8, groups of 32) embedding 6 x 64, an up_proj,
+def _tied_llama_source(tmp_path, with_head=False, width=64):
+    """A native llama-named checkpoint: a quantized (int8, groups of 32) embedding 6 x ``width``, an up_proj,
     and optionally a quantized lm_head; no lm_head means a tied head."""
     from converter.formats.native import write_native
     rng = np.random.default_rng(12)
     ts = []
-    for name, shape in (("model.embed_tokens.weight", (6, 64)), ("model.layers.0.mlp.up_proj.weight", (8, 64)),
-                        *((("lm_head.weight", (6, 64)),) if with_head else ())):
+    for name, shape in (("model.embed_tokens.weight", (6, width)), ("model.layers.0.mlp.up_proj.weight", (8, width)),
+                        *((("lm_head.weight", (6, width)),) if with_head else ())):
         q = rng.integers(-127, 128, shape).astype(np.int8)
-        ts.append(QuantizedTensor(name, ("out", "in"), q, rng.uniform(0.001, 0.01, (shape[0], 2)).astype(np.float16),
+        ts.append(QuantizedTensor(name, ("out", "in"), q,
+                                  rng.uniform(0.001, 0.01, (shape[0], width // 32)).astype(np.float16),
                                   QuantScheme(8, True, ZeroPoint.NONE, "F16"), GroupMap.per_group(32)))
     p = tmp_path / ("head.safetensors" if with_head else "tied.safetensors")
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": not with_head,
-           "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}
+           "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": width}
     write_native(Checkpoint.from_tensors(ts, config=cfg), p)
     return p
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_a_256_wide_output_head_is_q6_k_like_llama_quantize(tmp_path, with_head):
+    """llama-quantize Q4_0 writes the output head (or the tied token embedding) as Q6_K when its rows are a
+    multiple of 256 (llama_tensor_get_type); qckpt wrote Q8_0 while it had no K-quant writer."""
+    src = _tied_llama_source(tmp_path, with_head, width=256)
+    rep = requantize_model(src, tmp_path / "q4_0.gguf", OPTIONS["Q4_0"], to="gguf")
+    raw = _raw(tmp_path / "q4_0.gguf")
+    head_gguf, head_hf = ("output.weight", "lm_head.weight") if with_head else ("token_embd.weight",
+                                                                                 "model.embed_tokens.weight")
+    assert raw[head_gguf].tensor_type == gguf.GGMLQuantizationType.Q6_K
+    assert raw["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    row = next(d for d in rep["modules"] if d["tensor"] == head_hf)
+    assert "Q6_K" in row["reason"] and "llama_tensor_get_type" in row["reason"]
+    # gguf-py's own decode of the written Q6_K head is what qckpt reads back
+    y = gguf.quants.dequantize(raw[head_gguf].data, gguf.GGMLQuantizationType.Q6_K).astype(np.float32)
+    assert np.array_equal(y, load(tmp_path / "q4_0.gguf")[head_hf].dequantize())
 
 
 @pytest.mark.parametrize("with_head", [False, True])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from converter.errors import NotRepresentableError
+from converter.errors import NotRepresentableError, OptionValueError
 from converter.formats.gguf.mix import FILE_TYPES, ModelInfo, TensorInfo, _fallback, allows_quantization, choose_types
 from converter.formats.gguf.names import HF_MODEL_TYPE_TO_ARCH, hf_to_gguf
 from converter.formats.ties import resolve_tied_head
@@ -103,8 +103,8 @@ def mix_targets(ckpt, file_type: str) -> dict[str, tuple[Any, str]]:
                    for s in ckpt.specs() if s.kind == "quantized" or s.decoded_by}
             out.update(_pure_float_targets(ckpt, file_type))
             return out
-        raise NotRepresentableError("unknown GGUF quantization type", field="--quant-type",
-                                    expected=list(FILE_TYPES) + list(WRITE_TYPES), found=file_type)
+        raise OptionValueError("unknown GGUF quantization type", field="--quant-type",
+                               expected=", ".join(dict.fromkeys([*FILE_TYPES, *WRITE_TYPES])), found=file_type)
     arch, kv = _arch_and_kv(ckpt)
     names = dict(ckpt.metadata.get("gguf_names") or {}) if ckpt.format == "gguf" else {}
     drop, _, _ = resolve_tied_head(ckpt, ckpt.config or None, ckpt.names())

@@ -13,9 +13,8 @@ The output head. ``llama-quantize`` does not quantize every tensor to the reques
 or ``token_embd.weight`` when the model has no output tensor (a tied head, as in SmolLM2) — gets
 ``Q6_K``, or ``Q8_0`` when its row length is not a multiple of 256 (``QK_K``), unless ``--pure``.
 A requantize to a legacy GGUF type follows that rule, so that ``qckpt convert --to gguf --bits 4
---group-size 32 --sym`` gives what ``llama-quantize ... Q4_0`` gives: the head at ``Q8_0``
-(qckpt writes no K-quants yet, so a 256-divisible head gets ``Q8_0`` where llama.cpp writes
-``Q6_K``: more bytes, never less precision). Measured on SmolLM2-135M-Instruct (Q4_1 source):
+--group-size 32 --sym`` gives what ``llama-quantize ... Q4_0`` gives: the head at ``Q6_K`` (``Q8_0``
+for a row length that is not a multiple of 256). Measured on SmolLM2-135M-Instruct (Q4_1 source):
 with its tied embedding requantized to Q4_0 the model no longer answers ' Paris'.
 """
 
@@ -223,8 +222,9 @@ def requant_targets(ckpt, target) -> dict[str, tuple[Any, str]]:
         return {}
     width = int(ckpt.spec(name).shape[-1])
     kind = "output head" if name == HEAD else "token embedding tied to the output head"
-    why = ("its row length %d is not a multiple of 256" % width if width % 256 else
-           "llama.cpp writes Q6_K, which qckpt does not write yet: Q8_0, more precise")
+    if width % 256 == 0:  # a whole number of K-quant super-blocks per row: Q6_K, as llama.cpp writes it
+        return {name: (Target(quant_type="Q6_K"), f"{kind}: llama.cpp's quantizer (llama_tensor_get_type) keeps "
+                                                   "it above the requested type, requantized to Q6_K")}
     reason = (f"{kind}: llama.cpp's quantizer (llama_tensor_get_type) keeps it above the requested type, "
-              f"requantized to Q8_0 ({why})")
+              f"requantized to Q8_0 (its row length {width} is not a multiple of 256)")
     return {name: (Target(**HEAD_TARGET, scale_dtype=None), reason)}

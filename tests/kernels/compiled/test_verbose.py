@@ -35,3 +35,30 @@ def test_verbose_prints_each_kernels_first_call_seconds(tmp_path):
 
 def test_verbose_on_the_numpy_path_prints_no_kernel_line(tmp_path):
     assert "compiled kernel" not in _convert(tmp_path, "numpy", "--verbose").stderr
+
+
+@pytest.mark.skipif(not compiled.available(), reason="the fast extra (numba) is not installed")
+def test_verbose_says_which_kernel_path_ran(tmp_path):
+    """--verbose always ends with one line saying which path this process took (a user cannot otherwise tell
+    whether the fast extra is active: small tensors stay on numpy in auto mode)."""
+    runs = [tmp_path / d for d in ("a", "b", "c")]
+    for d in runs:
+        d.mkdir()
+    assert "qckpt: kernels: numpy kernels (QCKPT_KERNELS=numpy)" in _convert(runs[0], "numpy", "--verbose").stderr
+    assert "compiled kernel(s) called in this process" in _convert(runs[1], "numba", "--verbose").stderr
+    assert "qckpt: kernels:" not in _convert(runs[2], "numba").stderr
+
+
+def test_an_unknown_kernels_word_is_refused_before_any_work(tmp_path):
+    """QCKPT_KERNELS is checked up front (it used to surface at the first tensor, blamed on that tensor, and
+    not at all on an exact repack)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import SAMPLES
+    env = dict(os.environ, QCKPT_KERNELS="fortran", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "converter", "convert", str(SAMPLES / "gptq_w4_g128_sym"),
+                        str(tmp_path / "o"), "--to", "compressed-tensors"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "QCKPT_KERNELS: expected one of auto, numpy, numba, found 'fortran'" in r.stderr
+    assert "tensor" not in r.stderr and not (tmp_path / "o").exists()
