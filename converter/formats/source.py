@@ -101,7 +101,11 @@ class Source:
         if not self.path.exists():
             cached = hub.resolve_repo_id(str(path))  # org/name[@rev]: a snapshot of the local HF cache
             if cached is None:
-                raise InputNotFoundError("no such file or directory", file=self.path)
+                parts = sorted(self.path.parent.glob(f"{self.path.stem}-00001-of-*.gguf")) \
+                    if self.path.suffix.lower() == ".gguf" else []
+                raise InputNotFoundError("no such file or directory", file=self.path,
+                                         hint=(f"written as a split GGUF: open its first part {parts[0]}"
+                                               if len(parts) == 1 else None))
             self.path = cached
         foreign.refuse_path(self.path)  # ONNX, Core ML, EXL2 ...: refused by name, before any parsing
         gguf_file = choose_gguf(self.path, prefer, INDEX_NAME) if self.path.is_dir() else None

@@ -329,4 +329,6 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     doc["module_summary"] = summarize_decisions(modules)
     if written.get("side_files_skipped"):
         doc["side_files_skipped"] = written["side_files_skipped"]
+    if len(written.get("files") or ()) > 1 and written.get("path"):  # a split GGUF: the parts DST was written as
+        doc["parts"] = [str(Path(written["path"]).parent / name) for name in written["files"]]
     return doc

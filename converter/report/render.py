@@ -243,6 +243,9 @@ def render_dequantize(doc: dict) -> None:
 
 def render_convert(doc: dict) -> None:
     c = console()
+    files = (doc.get("written") or {}).get("files") or []
+    if len(files) > 1 and str(files[0]).endswith(".gguf"):
+        c.print(f"written as {len(files)} parts (a split GGUF; open the first): {', '.join(map(str, files))}")
     t = table("tensor", "mode", "codes identical", "scales identical", "max |diff|",
               title=f"{doc['source_format']} -> {doc['target_format']}: {doc['destination']}")
     for r in doc["tensors"]:
@@ -359,6 +362,8 @@ def render_error_report(doc: dict) -> None:
     c.print(f"metadata cost (theoretical): {fmt_bytes(m['before']['metadata_bytes'])} -> "
             f"{fmt_bytes(m['after']['metadata_bytes'])} bytes, "
             f"{fmt(m['before']['bits_per_weight'])} -> {fmt(m['after']['bits_per_weight'])} bits/weight in total")
+    if doc.get("parts"):
+        c.print(f"written as {len(doc['parts'])} parts (a split GGUF; open the first): {', '.join(doc['parts'])}")
     render_filled_in(doc, c)
     render_modules(doc, c)
     render_side_files(doc, c)

@@ -242,3 +242,21 @@ def test_python_api_split_size_as_text_is_read_as_the_cli_reads_it(tmp_path, lla
     ref = converter.convert(llama_dir, tmp_path / "r.gguf", to="gguf", split_max_size=40_000)
     assert [f[1:] for f in doc["written"]["files"]] == [f[1:] for f in ref["written"]["files"]]
     assert len(doc["written"]["files"]) > 1
+
+
+def test_the_split_output_names_its_parts_and_the_unsplit_name_points_to_them(tmp_path):
+    """A split write's DST name is never a file: the report lists the parts, and opening DST names the first."""
+    from click.testing import CliRunner
+
+    from converter.cli import main
+    from tests.conftest import SAMPLES
+
+    dst = tmp_path / "t.gguf"
+    r = CliRunner().invoke(main, ["convert", str(SAMPLES / "gguf" / "minilm_gguf_F16.gguf"), str(dst), "--to", "gguf",
+                                  "--quant-type", "Q8_0", "--max-shard-tensors", "5", "--quiet"])
+    assert r.exit_code == 0, r.output
+    parts = [tmp_path / f"t-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert all(p.is_file() for p in parts) and not dst.exists()
+    assert "written as 3 parts (a split GGUF; open the first)" in r.output and str(parts[0]) in r.output
+    r = CliRunner().invoke(main, ["inspect", str(dst)])
+    assert r.exit_code == 3 and f"open its first part {parts[0]}" in r.output
