@@ -10,16 +10,22 @@ inside a worker process; :meth:`close` shuts it down.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import dask
-from distributed import Client, LocalCluster, as_completed
+from distributed import Client, LocalCluster, wait
 from distributed.scheduler import KilledWorker
 
 from converter.distributed.executor import DEFAULT_RETRIES
 from converter.errors import EngineError
 
 __all__ = ["DaskExecutor"]
+
+#: Seconds between checks of the pending tasks (results are taken as they complete).
+POLL_SECONDS = 1.0
+#: A local cluster with no worker for this long ends the job (EngineError; the staging is removed).
+NO_WORKERS_SECONDS = 10.0
 
 
 class DaskExecutor:
@@ -46,19 +52,37 @@ class DaskExecutor:
     def map(self, fn: Callable[[Any], Any], specs: Sequence[Any], *, retries: int) -> Iterator[tuple[int, Any]]:
         futures = self._client.map(fn, list(specs), retries=int(retries), pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
+        pending, idle_since = set(futures), None
         try:
-            for fut in as_completed(futures):
+            while pending:
+                # polled, not a blocking as_completed: a local cluster whose workers are all gone (Ctrl-C reaches
+                # the worker processes too) would otherwise be waited for forever
                 try:
-                    result = fut.result()
-                except KilledWorker as exc:
-                    raise EngineError("a task's worker died more times than the retries allow", field="--engine",
-                                      found=str(exc)[:300]) from exc
-                except OSError as exc:
-                    raise EngineError(f"a task failed after {retries} retries: {exc}", field="--engine",
-                                      found=type(exc).__name__) from exc
-                yield index[fut.key], result
+                    done, pending = wait(pending, timeout=POLL_SECONDS, return_when="FIRST_COMPLETED")
+                except TimeoutError:  # (distributed.wait raises when nothing completed in time)
+                    done = set()
+                for fut in done:
+                    yield index[fut.key], self._result(fut, retries)
+                if done or self._cluster is None or self._client.scheduler_info().get("workers"):
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > NO_WORKERS_SECONDS:
+                    raise EngineError("the local Dask cluster has no worker left (stopped or interrupted)",
+                                      field="--engine", expected="a running worker", found="none")
         finally:
             self._client.cancel([f for f in futures if not f.done()], force=True)
+
+    @staticmethod
+    def _result(fut, retries: int) -> Any:
+        try:
+            return fut.result()
+        except KilledWorker as exc:
+            raise EngineError("a task's worker died more times than the retries allow", field="--engine",
+                              found=str(exc)[:300]) from exc
+        except OSError as exc:
+            raise EngineError(f"a task failed after {retries} retries: {exc}", field="--engine",
+                              found=type(exc).__name__) from exc
 
     def close(self) -> None:
         self._client.close()

@@ -128,7 +128,22 @@ class Staging:
         shutil.rmtree(self.ctl, ignore_errors=True)
 
     def remove(self) -> None:
-        """Delete the staging and control directories (after a failure; idempotent)."""
+        """Delete the staging and control directories (after a failure; idempotent).
+
+        Each is first renamed aside, so a task still running somewhere (cancelled, not yet stopped) can no
+        longer create a file in it by its path (its retry marker, its shard: ``ENOENT``); a tree that still
+        changed under ``rmtree`` is removed again."""
         self._release()
-        atomic._remove(self.path)
-        atomic._remove(self.ctl)
+        for d in (self.path, self.ctl):
+            gone = d.with_name(d.name + f".gone-{secrets.token_hex(4)}")
+            try:
+                os.rename(d, gone)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                gone = d
+            for _ in range(5):
+                atomic._remove(gone)
+                if not gone.exists():
+                    break
+                time.sleep(0.1)
