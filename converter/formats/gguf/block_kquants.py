@@ -76,6 +76,10 @@ def _nibble_chunks(qs: np.ndarray, width: int) -> np.ndarray:
     return out.reshape(*lead, -1)
 
 
+#: Super-blocks (256 weights each) decoded at once by :meth:`KQuantCodec.decode` (about 4 M weights).
+DECODE_CHUNK_SUPER_BLOCKS = 1 << 14
+
+
 @dataclass(frozen=True)
 class KQuantCodec:
     """Codec for a ggml K-quant super-block type (``QK_K = 256``).
@@ -127,8 +131,18 @@ class KQuantCodec:
         """
         blocks = block_view(raw, self.name, self.type_size)
         rows, n_super, _ = blocks.shape
-        parts = getattr(self, f"_decode_{self.name}")(blocks)
-        codes, d, dmin, sc, mn = parts
+        # decoded in row chunks into the whole-tensor fields: the per-type unpacking makes several
+        # temporaries the size of the codes, which for a 32000 x 4096 head were ~0.5 GB at once
+        step = max(1, DECODE_CHUNK_SUPER_BLOCKS // max(1, n_super))
+        outs = None
+        for r0 in range(0, rows, step):
+            parts = getattr(self, f"_decode_{self.name}")(blocks[r0:r0 + step])
+            if outs is None:
+                outs = [None if p is None else np.empty((rows, *p.shape[1:]), dtype=p.dtype) for p in parts]
+            for o, p in zip(outs, parts):
+                if o is not None:
+                    o[r0:r0 + p.shape[0]] = p
+        codes, d, dmin, sc, mn = outs
         n_sub = n_super * (QK_K // self.sub_block_size)
         return BlockFields(
             self.name, codes.reshape(rows, n_super * QK_K), super_scales=d, super_mins=dmin,
