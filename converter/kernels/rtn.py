@@ -23,13 +23,12 @@ import ml_dtypes
 import numpy as np
 
 from converter.errors import QuantizationError, exact_str
-from converter.kernels.blas import blas_threads
 from converter.kernels.compiled import use_compiled
 from converter.kernels.compiled.rtn_rows import quantize_rows_compiled
 from converter.kernels.dequant import _apply, block_rows, dequantize_block
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rounding import round_values
-from converter.kernels.threads import kernel_threads, run_rows
+from converter.kernels.threads import run_row_parts
 
 #: Blocks of :func:`quantize_rows`, about 25 numpy calls each: twice as large halves that
 #: per-call overhead (~10% faster on 11008 x 4096; 4x as large spills the caches).
@@ -330,17 +329,9 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
                     part.add(r0, x, bq, ebuf[:k])
         return deg_total, part
 
-    try:
-        with blas_threads():  # the error sums' products: one BLAS thread per row range
-            parts = run_rows(work, rows, step, kernel_threads(rows * n))  # row ranges on the cores allowed
-    except QuantizationError:
+    degenerate = run_row_parts(work, rows, step, rows * n, compare)  # row ranges on the cores allowed
+    if degenerate is None:  # a NaN / inf somewhere: the whole-array path says where
         return None
-    if any(p is None for p in parts):  # a NaN / inf somewhere: the whole-array path says where
-        return None
-    degenerate = sum(p[0] for p in parts)
-    for p in parts[1:]:
-        if compare is not None:
-            compare.absorb(p[1])
     if zps is not None:
         zps = zps.astype(s.code_dtype)
     return QuantizedRows(scales, zps, codes, degenerate)

@@ -18,6 +18,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
 
+from converter.errors import QuantizationError
+from converter.kernels.blas import blas_threads
 from converter.runtime import current, in_worker_process
 
 #: Fewest rows x columns per thread worth a hand-off.
@@ -100,3 +102,24 @@ def run_rows(fn: Callable[[int, int], Any], rows: int, step: int, threads: int) 
     finally:
         wait(futures)  # every range finishes before anything is raised or returned
     return [first] + [f.result() for f in futures]  # (re-raises a range's exception)
+
+
+def run_row_parts(work: Callable[[int, int], Any], rows: int, step: int, elements: int, sums: Any) -> int | None:
+    """Run a row quantizer's ``work(a, b) -> (degenerate groups, error-sum part) | None`` over the row ranges
+    (:func:`run_rows`, :func:`kernel_threads` of ``elements``), BLAS at one thread per range (the error sums'
+    products), and fold the ranges' error-sum parts into ``sums`` (:meth:`ErrorSums.absorb`; None: no sums).
+
+    Returns the total of degenerate groups, or None when a range returned None or raised
+    :class:`~converter.errors.QuantizationError` (a NaN / inf: the whole-array path says where).
+    """
+    try:
+        with blas_threads():
+            parts = run_rows(work, rows, step, kernel_threads(elements))
+    except QuantizationError:
+        return None
+    if any(p is None for p in parts):
+        return None
+    if sums is not None:
+        for p in parts[1:]:
+            sums.absorb(p[1])
+    return sum(p[0] for p in parts)

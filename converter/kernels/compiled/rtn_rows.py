@@ -8,12 +8,10 @@ from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
-from converter.errors import QuantizationError
-from converter.kernels.blas import blas_threads
 from converter.kernels.compiled.requant import codes_errors, decode_extrema, decode_source
 from converter.kernels.dequant import block_rows
 from converter.kernels.error_sums import ErrorSums
-from converter.kernels.threads import kernel_threads, run_rows
+from converter.kernels.threads import run_row_parts
 
 if TYPE_CHECKING:  # (annotations only: converter.kernels.rtn calls this module)
     from converter.kernels.rtn import Grid, RowSource
@@ -97,17 +95,9 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
                         part.add_sums(r0, x, bq, eq)
         return deg_total, part
 
-    try:
-        with blas_threads():  # the error sums' products: one BLAS thread per row range
-            parts = run_rows(work, rows, step, kernel_threads(rows * n))
-    except QuantizationError:
+    degenerate = run_row_parts(work, rows, step, rows * n, compare)  # row ranges on the cores allowed
+    if degenerate is None:  # a NaN / inf somewhere: the whole-array path says where
         return None
-    if any(p is None for p in parts):
-        return None
-    degenerate = sum(p[0] for p in parts)
-    for p in parts[1:]:
-        if compare is not None:
-            compare.absorb(p[1])
     if zps is not None:
         zps = zps.astype(s.code_dtype)
     return scales, zps, codes, degenerate

@@ -227,11 +227,17 @@ def test_row_ranges_on_two_threads_give_the_single_thread_results(monkeypatch):
     plan = RowPlan(rng.integers(0, 256, (rows, n // 2), dtype=np.uint8),
                    (rng.random((rows, n // 128)) * 0.01).astype(np.float32), None, n, "none", 128, 0.0,
                    byte_table(4, signed=False, flip=False, center=8.0), None)
+    from converter.kernels import threads as kernel_threads_module
     from converter.kernels.compiled import rtn_rows
 
     threads = []
-    real = rtn_rows.run_rows
-    monkeypatch.setattr(rtn_rows, "run_rows", lambda fn, r, step, t: threads.append(t) or real(fn, r, step, t))
+    real = kernel_threads_module.run_rows
+
+    def spy(fn, r, step, t):  # the compiled path's row ranges (its work closure lives in rtn_rows)
+        if fn.__module__ == rtn_rows.__name__:
+            threads.append(t)
+        return real(fn, r, step, t)
+    monkeypatch.setattr(kernel_threads_module, "run_rows", spy)
     results = []
     for workers in (1, 2):
         with run_options(workers=workers):
