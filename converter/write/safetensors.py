@@ -214,14 +214,22 @@ class SafetensorsWriter:
         self._written: set[str] = set()
         self._rows: dict[str, int] = {}
         self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd: int | None = self._open()
         self._bg = BackgroundWriter(self._fd, path=self.path)  # its thread starts with the first tensor
         try:
-            pwrite_all(self._fd, memoryview(prefix), 0)  # synchronously: no thread exists yet when workers fork
-            os.ftruncate(self._fd, self._size)
+            self._prepare(prefix)
         except BaseException:
             self._abort()
             raise
+
+    def _open(self) -> int:
+        """The output file's descriptor: created (or truncated) for writing."""
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def _prepare(self, prefix: bytes) -> None:
+        """Write the header ``prefix`` and size the file to the plan."""
+        pwrite_all(self._fd, memoryview(prefix), 0)  # synchronously: no thread exists yet when workers fork
+        os.ftruncate(self._fd, self._size)
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
         """Queue ``view`` for writing at ``offset`` (a background thread writes it, see

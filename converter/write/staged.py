@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from converter.errors import ProofFailedError
-from converter.write.background import BackgroundWriter, pwrite_all
+from converter.write.background import pwrite_all
 from converter.write.safetensors import SafetensorsWriter, plan_header
 
 __all__ = ["precreate_shard", "StagedShardWriter", "shard_digests"]
@@ -61,26 +61,18 @@ class StagedShardWriter(SafetensorsWriter):
     ``fsync`` are the parent's.
     """
 
-    def __init__(self, path: str | os.PathLike, entries: Sequence[tuple[str, str, Sequence[int]]],
-                 metadata: Mapping[str, str] | None = None) -> None:
-        self.path = Path(path)
-        prefix, self._plan = plan_header(entries, metadata)
-        self._written: set[str] = set()
-        self._rows: dict[str, int] = {}
-        self._size = len(prefix) + sum(s.nbytes for s in self._plan.values())
-        self._fd = os.open(self.path, os.O_WRONLY)  # no O_CREAT: the coordinator made it
-        self._bg = BackgroundWriter(self._fd, path=self.path)
-        try:
-            size = os.fstat(self._fd).st_size
-            with open(self.path, "rb") as fh:
-                head = fh.read(len(prefix))
-            if size != self._size or head != prefix:
-                raise ProofFailedError("the staged shard is not the planned one", file=self.path, field="header",
-                                       expected=f"{self._size} bytes, the planned header",
-                                       found=f"{size} bytes" + ("" if head == prefix else ", another header"))
-        except BaseException:
-            self._abort()
-            raise
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY)  # no O_CREAT: the coordinator made it
+
+    def _prepare(self, prefix: bytes) -> None:
+        """Check, instead of writing, that the file holds the planned header and size."""
+        size = os.fstat(self._fd).st_size
+        with open(self.path, "rb") as fh:
+            head = fh.read(len(prefix))
+        if size != self._size or head != prefix:
+            raise ProofFailedError("the staged shard is not the planned one", file=self.path, field="header",
+                                   expected=f"{self._size} bytes, the planned header",
+                                   found=f"{size} bytes" + ("" if head == prefix else ", another header"))
 
 
 def shard_digests(path: str | os.PathLike) -> dict[str, object]:
