@@ -115,22 +115,11 @@ weights) and the shared expert with its sigmoid gate ``ffn_gate_inp_shexp``."""
 _QWEN3MOE = _QWEN3[:9] + _QWEN3[12:] + _MOE_FFN
 """llama.cpp ``qwen3moe``: Qwen3's attention (q/k norms), the router and the stacked experts (no shared expert)."""
 
-_GEMMA2 = (
-    ("token_embd", "model.embed_tokens"),
-    ("output_norm", "model.norm"),
-    ("output", "lm_head"),
-    ("blk.{bid}.attn_norm", "model.layers.{bid}.input_layernorm"),
-    ("blk.{bid}.attn_q", "model.layers.{bid}.self_attn.q_proj"),
-    ("blk.{bid}.attn_k", "model.layers.{bid}.self_attn.k_proj"),
-    ("blk.{bid}.attn_v", "model.layers.{bid}.self_attn.v_proj"),
-    ("blk.{bid}.attn_output", "model.layers.{bid}.self_attn.o_proj"),
+_GEMMA2 = _LLAMA[:8] + (  # LLaMA's embedding, head, attention; Gemma's four norms; LLaMA's MLP
     ("blk.{bid}.post_attention_norm", "model.layers.{bid}.post_attention_layernorm"),
     ("blk.{bid}.ffn_norm", "model.layers.{bid}.pre_feedforward_layernorm"),
     ("blk.{bid}.post_ffw_norm", "model.layers.{bid}.post_feedforward_layernorm"),
-    ("blk.{bid}.ffn_gate", "model.layers.{bid}.mlp.gate_proj"),
-    ("blk.{bid}.ffn_up", "model.layers.{bid}.mlp.up_proj"),
-    ("blk.{bid}.ffn_down", "model.layers.{bid}.mlp.down_proj"),
-)
+) + _LLAMA[9:12]
 """llama.cpp ``gemma2`` (``MODEL_TENSORS[MODEL_ARCH.GEMMA2]``): a norm before and after both attention and
 feed-forward (``ATTN_NORM`` / ``ATTN_POST_NORM`` / ``FFN_PRE_NORM`` (``ffn_norm``) / ``FFN_POST_NORM``); every norm
 weight is stored as ``1 + w`` (:data:`NORM_OFFSET_ARCHS`); the head is always the embedding (``Gemma2Model``
