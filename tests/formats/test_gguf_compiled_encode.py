@@ -185,14 +185,18 @@ def test_compiled_convert_matches_llama_quantize_file(tmp_path, monkeypatch, fil
         assert mine[t.name] == (t.tensor_type.name, np.asarray(t.data).tobytes()), t.name
 
 
-@pytest.mark.parametrize("type_name, entry", [("Q8_0", "encode_legacy_blocks"), ("Q4_K", "encode_kquant_blocks")])
-def test_auto_mode_takes_the_kernel_for_a_requantize_row_block_not_for_a_tiny_call(monkeypatch, type_name, entry):
-    from converter.formats.gguf import compiled_encode
+@pytest.mark.parametrize("type_name, module, entry", [("Q8_0", "compiled_legacy", "encode_legacy_blocks"),
+                                                      ("Q4_K", "compiled_encode", "encode_kquant_blocks")])
+def test_auto_mode_takes_the_kernel_for_a_requantize_row_block_not_for_a_tiny_call(monkeypatch, type_name, module,
+                                                                                   entry):
+    import importlib
+
     from converter.kernels.rtn import QUANT_BLOCK_ELEMENTS
 
+    kernels = importlib.import_module(f"converter.formats.gguf.{module}")
     calls = []
-    real = getattr(compiled_encode, entry)
-    monkeypatch.setattr(compiled_encode, entry, lambda *a: calls.append(1) or real(*a))
+    real = getattr(kernels, entry)
+    monkeypatch.setattr(kernels, entry, lambda *a: calls.append(1) or real(*a))
     monkeypatch.delenv(compiled.KERNELS_ENV, raising=False)
     codec = codec_for(type_name)
     codec.encode(np.ones((4, 256), np.float32))

@@ -164,7 +164,7 @@ class LegacyCodec:
             # the kernel needs no temporaries: one call on all rows, straight into the output; the
             # numpy path (below) when it defers (non-finite values, a scale outside float16, mixed
             # signed zeros: the reference bytes or error)
-            from converter.formats.gguf.compiled_encode import encode_legacy_blocks
+            from converter.formats.gguf.compiled_legacy import encode_legacy_blocks
 
             raw, deferred = encode_legacy_blocks(self.name, np.ascontiguousarray(values).reshape(-1, self.block_size),
                                                  self.type_size)

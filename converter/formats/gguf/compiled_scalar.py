@@ -10,7 +10,8 @@ llama-cpp-python 0.3.36) and ``ggml-impl.h`` (``GGML_FP32_TO_FP16``: IEEE round 
 as numpy's ``astype(np.float16)``).
 
 numba's on-disk cache of a kernel is keyed on the kernel's own source file only: a change here must
-come with a change of :mod:`converter.formats.gguf.compiled_encode` (or a cleared cache), else a
+come with a change of :mod:`converter.formats.gguf.compiled_encode` and
+:mod:`converter.formats.gguf.compiled_legacy` (or a cleared cache), else a
 cached kernel keeps the old helper.
 """
 
