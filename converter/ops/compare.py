@@ -13,10 +13,12 @@ else ``changed``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from converter.errors import ProofFailedError
 from converter.quant.recode import as_unsigned
 from converter.runtime import current, drop_pages
 from converter.scheme import ZeroPoint
@@ -251,3 +253,17 @@ def _same_parameters(a: QuantizedTensor, b: QuantizedTensor) -> bool:
         return False
     return a.zero_points is None or bool(np.array_equal(a.zero_points.astype(np.float32),
                                                         b.zero_points.astype(np.float32)))
+
+
+def refuse_failed_proof(rows: list[dict[str, Any]], dst: str | Path) -> None:
+    """Raise :class:`ProofFailedError` when a tensor read back from the staged output is not what the source
+    and the plan promise (a row ``changed``: codes, scales or values other than the source's, beyond a stated
+    rounding; a missing tensor); nothing is then renamed into place. Names every such tensor."""
+    bad = [r for r in rows if r.get("mode") in ("changed", "missing")]
+    if bad:
+        names = [r["name"] for r in bad]
+        raise ProofFailedError(f"the written output read back differs from the source in {len(bad)} tensor(s); "
+                               "nothing was written", file=dst, tensor=names[0], field="read-back proof",
+                               expected="every tensor exact, exact up to a stated rounding, or as planned",
+                               found=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+                               + (f" ({bad[0]['reason']})" if bad[0].get("reason") else ""))

@@ -15,7 +15,7 @@ into a staging directory beside DST, read back there with the target's reader an
 source tensor by tensor: codes (in a common unsigned domain), scales, and the dequantized values
 (:func:`verify_output`: tensors spread over the worker processes). Only a proven output is renamed
 into place; a tensor that reads back otherwise is a :class:`~converter.errors.ProofFailedError` naming
-it, and DST is left as it was (:func:`refuse_failed_proof`).
+it, and DST is left as it was (:func:`converter.ops.compare.refuse_failed_proof`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 
-from converter.errors import ConverterError, NotRepresentableError, ProofFailedError, UnsupportedError
+from converter.errors import ConverterError, NotRepresentableError, UnsupportedError
 from converter.formats import registry
 from converter.formats.activations import activation_scales, owner
 from converter.groups import Granularity
 from converter.layout import IN
-from converter.ops.compare import compare_offset, compare_tensors
+from converter.ops.compare import compare_offset, compare_tensors, refuse_failed_proof
 from converter.ops.module_policy import apply_module_policy, summarize_decisions
 from converter.ops.value_source import point_at_stored
 from converter.runtime import auto_workers, current
@@ -280,20 +280,6 @@ def verify_output(ckpt: Checkpoint, out: Checkpoint, tied: dict[str, Any] | None
     if job is not None:  # --engine ray|dask: each node proves its own shard's tensors (converter.distributed)
         return job.prove_rows(ckpt.names(), prove)
     return prove(ckpt.names())
-
-
-def refuse_failed_proof(rows: list[dict[str, Any]], dst: str | Path) -> None:
-    """Raise :class:`ProofFailedError` when a tensor read back from the staged output is not what the source
-    and the plan promise (a row ``changed``: codes, scales or values other than the source's, beyond a stated
-    rounding; a missing tensor); nothing is then renamed into place. Names every such tensor."""
-    bad = [r for r in rows if r.get("mode") in ("changed", "missing")]
-    if bad:
-        names = [r["name"] for r in bad]
-        raise ProofFailedError(f"the written output read back differs from the source in {len(bad)} tensor(s); "
-                               "nothing was written", file=dst, tensor=names[0], field="read-back proof",
-                               expected="every tensor exact, exact up to a stated rounding, or as planned",
-                               found=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-                               + (f" ({bad[0]['reason']})" if bad[0].get("reason") else ""))
 
 
 def convert_exact(src: str | Path, dst: str | Path, to: str, *, overwrite: bool = False,
