@@ -10,6 +10,12 @@ For Q4_0 and Q8_0 on a ``size x size`` float32 matrix it times
   vs ``gguf.quants.dequantize(raw, type)``
 - fields:  ours ``codec.decode(raw)`` alone (codes + scales, no floats; gguf-py has no equivalent)
 and prints the best-of-N time (decode: GB/s of float32 data (``size*size*4`` bytes)) and ours/gguf speed ratios.
+
+Measured 2026-12-06 07:13 UTC (2-core VM, load average 1.8, ``--size 4096 --repeat 9``), numpy encode before ->
+after this round's Q8_0 path (codes on the blocks as laid out, ``|x|`` maxima, the exact trunc-based
+``roundf`` of :func:`converter.kernels.rounding.round_half_away`): Q8_0 4.71 ns/w (1.12x gguf-py: below the
+1.4x target) -> 2.95 ns/w (1.77x gguf-py 5.20 ns/w); Q4_0 3.05 -> 3.15 ns/w (1.41-1.48x, unchanged code);
+compiled Q4_0 1.42 ns/w (3.1x), Q8_0 0.95 ns/w (5.5x). Bytes equal gguf-py's in every run.
 """
 
 from __future__ import annotations

@@ -33,8 +33,11 @@ def round_half_away(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarr
 
     ``floor(|x| + 0.5)`` is wrong near ties: the addition itself rounds, so ``0.49999997f`` gives 1
     and ``8388609f`` (odd, above 2^23 where the spacing is 1) gives 8388610. Instead the fractional
-    part ``|x| - floor(|x|)`` is computed, which is exact for every binary float (both operands
-    share the exponent range, or ``|x|`` is already integral), and compared with one half.
+    part is formed as ``f = trunc(x) - x`` (exact for every binary float: ``trunc(x)`` shares
+    ``x``'s exponent, or ``x`` is already integral; in this order the sign of a zero survives), and
+    ``trunc(2 f)`` (exact: -1, 0 or 1) is subtracted from ``trunc(x)``: one away from zero exactly
+    when the fraction's magnitude is at least 1/2. Five element-wise passes, without a sign split,
+    ``copysign`` or a boolean cast (several times faster on float32 blocks of llama.cpp's Q8_0).
 
     Parameters
     ----------
@@ -46,9 +49,10 @@ def round_half_away(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarr
     -------
     ndarray of the same dtype, integral values; NaN and +-inf pass through, ``-0.4`` gives ``-0.0``.
     """
-    a = np.abs(x)
-    fl = np.floor(a)
-    with np.errstate(invalid="ignore"):  # inf - inf = NaN compares False: inf stays inf
-        frac = a - fl  # exact: no rounding error, unlike |x| + 0.5
-    fl += frac >= 0.5
-    return np.copysign(fl, x, out=out)
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):  # inf - inf = NaN: fmin makes it 1, and inf - 1 = inf
+        f = np.subtract(t, x)
+        f *= 2
+        np.trunc(f, out=f)
+        np.fmin(f, 1, out=f)  # (-1, -0, 0 or 1 for finite x: unchanged)
+    return np.subtract(t, f, out=out)

@@ -39,10 +39,12 @@ def test_known_values_where_floor_plus_half_was_wrong():
 
 
 def test_special_values_and_sign_of_zero():
-    x = np.array([np.inf, -np.inf, np.nan, -0.4, 0.4], np.float32)
+    x = np.array([np.inf, -np.inf, np.nan, -0.4, 0.4, -0.0, 0.0, -0.5, 0.5], np.float32)
     got = round_half_away(x)
     assert np.isposinf(got[0]) and np.isneginf(got[1]) and np.isnan(got[2])
     assert got[3] == 0 and np.signbit(got[3]) and not np.signbit(got[4])
+    assert got[5] == 0 and np.signbit(got[5]) and got[6] == 0 and not np.signbit(got[6])  # C roundf(-0.0f) = -0.0f
+    assert got[7:].tolist() == [-1.0, 1.0]
 
 
 def test_out_argument_in_place():

@@ -181,38 +181,57 @@ class LegacyCodec:
         arithmetic is unchanged: Q8_0 ``amax = max|x|``; Q4_0 ``mx`` = the element of largest
         magnitude, taken from the block max / min, with the first-on-ties rule of
         ``quantize_row_q4_0_ref`` (and the sign of an all-zero block's first element) resolved by
-        ``argmax`` on the few blocks where ``max == -min``.
+        ``argmax`` on the few blocks where ``max == -min``. Q8_0's codes are then formed on the
+        blocks as laid out (one byte per value: no nibble pairing that the transposed rows ease).
         """
         rows, row_len = values.shape
         blocks = values.reshape(-1, self.block_size)
         t = np.ascontiguousarray(blocks.T)  # (32, M)
-        pmax, nmin = t.max(axis=0), t.min(axis=0)
-        if self.bits == 8:
-            d = np.abs(np.maximum(pmax, -nmin)) / np.float32(127)  # abs: +0.0 for an all-zero block
-        else:
-            mx = np.where(pmax > -nmin, pmax, nmin)
-            tie = pmax == -nmin
-            if tie.any():
-                sub = blocks[tie]
-                mx[tie] = sub[np.arange(sub.shape[0]), np.abs(sub).argmax(axis=1)]
-            d = mx / np.float32(-self.code_offset)
-        check_f16_range("d", d, self.name)
-        inv = self._inverse(d)
-        t *= inv
         out = np.empty((blocks.shape[0], self.type_size), dtype=np.uint8)
-        out[:, :2] = f16_bytes(d.astype(np.float16))
         if self.bits == 8:
-            codes = np.clip(round_half_away(t), -128, 127).astype(np.int8)
-            out[:, 2:] = codes.view(np.uint8).T
-        else:
-            t += np.float32(self.code_offset + 0.5)
-            np.minimum(t, np.float32(self.code_max), out=t)  # in [0, 2^b + 0.5]: the cast truncates
-            codes = t.astype(np.uint8)
-            half = self.block_size // 2
-            codes[half:] <<= np.uint8(4)
-            codes[half:] |= codes[:half]
-            out[:, 2:] = codes[half:].T
+            self._q8_0_blocks(blocks, t, out)
+            return out.reshape(rows, -1)
+        pmax, nmin = t.max(axis=0), t.min(axis=0)
+        mx = np.where(pmax > -nmin, pmax, nmin)
+        tie = pmax == -nmin
+        if tie.any():
+            sub = blocks[tie]
+            mx[tie] = sub[np.arange(sub.shape[0]), np.abs(sub).argmax(axis=1)]
+        d = mx / np.float32(-self.code_offset)
+        check_f16_range("d", d, self.name)
+        t *= self._inverse(d)
+        out[:, :2] = f16_bytes(d.astype(np.float16))
+        t += np.float32(self.code_offset + 0.5)
+        np.minimum(t, np.float32(self.code_max), out=t)  # in [0, 2^b + 0.5]: the cast truncates
+        codes = t.astype(np.uint8)
+        half = self.block_size // 2
+        codes[half:] <<= np.uint8(4)
+        codes[half:] |= codes[:half]
+        out[:, 2:] = codes[half:].T
         return out.reshape(rows, -1)
+
+    def _q8_0_blocks(self, blocks: np.ndarray, t: np.ndarray, out: np.ndarray) -> None:
+        """Q8_0 blocks ``(M, 32)`` (float32; ``t`` their transposed copy, overwritten) into ``out``
+        ``(M, 34)``: ``d = amax / 127``, ``q = roundf(x * (1/d))``, as :meth:`encode` states.
+
+        The codes are formed on the blocks as laid out (one byte per value: a transposed store
+        costs more than it saves). ``x / d`` is clipped to ``[-128, 127]`` before rounding, which
+        gives the codes of rounding first (every value that rounds outside clips to the same end,
+        and ``1/d = inf`` for a block of float32 subnormals gives the ends, as before), so the
+        rounding sees finite values or NaN and runs as :func:`~converter.kernels.rounding.round_half_away`
+        does (``trunc(q) - trunc(2 (trunc(q) - q))``) without its infinity guard."""
+        np.abs(t, out=t)
+        d = t.max(axis=0) / np.float32(127)
+        check_f16_range("d", d, self.name)
+        out[:, :2] = f16_bytes(d.astype(np.float16))
+        q = blocks * self._inverse(d)[:, None]
+        np.clip(q, -128, 127, out=q)
+        tq = np.trunc(q)
+        np.subtract(tq, q, out=q)  # minus the fraction, exact
+        q *= 2
+        np.trunc(q, out=q)  # -1, 0 or 1 (the fraction is at least one half in magnitude: away from zero)
+        np.subtract(tq, q, out=tq)
+        out[:, 2:] = tq.astype(np.int8).view(np.uint8)
 
     def _encode_rows(self, values: np.ndarray) -> np.ndarray:
         """:meth:`encode` on one chunk of shape-checked float32 rows."""
