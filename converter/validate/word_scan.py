@@ -25,8 +25,10 @@ import numpy as np
 
 from converter.groups import Granularity, GroupMap
 from converter.kernels.compiled import use_compiled
+from converter.kernels.compiled import code_scans as compiled_scans
 from converter.kernels.compiled.word_scan import scan_words
-from converter.layout import IN, OUT
+from converter.kernels.dequant import dequantize_block
+from converter.layout import IN, OUT, PackedCodes
 from converter import rows as rows_module
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
@@ -40,7 +42,7 @@ class WordScan:
 
     ``saturation``: grouping name (``""`` the declared one, else the alternative's name as given) -> (groups
     holding a saturated code, groups). ``offset_sums``: ``(sum(q - z), sum((q - z)**2))`` over every code,
-    ``z`` the zero point or the scheme's centre. ``all_equal``: every code equals ``first_code``.
+    ``z`` the zero point or the scheme's centre. ``all_equal``: every code equals ``first_code`` (code ``(0, 0)``).
     ``column_squares``: float64 ``(in,)``, each ``in`` column's sum of squared dequantized values, summed over
     the row blocks of :class:`converter.rows.Rows` (``column_profile`` divides by ``out``)."""
 
@@ -69,12 +71,27 @@ def _group_words(gm: GroupMap, per_word: int, words: int) -> int | None:
     return None
 
 
-def scan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> WordScan | None:
-    """The :class:`WordScan` of ``t`` with the saturation of each grouping in ``alternatives`` (name -> map, as
-    :func:`converter.validate.data_checks.alternative_maps` names them, at most one), or None when not covered
-    (see the module docstring)."""
+@dataclass(frozen=True)
+class _Plan:
+    """The facts both scans read, checked once (see :func:`scan`)."""
+
+    packed: PackedCodes
+    bits: int
+    per_word: int
+    transposed: bool
+    group_words: int
+    names: tuple[str, ...]  # the alternative grouping (at most one), counted per runs of rows_per_alt rows
+    rows_per_alt: int
+    scales: np.ndarray  # float32 (out or 1, groups)
+    zeros: np.ndarray | None  # int32 like scales, or None (the centre)
+    sat_lo: int
+    sat_hi: int
+    step: int  # the row blocks of Rows(t): column_profile's sums
+
+
+def _plan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> _Plan | None:
     packed = t.packed
-    if packed is None or t.axes != (OUT, IN) or not t.numel or not use_compiled(t.numel) or len(alternatives) > 1:
+    if packed is None or t.axes != (OUT, IN) or not t.numel or len(alternatives) > 1:
         return None
     amap, s = packed.amap, t.scheme
     bits = amap.bits
@@ -87,47 +104,147 @@ def scan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> WordScan |
         return None
     out, n_in = t.shape
     per_word = 32 // bits
-    words = packed.words
     transposed = tuple(amap.stored_axes) == (IN, OUT)
-    n_words = words.shape[0] if transposed else words.shape[1]
+    n_words = packed.words.shape[0] if transposed else packed.words.shape[1]
     if n_in != n_words * per_word:  # padding fields in the last word
         return None
     group_words = _group_words(t.group_map, per_word, n_words)
-    alt_rows = {name: _alternative_rows(gm, out) for name, gm in alternatives.items()}
-    if group_words is None or any(r is None for r in alt_rows.values()):
+    alt_rows = [_alternative_rows(gm, out) for gm in alternatives.values()]
+    if group_words is None or any(r is None for r in alt_rows):
         return None
     scales = np.asarray(t.scales)
     if not np.isfinite(scales).all():  # non-finite scales: the float32 rows' path (NaN payloads and all)
         return None
     scales = np.ascontiguousarray(scales.astype(np.float32).reshape(-1, scales.shape[-1]))
-    integer = s.zero_point is ZeroPoint.INTEGER
-    if integer:
-        zeros = np.asarray(t.zero_points).reshape(scales.shape)
-        zeros_f, zeros_i = np.ascontiguousarray(zeros.astype(np.float32)), np.ascontiguousarray(zeros.astype(np.int32))
-    else:
-        zeros_f, zeros_i = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.int32)
+    zeros = None
+    if s.zero_point is ZeroPoint.INTEGER:
+        zeros = np.ascontiguousarray(np.asarray(t.zero_points).reshape(scales.shape).astype(np.int32))
     half = (1 << (bits - 1)) - 1
     center = int(s.center)
-    rows_per_alt = next(iter(alt_rows.values()), max(out, 1))
-    n_groups = -(-n_words // group_words)
-    acc = np.zeros((per_word, n_words), dtype=np.float64)
-    declared = np.zeros((out, n_groups), dtype=np.uint8)
-    alt = np.zeros((-(-out // rows_per_alt), n_words), dtype=np.uint32)
-    stats = np.zeros(4, dtype=np.int64)
-    flip = (1 << (bits - 1)) if packed.flip else 0
-    step = max(1, rows_module.SUPER_ELEMENTS // max(1, n_in))  # the row blocks of Rows(t) (column_profile's sums)
-    scan_words(words.view(np.uint32), transposed, np.int64(bits), np.int64(flip), packed.signed, scales, zeros_f,
-               zeros_i, integer, np.float32(s.center), np.int32(center), np.int32(max(s.qmin, center - half)),
-               np.int32(min(s.qmax, center + half)), np.int32(s.qmin), np.int32(s.qmax), np.int64(group_words),
-               np.int64(step), np.int64(rows_per_alt), acc, declared, alt, stats)
-    if t.group_map.granularity is Granularity.TENSOR:
+    return _Plan(packed, bits, per_word, transposed, group_words, tuple(alternatives), (alt_rows or [max(out, 1)])[0],
+                 scales, zeros, max(s.qmin, center - half), min(s.qmax, center + half),
+                 max(1, rows_module.SUPER_ELEMENTS // max(1, n_in)))
+
+
+def scan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> WordScan | None:
+    """The :class:`WordScan` of ``t`` with the saturation of each grouping in ``alternatives`` (name -> map, as
+    :func:`converter.validate.data_checks.alternative_maps` names them, at most one), or None when not covered
+    (see the module docstring): compiled when :func:`~converter.kernels.compiled.use_compiled` says so for the
+    tensor's size, else in numpy, block by block (:func:`_scan_numpy`)."""
+    plan = _plan(t, alternatives)
+    if plan is None:
+        return None
+    return _scan_compiled(t, plan) if use_compiled(t.numel) else _scan_numpy(t, plan)
+
+
+def _first_code(plan: _Plan) -> tuple[int, int]:
+    """(the first stored field, the code it holds)."""
+    first = int(plan.packed.words.reshape(-1)[0].view(np.uint32)) & ((1 << plan.bits) - 1)
+    code = first ^ ((1 << (plan.bits - 1)) if plan.packed.flip else 0)
+    if plan.packed.signed and code >= 1 << (plan.bits - 1):
+        code -= 1 << plan.bits
+    return first, code
+
+
+def _scan_compiled(t: QuantizedTensor, p: _Plan) -> WordScan:
+    out, n_in = t.shape
+    s = t.scheme
+    words = p.packed.words.view(np.uint32)
+    n_words = n_in // p.per_word
+    integer = p.zeros is not None
+    zeros_i = p.zeros if integer else np.zeros((1, 1), np.int32)
+    zeros_f = zeros_i.astype(np.float32)
+    acc = np.zeros((p.per_word, n_words), dtype=np.float64)
+    declared = np.zeros((out, -(-n_words // p.group_words)), dtype=np.uint8)
+    alt = np.zeros((-(-out // p.rows_per_alt), n_words), dtype=np.uint32)
+    stats = np.zeros(2, dtype=np.int64)
+    flip = (1 << (p.bits - 1)) if p.packed.flip else 0
+    scan_words(words, p.transposed, np.int64(p.bits), np.int64(flip), p.packed.signed, p.scales, zeros_f, zeros_i,
+               integer, np.float32(s.center), np.int32(s.center), np.int32(p.sat_lo), np.int32(p.sat_hi),
+               np.int32(s.qmin), np.int32(s.qmax), np.int64(p.group_words), np.int64(p.step),
+               np.int64(p.rows_per_alt), acc, declared, alt, stats)
+    hits = int(declared.any()) if t.group_map.granularity is Granularity.TENSOR else int(np.count_nonzero(declared))
+    counts = {"": (hits, 1 if t.group_map.granularity is Granularity.TENSOR else int(declared.size))}
+    for name in p.names:
+        counts[name] = (int(np.count_nonzero(np.unpackbits(alt.view(np.uint8)))), n_in * alt.shape[0])
+    # every code equal: every word equal to the first, whose fields all equal its first (an early-exit scan)
+    first, code = _first_code(p)
+    flat = words.reshape(-1)
+    same = int(flat[0]) == first * sum(1 << (k * p.bits) for k in range(p.per_word)) \
+        and bool(compiled_scans.all_equal(flat))
+    return WordScan(counts, (int(stats[0]), int(stats[1])), same, code, np.ascontiguousarray(acc.T).reshape(-1))
+
+
+#: Codes per strip of the numpy scan: its int32 / float64 temporaries stay under glibc's fixed mmap threshold (the CLI
+#: sets 4 MiB, :func:`converter.runtime.fixed_mmap_threshold`), so they are reused instead of page-faulted anew.
+STRIP_CODES = 1 << 17
+
+
+def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
+    """The numpy scan: row blocks of :class:`~converter.rows.Rows` (unpacked from their words), each in column strips
+    of whole groups; per strip the saturation mask, the offset sums and the float32 values of
+    :func:`converter.kernels.dequant.dequantize_block` squared in float64 and summed over the block's rows (numpy
+    reduces a C-contiguous ``(rows, cols)`` array row by row: per column, the same additions in the same order as
+    ``column_profile``'s whole-block sums)."""
+    out, n_in = t.shape
+    s, gm = t.scheme, t.group_map
+    G = p.group_words * p.per_word if gm.granularity is Granularity.GROUP else None
+    n_groups = p.scales.shape[1]
+    zero_kind = "integer" if p.zeros is not None else "none"
+    zeros_f = None if p.zeros is None else p.zeros.astype(np.float32)
+    center = int(s.center)
+    acc = np.zeros(n_in, dtype=np.float64)
+    declared = np.zeros((out, n_groups), dtype=bool)
+    alt = np.zeros((-(-out // p.rows_per_alt), n_in), dtype=bool)
+    s1 = s2 = 0
+    first, code = _first_code(p)
+    same = True
+    for r0 in range(0, out, p.step):
+        r1 = min(out, r0 + p.step)
+        codes = p.packed.rows(r0, r1).unpack()
+        rb = r1 - r0
+        width = max(1, STRIP_CODES // rb)
+        if G is not None:
+            width = max(G, width // G * G)
+        runs = np.arange(r0, r1) // p.rows_per_alt
+        for c0 in range(0, n_in, width):
+            c1 = min(n_in, c0 + width)
+            q = codes[:, c0:c1].astype(np.int16)
+            same = same and bool((q == code).all())
+            g0, g1 = (c0 // G, -(-c1 // G)) if G is not None else (0, n_groups)
+            srow = slice(r0, r1) if p.scales.shape[0] != 1 else slice(0, 1)
+            if p.zeros is None:
+                z = center
+                mask = (q <= p.sat_lo) | (q >= p.sat_hi)
+            else:
+                zb = p.zeros[srow, g0:g1].astype(np.int16)
+                z = np.repeat(zb, G, axis=1)[:, :c1 - c0] if G is not None else zb
+                mask = (q <= s.qmin) | (q >= s.qmax) | ((z == center) & ((q <= p.sat_lo) | (q >= p.sat_hi)))
+            d = q - z
+            s1 += int(d.sum(dtype=np.int64))
+            s2 += int(np.multiply(d, d, dtype=np.int32).sum(dtype=np.int64))
+            if G is not None:
+                whole = (c1 - c0) // G * G
+                flags = mask[:, :whole].reshape(rb, -1, G).any(axis=2)
+                if whole < c1 - c0:
+                    flags = np.concatenate([flags, mask[:, whole:].any(axis=1, keepdims=True)], axis=1)
+                declared[r0:r1, g0:g1] |= flags
+            else:
+                declared[r0:r1, 0] |= mask.any(axis=1)
+            for run in range(int(runs[0]), int(runs[-1]) + 1):
+                alt[run, c0:c1] |= mask[runs == run].any(axis=0)
+            x = np.empty(q.shape, dtype=np.float32)
+            dequantize_block(x, q, p.scales[srow, g0:g1], None if zeros_f is None else zeros_f[srow, g0:g1],
+                             zero_kind=zero_kind, group_size=G, full=(c1 - c0) // G * G if G else 0,
+                             center=center if p.zeros is None else 0.0)
+            acc[c0:c1] += np.multiply(x, x, dtype=np.float64).sum(axis=0)
+    if gm.granularity is Granularity.TENSOR:
         counts = {"": (int(declared.any()), 1)}
     else:
         counts = {"": (int(np.count_nonzero(declared)), int(declared.size))}
-    for name in alt_rows:
-        counts[name] = (int(np.count_nonzero(np.unpackbits(alt.view(np.uint8)))), n_in * alt.shape[0])
-    return WordScan(counts, (int(stats[0]), int(stats[1])), bool(stats[2] == stats[3]), int(stats[2]),
-                    np.ascontiguousarray(acc.T).reshape(-1))
+    for name in p.names:
+        counts[name] = (int(np.count_nonzero(alt)), int(alt.size))
+    return WordScan(counts, (s1, s2), same, code, acc)
 
 
 def warm(largest: int) -> None:
@@ -143,4 +260,5 @@ def warm(largest: int) -> None:
         scan_words(words, transposed, np.int64(4), np.int64(0), False, one, one, zi, False,
                    np.float32(8), np.int32(8), np.int32(1), np.int32(15), np.int32(0), np.int32(15), np.int64(2),
                    np.int64(1), np.int64(2), np.zeros((8, 2)), np.zeros((2, 1), np.uint8), np.zeros((1, 2), np.uint32),
-                   np.zeros(4, np.int64))
+                   np.zeros(2, np.int64))
+    compiled_scans.all_equal(words.reshape(-1))

@@ -1,7 +1,6 @@
 """The validator's per-code facts in one pass over packed words (``fast`` extra): saturation per group under the
-declared grouping and its swapped alternative, exact code-offset sums, the code range and the per-column sums of
-squared values, read straight from the stored 32-bit words (no unpacked codes, no transposed copy, no float32
-values).
+declared grouping and its swapped alternative, exact code-offset sums and the per-column sums of squared values,
+read straight from the stored 32-bit words (no unpacked codes, no transposed copy, no float32 values).
 
 A second implementation of the numpy scans in :mod:`converter.validate.data_checks` (``saturation_profile``,
 ``zero_offset``, ``check_degenerate``) and :mod:`converter.validate.nibble_order` (``column_profile``): the
@@ -21,8 +20,7 @@ Parameters per row ``o`` and group ``g`` (``group_words`` words per group): ``sc
   centre (always, without zero points), else when ``q <= lo_end`` or ``q >= hi_end`` (the range ends).
   ``declared[o, g]`` = 1 when group ``(o, g)`` holds one; bit ``k`` of ``alt[o // alt_rows, j]`` = 1 when
   code ``(o, j * F + k)`` is saturated for some ``o`` in that run of ``alt_rows`` rows (groups along ``out``).
-- ``stats``: ``sum(q - z)``, ``sum((q - z)**2)`` (``z`` the zero point, or the centre ``center_i``), the
-  smallest and largest code.
+- ``stats``: ``sum(q - z)``, ``sum((q - z)**2)`` (``z`` the zero point, or the centre ``center_i``).
 - ``acc[k, j]`` (float64 ``(F, in / F)``, in index ``j * F + k``): plus, per block of ``step`` rows, the
   block's sum of ``float64(v) ** 2`` with ``v = (float32(q) - z) * s`` in float32, each block's sum formed row
   by row from the block's first row (what numpy's ``(x * x).sum(axis=0)`` over a C-contiguous block does)
@@ -47,7 +45,7 @@ FLUSH_ROWS = 4096
 def scan_words(words, transposed, bits, xor, signed, scales, zeros_f, zeros_i, use_zero, center_f, center_i,
                sat_lo, sat_hi, lo_end, hi_end, group_words, step, alt_rows, acc, declared, alt, stats):
     """One pass over ``words`` (see the module docstring for every argument); adds into ``acc``, ``declared``,
-    ``alt`` (zeroed by the caller) and writes ``stats`` (int64 ``(4,)``)."""
+    ``alt`` (zeroed by the caller) and writes ``stats`` (int64 ``(2,)``)."""
     if transposed:
         nw, out = words.shape
     else:
@@ -63,14 +61,12 @@ def scan_words(words, transposed, bits, xor, signed, scales, zeros_f, zeros_i, u
     run = np.zeros(nw, dtype=np.uint32)
     hit = np.zeros(nw, dtype=np.uint32)
     sj = np.empty(nw, dtype=np.float32)
-    zf = np.full(nw, center_f, dtype=np.float32)  # without zero points: the centre everywhere
-    zj = np.full(nw, center_i, dtype=np.int32)
-    lo = np.full(nw, sat_lo, dtype=np.int32)
-    hi = np.full(nw, sat_hi, dtype=np.int32)
+    zf = np.empty(nw, dtype=np.float32)  # (with zero points)
+    zj = np.empty(nw, dtype=np.int32)
+    lo = np.empty(nw, dtype=np.int32)
+    hi = np.empty(nw, dtype=np.int32)
     s1 = np.zeros(nw, dtype=np.int32)
     s2 = np.zeros(nw, dtype=np.int32)
-    vmin = np.full(nw, 2**30, dtype=np.int32)
-    vmax = np.full(nw, -2**30, dtype=np.int32)
     total1 = np.int64(0)
     total2 = np.int64(0)
     scale_rows = scales.shape[0] != 1
@@ -105,17 +101,25 @@ def scan_words(words, transposed, bits, xor, signed, scales, zeros_f, zeros_i, u
                 shift = np.uint32(k * bits)
                 bit = np.uint32(k)
                 ck = col[k]
-                for j in range(nw):  # the float64 squares (vectorized across words)
+                if not use_zero:  # the centre for every code: one loop, scalars (vectorized across words)
+                    for j in range(nw):
+                        q = np.int32(np.int32(((wo[j] >> shift) & mask) ^ flip) - sign)
+                        v = np.float64((np.float32(q) - center_f) * sj[j])
+                        ck[j] += v * v
+                        d = np.int32(q - center_i)  # (int32 lanes: numba would widen to int64)
+                        s1[j] = np.int32(s1[j] + d)
+                        s2[j] = np.int32(s2[j] + np.int32(d * d))
+                        hit[j] |= np.uint32((q <= sat_lo) | (q >= sat_hi)) << bit
+                    continue
+                for j in range(nw):  # zero points per group: the float64 squares, ...
                     q = np.int32(np.int32(((wo[j] >> shift) & mask) ^ flip) - sign)
                     v = np.float64((np.float32(q) - zf[j]) * sj[j])
                     ck[j] += v * v
-                for j in range(nw):  # the integer facts
+                for j in range(nw):  # ... then the integer facts
                     q = np.int32(np.int32(((wo[j] >> shift) & mask) ^ flip) - sign)
-                    d = np.int32(q - zj[j])  # (int32 lanes: numba would widen to int64)
+                    d = np.int32(q - zj[j])
                     s1[j] = np.int32(s1[j] + d)
                     s2[j] = np.int32(s2[j] + np.int32(d * d))
-                    vmin[j] = min(vmin[j], q)
-                    vmax[j] = max(vmax[j], q)
                     hit[j] |= np.uint32((q <= lo[j]) | (q >= hi[j])) << bit
             for g in range(n_groups):
                 a = np.uint32(0)
@@ -139,5 +143,3 @@ def scan_words(words, transposed, bits, xor, signed, scales, zeros_f, zeros_i, u
                         col[k, j] = 0.0
     stats[0] = total1 + s1.astype(np.int64).sum()
     stats[1] = total2 + s2.astype(np.int64).sum()
-    stats[2] = vmin.min() if nw else 0
-    stats[3] = vmax.max() if nw else 0

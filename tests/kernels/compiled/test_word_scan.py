@@ -1,9 +1,10 @@
-"""The validator's one-pass scan of packed words (converter/validate/word_scan.py, kernels/compiled/word_scan.py)
-gives the numpy scans' numbers exactly: saturation counts under the declared grouping and its alternative, the
-code-offset statistics, the degenerate test and the float64 bits of the column magnitude profile, on hand-counted
-words, on hypothesis inputs (2/4/8-bit fields, signed and domain-shifted, GPTQ and compressed-tensors orientation,
-zero points at and off the centre, partial groups, zero / negative / subnormal scales, small row blocks) and on
-the shipped samples' reports (tests/kernels/compiled/test_code_scans.py)."""
+"""The validator's one-pass scan of packed words (converter/validate/word_scan.py: compiled in
+kernels/compiled/word_scan.py, or numpy block by block) gives the per-check numpy scans' numbers exactly:
+saturation counts under the declared grouping and its alternative, the code-offset statistics, the degenerate
+test and the float64 bits of the column magnitude profile, on hand-counted words, on hypothesis inputs (2/4/8-bit
+fields, signed and domain-shifted, GPTQ and compressed-tensors orientation, zero points at and off the centre,
+partial groups, zero / negative / subnormal scales, small row blocks and column strips) and on the shipped
+samples' reports (tests/kernels/compiled/test_code_scans.py)."""
 
 import numpy as np
 import pytest
@@ -43,12 +44,15 @@ def _numbers(t, scan):
 
 
 def _both(make):
-    """(numpy numbers, compiled numbers) of two fresh copies of one tensor (``t.codes`` unpacks and keeps the
-    codes, so each path gets its own); asserts the compiled scan covered it and never unpacked."""
+    """(the checks' own numbers, the compiled scan's) of fresh copies of one tensor (``t.codes`` unpacks and keeps
+    the codes, so each path gets its own); asserts that both scans covered it, that the numpy scan's numbers are the
+    checks' own, and that the compiled scan never unpacked the words."""
     with run_options(kernels="numpy"):
+        expected = _numbers(make(), None)  # each check scans the unpacked codes itself
         t = make()
-        assert word_scan.scan(t, _alternatives(t)) is None  # the numpy path scans the codes
-        expected = _numbers(t, None)
+        scan = word_scan.scan(t, _alternatives(t))  # the numpy scan, block by block
+        assert scan is not None
+        assert _numbers(t, scan) == expected
     with run_options(kernels="numba"):
         t = make()
         scan = word_scan.scan(t, _alternatives(t))
@@ -71,7 +75,7 @@ def test_hand_counted_words():
         scan = word_scan.scan(t, {"groups along out": GroupMap.per_group(2, OUT)})
     assert scan.saturation == {"": (2, 4), "groups along out": (2, 16)}  # columns 3 and 12 of the one row pair
     assert scan.offset_sums == (7 - 7, 49 + 49)
-    assert not scan.all_equal and scan.first_code == 1  # (the smallest code)
+    assert not scan.all_equal and scan.first_code == 8
     expected = np.zeros(16)
     expected[3], expected[12] = (0.5 * 7) ** 2, (0.5 * -7) ** 2
     assert scan.column_squares.tolist() == expected.tolist()
@@ -106,8 +110,8 @@ def test_not_covered_is_none():
 @given(data=st.data(), rows=st.integers(1, 40), n_words=st.integers(1, 5), bits=st.sampled_from([2, 4, 8]),
        signed=st.booleans(), flip=st.booleans(), stored=st.sampled_from([(IN, OUT), (OUT, IN)]),
        integer=st.booleans(), grouping=st.sampled_from(["group", "channel", "tensor"]),
-       block_rows=st.integers(1, 9))
-def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, integer, grouping, block_rows):
+       block_rows=st.integers(1, 9), strip=st.integers(1, 200))
+def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, integer, grouping, block_rows, strip):
     per_word = 32 // bits
     n_in = n_words * per_word
     scheme = QuantScheme(bits, signed, ZeroPoint.INTEGER if integer else ZeroPoint.NONE)
@@ -131,12 +135,13 @@ def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, inte
     def make():
         return _packed(fields, bits, stored, signed, flip, scheme, gm, scales, zeros)
 
-    old = rows_module.SUPER_ELEMENTS
+    old = rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES
     rows_module.SUPER_ELEMENTS = block_rows * n_in  # row blocks of block_rows rows: their order matters
+    word_scan.STRIP_CODES = strip  # the numpy scan's column strips (whole groups, at least one)
     try:
         expected, got = _both(make)
     finally:
-        rows_module.SUPER_ELEMENTS = old
+        rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES = old
     assert got == expected
 
 
