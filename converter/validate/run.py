@@ -132,9 +132,12 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     quantized = [spec for spec in specs if spec.kind == "quantized"]
     results: dict[str, TensorResult] = {}
     template = ValidationReport(path=report.path, format=report.format, reference=report.reference, strict=strict)
-    largest = max((spec.numel for spec in quantized), default=0)
-    code_scans.warm(largest)  # before any worker forks
-    word_scan.warm(largest)
+    # the compiled kernels loaded before any worker forks (the workers inherit them): the word scan for the tensors
+    # it will likely cover, the per-check scans for the others
+    covered = [word_scan.likely_covered(spec) for spec in quantized]
+    word_scan.warm(max((spec.numel for spec, c in zip(quantized, covered) if c), default=0))
+    if not all(covered):
+        code_scans.warm(max(spec.numel for spec, c in zip(quantized, covered) if not c))
     with Progress("validating", len(quantized), sum(_stored_bytes(spec) for spec in quantized)) as progress:
         def done(i: int, res: TensorResult) -> None:
             results[quantized[i].name] = res

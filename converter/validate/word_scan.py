@@ -198,31 +198,38 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
     alt = np.zeros((-(-out // p.rows_per_alt), n_in), dtype=bool)
     s1 = s2 = 0
     first, code = _first_code(p)
+    signed = p.packed.signed
     same = True
     for r0 in range(0, out, p.step):
         r1 = min(out, r0 + p.step)
         codes = p.packed.rows(r0, r1).unpack()
         rb = r1 - r0
-        width = max(1, STRIP_CODES // rb)
+        # (at least 2 columns: numpy sums a (rows, 1) array pairwise, (rows, >= 2) row by row as column_profile)
+        width = max(min(2, n_in), STRIP_CODES // rb)
         if G is not None:
             width = max(G, width // G * G)
         runs = np.arange(r0, r1) // p.rows_per_alt
         for c0 in range(0, n_in, width):
             c1 = min(n_in, c0 + width)
-            q = codes[:, c0:c1].astype(np.int16)
+            q = codes[:, c0:c1]
             same = same and bool((q == code).all())
             g0, g1 = (c0 // G, -(-c1 // G)) if G is not None else (0, n_groups)
             srow = slice(r0, r1) if p.scales.shape[0] != 1 else slice(0, 1)
-            if p.zeros is None:
-                z = center
+            if p.zeros is None:  # sums of q and q^2 in the codes' own width (exact), then r = q - c
                 mask = (q <= p.sat_lo) | (q >= p.sat_hi)
+                q1 = int(q.sum(dtype=np.int32 if signed else np.uint32))  # |sum| < 2^28 (2^20 codes of 8 bits)
+                q2 = int(np.multiply(q, q, dtype=np.int16 if signed else np.uint16).sum(dtype=np.int64))
+                n = q.size
+                s1 += q1 - n * center
+                s2 += q2 - 2 * center * q1 + n * center * center
             else:
+                q16 = q.astype(np.int16)
                 zb = p.zeros[srow, g0:g1].astype(np.int16)
                 z = np.repeat(zb, G, axis=1)[:, :c1 - c0] if G is not None else zb
-                mask = (q <= s.qmin) | (q >= s.qmax) | ((z == center) & ((q <= p.sat_lo) | (q >= p.sat_hi)))
-            d = q - z
-            s1 += int(d.sum(dtype=np.int64))
-            s2 += int(np.multiply(d, d, dtype=np.int32).sum(dtype=np.int64))
+                mask = (q16 <= s.qmin) | (q16 >= s.qmax) | ((z == center) & ((q16 <= p.sat_lo) | (q16 >= p.sat_hi)))
+                d = q16 - z
+                s1 += int(d.sum(dtype=np.int64))
+                s2 += int(np.multiply(d, d, dtype=np.int32).sum(dtype=np.int64))
             if G is not None:
                 whole = (c1 - c0) // G * G
                 flags = mask[:, :whole].reshape(rb, -1, G).any(axis=2)
@@ -237,7 +244,9 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
             dequantize_block(x, q, p.scales[srow, g0:g1], None if zeros_f is None else zeros_f[srow, g0:g1],
                              zero_kind=zero_kind, group_size=G, full=(c1 - c0) // G * G if G else 0,
                              center=center if p.zeros is None else 0.0)
-            acc[c0:c1] += np.multiply(x, x, dtype=np.float64).sum(axis=0)
+            sq = x.astype(np.float64)  # float64(x) * float64(x): what np.multiply(x, x, dtype=float64) forms
+            np.multiply(sq, sq, out=sq)
+            acc[c0:c1] += sq.sum(axis=0)  # (rows, >= 2 columns), C-contiguous: row by row, per column
     if gm.granularity is Granularity.TENSOR:
         counts = {"": (int(declared.any()), 1)}
     else:
@@ -245,6 +254,22 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
     for name in p.names:
         counts[name] = (int(np.count_nonzero(alt)), int(alt.size))
     return WordScan(counts, (s1, s2), same, code, acc)
+
+
+def likely_covered(spec) -> bool:
+    """From the header alone (a :class:`~converter.spec.TensorSpec`), whether :func:`scan` will probably cover the
+    tensor: integer codes in 32-bit words, an integer scheme, groups along ``in`` without act-order, or per channel
+    or tensor. Only decides which compiled kernels to load before the workers fork (a wrong guess costs a load)."""
+    s, gm = spec.scheme, spec.group_map
+    codes = next((a for a in spec.stored if a.role == "codes"), None)
+    if s is None or gm is None or codes is None or spec.axes != (OUT, IN) or spec.act_order:
+        return False
+    if s.codebook is not None or s.zero_point not in (ZeroPoint.NONE, ZeroPoint.INTEGER) or spec.double_quant:
+        return False
+    if codes.dtype not in ("I32", "U32") or s.bits not in (2, 4, 8):
+        return False
+    return gm.granularity in (Granularity.TENSOR, Granularity.CHANNEL) or (
+        gm.granularity is Granularity.GROUP and gm.axis == IN and gm.g_idx is None)
 
 
 def warm(largest: int) -> None:
