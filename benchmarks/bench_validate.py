@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,22 +60,33 @@ sys.path.insert(0, str(ROOT))
 from tests.synthetic import SIZES, Shape, build_gptq  # noqa: E402
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the waited-for child processes so far (the validate process and its workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _validate(path: Path, workers: int, memory: str = "4G", reference: str | None = None,
-              kernels: str = "auto") -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, JSON report) of one fresh validate process (``QCKPT_KERNELS=kernels``)."""
-    cmd = ["/usr/bin/time", "-f", "%M", "-o", str(path) + ".rss", sys.executable, "-m", "converter", "validate",
+              kernels: str = "auto") -> tuple[float, int, str, float]:
+    """(wall seconds, peak RSS bytes, JSON report, CPU seconds) of one fresh validate process
+    (``QCKPT_KERNELS=kernels``)."""
+    rss_file = tempfile.NamedTemporaryFile(suffix=".rss", delete=False)  # (beside nothing of the source's)
+    rss_file.close()
+    cmd = ["/usr/bin/time", "-f", "%M", "-o", rss_file.name, sys.executable, "-m", "converter", "validate",
            str(path), "--json", "--quiet", "--workers", str(workers), "--max-memory", memory,
            *(["--reference", reference] if reference else [])]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
     with tempfile.TemporaryFile() as out:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "QCKPT_KERNELS": kernels}
         code = subprocess.run(cmd, stdout=out, env=env).returncode
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
         out.seek(0)
         text = out.read().decode()
     if code not in (0, 1):
         raise SystemExit(f"validate failed: {text[:500]}")
-    return wall, int(Path(str(path) + ".rss").read_text().split()[-1]) * 1024, text
+    rss = int(Path(rss_file.name).read_text().split()[-1]) * 1024
+    os.unlink(rss_file.name)
+    return wall, rss, text, cpu
 
 
 def plain_read(path: Path) -> float:
@@ -95,6 +107,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--source", default=None,
+                    help="validate this existing checkpoint directory instead of building one (--size is then only a "
+                         "label), e.g. one tests/synthetic.py wrote")
     ap.add_argument("--kernels", default="numpy,numba",
                     help="kernel paths to time (QCKPT_KERNELS values, comma-separated; default numpy,numba: the "
                          "default install and the fast extra, in one run)")
@@ -105,26 +120,33 @@ def main() -> None:
     from converter.kernels.compiled import available
     kernels = [k for k in args.kernels.split(",") if k != "numba" or available()]
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        src = Path(tmp) / "ckpt"
-        nbytes = build_gptq(src, SIZES[args.size])
+        if args.source:  # an existing checkpoint (read only), e.g. one build_gptq wrote before
+            src = Path(args.source)
+            nbytes = sum(f.stat().st_size for f in src.iterdir() if f.is_file())
+        else:
+            src = Path(tmp) / "ckpt"
+            nbytes = build_gptq(src, SIZES[args.size])
         plain_read(src)  # into the page cache
-        runs: dict[tuple[str, int], tuple[float, int, str]] = {}
+        runs: dict[tuple[str, int], tuple[float, int, str, float]] = {}
         reads = []
         for k in kernels:
             for n in (1, 2):
                 reads.append(plain_read(src))  # a baseline beside every run (the load drifts)
                 runs[k, n] = _validate(src, n, kernels=k)
+                print(f"  ({k} --workers {n}: {runs[k, n][0]:.2f} s wall, {runs[k, n][3]:.2f} s CPU, load average "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
         reads.append(plain_read(src))
         docs = {key: json.loads(r[2]) for key, r in runs.items()}
         first = next(iter(docs.values()))
         same = all(d == first for d in docs.values())
         read = statistics.median(reads)
-        print(f"{args.size}: {first['summary']['tensors_checked']} quantized tensors, {nbytes / 1e9:.2f} GB; "
-              f"reports identical across kernels and workers: {same} (load average {os.getloadavg()[0]:.1f})")
+        print(f"{args.source or args.size}: {first['summary']['tensors_checked']} quantized tensors, "
+              f"{nbytes / 1e9:.2f} GB; reports identical across kernels and workers: {same} (load average "
+              f"{os.getloadavg()[0]:.1f})")
         print(f"  plain read of the same bytes (median of {len(reads)}): {read:.2f} s "
               f"({nbytes / read / 1e9:.2f} GB/s)")
-        for (k, n), (wall, rss, _) in runs.items():
-            print(f"  {k:<6s} --workers {n}: {wall:7.2f} s   {wall / read:6.1f}x plain read   "
+        for (k, n), (wall, rss, _, cpu) in runs.items():
+            print(f"  {k:<6s} --workers {n}: {wall:7.2f} s wall {cpu:7.2f} s CPU  {wall / read:6.1f}x plain read   "
                   f"peak RSS (largest process) {rss / 2**20:7.0f} MiB")
         for k in kernels:
             print(f"  {k}: 1 / 2 workers {runs[k, 1][0] / runs[k, 2][0]:.2f}x")
