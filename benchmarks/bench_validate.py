@@ -39,6 +39,40 @@ load average 5.3 at the end (8 jobs on 2 cores: two workers got no second core):
 The same code in-process (``validate()``, one worker, ``small``, load average 3.8, wall / CPU seconds): before
 this round (commit 6cfd767) 11.9 / 11.1, numpy kernels 5.4 / 5.2, compiled 3.7 / 3.6; a plain read 0.8 s.
 The numba import and cached-kernel load cost about 0.5-1 s per process (numba adds ~140 MiB of RSS).
+
+Issue 19's validate row, one pass over the words (``validate/word_scan.py``), paired runs of this script on the
+same 7B checkpoint (``--size 7b --source /work/bench/gptq-7b``), 2026-12-06 07:46-07:51 UTC, 2 cores shared with
+two other helpers' benchmarks (load average 2.7-4.0: the second worker mostly found no free core); before =
+commit e94eea8, after = this branch; wall / CPU seconds (CPU: the validate process and its workers), x plain
+read of the same run (the plain read itself swings 0.6-1.5 s with the load: compare the seconds)::
+
+                          before (e94eea8)                    after
+      plain read          0.61 s (6.37 GB/s)                  0.80 s (4.89 GB/s)
+      numpy --workers 1   69.51 / 66.93 s  113.8x  172 MiB    21.22 / 20.03 s  26.7x  136 MiB
+      numpy --workers 2   51.53 / 63.42 s   84.4x  126 MiB    22.69 / 21.73 s  28.5x  108 MiB
+      numba --workers 1   28.31 / 28.40 s   46.3x  280 MiB    11.86 /  9.07 s  14.9x  241 MiB
+      numba --workers 2   31.15 / 33.24 s   51.0x  214 MiB    12.24 /  9.15 s  15.4x  217 MiB
+      reports identical across kernels and workers (and before / after): True
+
+Where the time went before (cProfile of the CLI, ``--workers 1``; 7b = 6.48 G weights): the numpy checks each
+scanned the unpacked codes (unpack + transpose 0.6 ns per weight, saturation mask 1.7, reductions (group any, sums)
+1.3, offset sums 0.75, float32 rows + float64 squares of the nibble profile 2.4) and a third of the CPU was the
+kernel page-faulting temporaries (the CLI's fixed 4 MiB mmap threshold also froze glibc's trim threshold at 128 KiB:
+31 s of system time at --workers 2); the compiled checks made four passes (group saturation 1.7-2.0 ns/weight,
+column squares 1.2-1.6, byte histogram 0.6, unpack + transpose 1.2); and the parent's sibling nibble-order check ran
+its 224 small products on OpenBLAS's default threads: 13 s of a 27 s compiled run.
+
+Where it goes now (CPU seconds of the runs above; per step from one 4096 x 11008 tensor timed alone, since cProfile
+times C calls by the wall clock, inflated at this load): compiled, 9.1 s = the word scan 0.8-0.9 ns/weight (5.5 s:
+per field a shift, mask, float32 dequantize, float64 square and add, offset sums and two range compares, on 16
+lanes; its float64 squares and additions must follow column_profile's row order, so they vectorize across words
+only), mapping the words (MAP_POPULATE, 1.0-1.4 s, the same order as the plain read's copy), process start-up with
+the numba import and cached kernels (1.2 s), the parent's nibble-order products (0.4 s on one thread) and the
+per-tensor Python (headers, scales, zero-convention hook: ~1 s). numpy, 20 s = 2.2-2.5 ns/weight in the block scan
+(unpack + word transposes 0.5-0.75, float32 dequantize 0.35, float64 squares + column sums 0.5, offset sums 0.5,
+range compares + group any 0.3) plus the same fixed costs. Issue 19's targets (3x / 1.5x a plain read, i.e. 2-4 s)
+are not met: with the plain read at 0.6-1.5 s, 1.5x leaves 1-2 s for 6.48 G weights, less than the start-up and page
+mapping alone, and 0.3 ns/weight of scan on 2 free cores.
 """
 
 from __future__ import annotations

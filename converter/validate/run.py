@@ -11,6 +11,10 @@ reference, the reference comparison; last, the scale direction across the float-
 (:mod:`converter.validate.scale_direction`) and the FP4 global-scale direction, the format's E8M0
 rule evidence and NaN scale bytes (:mod:`converter.validate.fp4_checks`).
 
+A packed integer tensor's codes are read once, in their stored words, by :func:`converter.validate.word_scan.scan`
+(compiled, or numpy block by block), whose counts and sums the saturation, zero-offset, degenerate and nibble-profile
+checks take instead of each scanning the unpacked codes; any other tensor is scanned by each check.
+
 The per-tensor checks run as tasks (:func:`converter.write.engine.run_tasks`): inline, or in forked worker
 processes (``--workers``) as many side by side as fit the memory budget (``--max-memory``, :func:`_workers`),
 each materialising one tensor at a time; their results are merged in the checkpoint's order, so the report is
