@@ -111,12 +111,10 @@ def scan_words(words, transposed, bits, xor, signed, scales, zeros_f, zeros_i, u
                         s2[j] = np.int32(s2[j] + np.int32(d * d))
                         hit[j] |= np.uint32((q <= sat_lo) | (q >= sat_hi)) << bit
                     continue
-                for j in range(nw):  # zero points per group: the float64 squares, ...
+                for j in range(nw):  # zero points per group: the same loop, parameters per word
                     q = np.int32(np.int32(((wo[j] >> shift) & mask) ^ flip) - sign)
                     v = np.float64((np.float32(q) - zf[j]) * sj[j])
                     ck[j] += v * v
-                for j in range(nw):  # ... then the integer facts
-                    q = np.int32(np.int32(((wo[j] >> shift) & mask) ^ flip) - sign)
                     d = np.int32(q - zj[j])
                     s1[j] = np.int32(s1[j] + d)
                     s2[j] = np.int32(s2[j] + np.int32(d * d))
