@@ -97,7 +97,7 @@ def _plan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> _Plan | N
     bits = amap.bits
     if (amap.packed_axis != IN or amap.word_bits != 32 or bits not in (2, 4, 8) or s.bits != bits
             or (amap.order is not None and tuple(amap.order) != tuple(range(len(amap.order))))
-            or tuple(amap.stored_axes) not in ((OUT, IN), (IN, OUT))):
+            or tuple(amap.stored_axes) not in ((OUT, IN), (IN, OUT)) or not packed.words.flags.c_contiguous):
         return None
     if (s.codebook is not None or s.zero_point not in (ZeroPoint.NONE, ZeroPoint.INTEGER)
             or t.double_quant is not None or t.global_scale is not None):
@@ -139,7 +139,7 @@ def scan(t: QuantizedTensor, alternatives: Mapping[str, GroupMap]) -> WordScan |
 
 def _first_code(plan: _Plan) -> tuple[int, int]:
     """(the first stored field, the code it holds)."""
-    first = int(plan.packed.words.reshape(-1)[0].view(np.uint32)) & ((1 << plan.bits) - 1)
+    first = int(plan.packed.words.flat[0].view(np.uint32)) & ((1 << plan.bits) - 1)
     code = first ^ ((1 << (plan.bits - 1)) if plan.packed.flip else 0)
     if plan.packed.signed and code >= 1 << (plan.bits - 1):
         code -= 1 << plan.bits

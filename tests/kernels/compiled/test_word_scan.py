@@ -104,6 +104,11 @@ def test_not_covered_is_none():
         unpacked = QuantizedTensor("m.w", (OUT, IN), fields, np.ones((4, 2), np.float16), scheme,
                                    GroupMap.per_group(8, IN))
         assert word_scan.scan(unpacked, {}) is None
+        amap = AxisMap((IN, OUT), packed_axis=IN, bits=4, container="I32")
+        wide = np.zeros((2, 8), np.int32)  # words of a 4-row tensor as columns 0-3 of a wider array: not contiguous
+        strided = PackedCodes(wide[:, :4], amap, (OUT, IN), {OUT: 4, IN: 16}, signed=False)
+        assert word_scan.scan(QuantizedTensor("m.w", (OUT, IN), strided, np.ones((4, 2), np.float16), scheme,
+                                              GroupMap.per_group(8, IN)), {}) is None
 
 
 @settings(max_examples=80, deadline=None)
