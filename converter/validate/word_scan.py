@@ -208,7 +208,6 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
         width = max(min(2, n_in), STRIP_CODES // rb)
         if G is not None:
             width = max(G, width // G * G)
-        runs = np.arange(r0, r1) // p.rows_per_alt
         for c0 in range(0, n_in, width):
             c1 = min(n_in, c0 + width)
             q = codes[:, c0:c1]
@@ -238,8 +237,9 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
                 declared[r0:r1, g0:g1] |= flags
             else:
                 declared[r0:r1, 0] |= mask.any(axis=1)
-            for run in range(int(runs[0]), int(runs[-1]) + 1):
-                alt[run, c0:c1] |= mask[runs == run].any(axis=0)
+            for run in range(r0 // p.rows_per_alt, (r1 - 1) // p.rows_per_alt + 1):  # runs of rows: views
+                a0, a1 = max(r0, run * p.rows_per_alt) - r0, min(r1, (run + 1) * p.rows_per_alt) - r0
+                alt[run, c0:c1] |= mask[a0:a1].any(axis=0)
             x = np.empty(q.shape, dtype=np.float32)
             dequantize_block(x, q, p.scales[srow, g0:g1], None if zeros_f is None else zeros_f[srow, g0:g1],
                              zero_kind=zero_kind, group_size=G, full=(c1 - c0) // G * G if G else 0,
