@@ -166,3 +166,42 @@ def test_random_words_large_groups_both_orientations():
             expected, got = _both(make)
             assert got == expected
             assert set(expected[0]["alternatives"]) == {"groups along out"}
+
+
+@pytest.mark.parametrize("fault", ["transposed", "nibble order", "all zero", "v1 read as v2"])
+def test_fault_reports_identical(tmp_path, fault):
+    """Reports with findings (axis-swap, nibble-order, degenerate, zero-offset) from the word scan on both paths
+    equal the per-check scans' (the compiled word scan never runs under QCKPT_KERNELS=numpy; the numpy word scan
+    is swapped for the checks' own scans to get the reference)."""
+    from dataclasses import replace
+
+    import converter
+    from converter.formats.gptq import format as gptq
+    from converter.validate import validate
+    from tests.conftest import SAMPLES
+    from tests.validate.helpers import QUERY, copy_sample, edit_config, edit_tensors
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+    stored = f"{QUERY[:-len('.weight')]}.qweight"
+    codes = converter.load(SAMPLES / "gptq_w4_g128_sym")[QUERY].codes
+    if fault == "transposed":
+        edit_tensors(d, lambda s: s.__setitem__(stored, gptq.codes_map(4).to_stored(codes.T.copy(), (OUT, IN))))
+    elif fault == "nibble order":
+        flipped = replace(gptq.codes_map(4), order=(7, 6, 5, 4, 3, 2, 1, 0))
+        edit_tensors(d, lambda s: s.__setitem__(stored, flipped.to_stored(codes, (OUT, IN))))
+    elif fault == "all zero":
+        edit_tensors(d, lambda s: s.__setitem__(stored, np.zeros_like(s[stored])))
+    else:
+        edit_config(d, lambda qc: qc.update(checkpoint_format="gptq_v2", format="gptq_v2"))
+    reports = []
+    for kernels in ("numpy", "numba"):
+        with run_options(kernels=kernels):
+            reports.append(validate(d).to_json())
+    original = word_scan.scan
+    word_scan.scan = lambda t, alternatives: None  # every check scans the codes itself
+    try:
+        with run_options(kernels="numpy"):
+            reference = validate(d).to_json()
+    finally:
+        word_scan.scan = original
+    assert reference["findings"]  # the fault is reported
+    assert reports == [reference, reference]
