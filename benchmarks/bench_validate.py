@@ -40,18 +40,24 @@ The same code in-process (``validate()``, one worker, ``small``, load average 3.
 this round (commit 6cfd767) 11.9 / 11.1, numpy kernels 5.4 / 5.2, compiled 3.7 / 3.6; a plain read 0.8 s.
 The numba import and cached-kernel load cost about 0.5-1 s per process (numba adds ~140 MiB of RSS).
 
-Issue 19's validate row, one pass over the words (``validate/word_scan.py``), paired runs of this script on the
-same 7B checkpoint (``--size 7b --source /work/bench/gptq-7b``), 2026-12-06 07:46-07:51 UTC, 2 cores shared with
-two other helpers' benchmarks (load average 2.7-4.0: the second worker mostly found no free core); before =
-commit e94eea8, after = this branch; wall / CPU seconds (CPU: the validate process and its workers), x plain
-read of the same run (the plain read itself swings 0.6-1.5 s with the load: compare the seconds)::
+Issue 19's validate row, one pass over the words (``validate/word_scan.py``): two pairs of runs of this script on
+the same 7B checkpoint (``--size 7b --source /work/bench/gptq-7b``), 2026-12-06 07:46-07:51 and 07:58-08:04 UTC,
+2 cores shared with two other helpers' benchmarks (load average 2.7-4.3: the second worker mostly found no free
+core); before = commit e94eea8, after = this branch (the second pair with its last kernel change); wall / CPU
+seconds (CPU: the validate process and its workers), x the plain read of the same run (which itself swings
+0.6-1.5 s with the load: compare the seconds)::
 
-                          before (e94eea8)                    after
-      plain read          0.61 s (6.37 GB/s)                  0.80 s (4.89 GB/s)
-      numpy --workers 1   69.51 / 66.93 s  113.8x  172 MiB    21.22 / 20.03 s  26.7x  136 MiB
-      numpy --workers 2   51.53 / 63.42 s   84.4x  126 MiB    22.69 / 21.73 s  28.5x  108 MiB
-      numba --workers 1   28.31 / 28.40 s   46.3x  280 MiB    11.86 /  9.07 s  14.9x  241 MiB
-      numba --workers 2   31.15 / 33.24 s   51.0x  214 MiB    12.24 /  9.15 s  15.4x  217 MiB
+                          before (e94eea8)                      after
+      pair 1: plain read  0.61 s (6.37 GB/s)                    0.80 s (4.89 GB/s)
+      numpy --workers 1   69.51 / 66.93 s  113.8x  172 MiB      21.22 / 20.03 s  26.7x  136 MiB
+      numpy --workers 2   51.53 / 63.42 s   84.4x  126 MiB      22.69 / 21.73 s  28.5x  108 MiB
+      numba --workers 1   28.31 / 28.40 s   46.3x  280 MiB      11.86 /  9.07 s  14.9x  241 MiB
+      numba --workers 2   31.15 / 33.24 s   51.0x  214 MiB      12.24 /  9.15 s  15.4x  217 MiB
+      pair 2: plain read  0.65 s (5.96 GB/s)                    1.15 s (3.40 GB/s)
+      numpy --workers 1   69.49 / 65.73 s  106.4x  172 MiB      24.46 / 21.29 s  21.3x  137 MiB
+      numpy --workers 2   77.56 / 72.29 s  118.8x  126 MiB      32.67 / 24.13 s  28.5x  108 MiB
+      numba --workers 1   32.35 / 32.71 s   49.5x  280 MiB      15.57 / 10.27 s  13.6x  241 MiB
+      numba --workers 2   34.62 / 33.14 s   53.0x  214 MiB      15.49 / 11.53 s  13.5x  217 MiB
       reports identical across kernels and workers (and before / after): True
 
 Where the time went before (cProfile of the CLI, ``--workers 1``; 7b = 6.48 G weights): the numpy checks each
@@ -62,7 +68,7 @@ kernel page-faulting temporaries (the CLI's fixed 4 MiB mmap threshold also froz
 column squares 1.2-1.6, byte histogram 0.6, unpack + transpose 1.2); and the parent's sibling nibble-order check ran
 its 224 small products on OpenBLAS's default threads: 13 s of a 27 s compiled run.
 
-Where it goes now (CPU seconds of the runs above; per step from one 4096 x 11008 tensor timed alone, since cProfile
+Where it goes now (CPU seconds of the first pair; per step from one 4096 x 11008 tensor timed alone, since cProfile
 times C calls by the wall clock, inflated at this load): compiled, 9.1 s = the word scan 0.8-0.9 ns/weight (5.5 s:
 per field a shift, mask, float32 dequantize, float64 square and add, offset sums and two range compares, on 16
 lanes; its float64 squares and additions must follow column_profile's row order, so they vectorize across words

@@ -1,19 +1,22 @@
-"""Every per-code fact the data checks need, in one compiled pass over the stored words (``fast`` extra).
+"""Every per-code fact the data checks need, in one pass over the stored words.
 
 For a 2-D ``(out, in)`` tensor whose integer codes are still packed in 32-bit words along ``in`` (GPTQ
-``qweight``, compressed-tensors ``weight_packed``, MLX), :func:`scan` reads the words once
-(:func:`converter.kernels.compiled.word_scan.scan_words`) and returns a :class:`WordScan`: the saturation counts
-of the declared grouping and of its alternative, the code-offset sums, whether every code is equal, and the
-per-column sums of squared values of the nibble-order profile. :func:`converter.validate.data_checks.check_saturation`,
-``check_zero_offset``, ``check_degenerate`` and :func:`converter.validate.nibble_order.column_profile` take it
-instead of scanning the unpacked codes once each; the numbers are the numpy scans' exactly (the integers are
-the same integers, the float64 sums the same additions in the same order: ``tests/kernels/compiled``).
+``qweight``, compressed-tensors ``weight_packed``, MLX), :func:`scan` reads the words once and returns a
+:class:`WordScan`: the saturation counts of the declared grouping and of its alternative, the code-offset sums,
+whether every code is equal, and the per-column sums of squared values of the nibble-order profile.
+:func:`converter.validate.data_checks.check_saturation`, ``check_zero_offset``, ``check_degenerate`` and
+:func:`converter.validate.nibble_order.column_profile` take it instead of each scanning the unpacked codes; the
+numbers are theirs exactly (the integers are the same integers, the float64 sums the same additions in the same
+order: ``tests/kernels/compiled/test_word_scan.py``). Two implementations: compiled
+(:func:`converter.kernels.compiled.word_scan.scan_words`, the ``fast`` extra, when
+:func:`converter.kernels.compiled.use_compiled` says so for the tensor's size), else numpy row block by row block
+(:func:`_scan_numpy`), whose temporaries stay small.
 
-Covered: the compiled path chosen for the tensor's size (:func:`converter.kernels.compiled.use_compiled`);
-2-, 4- or 8-bit fields in 32-bit words, identity in-word order, no padding fields; a plain integer scheme
-(implicit centre or integer zero points; no codebook, float bias, double quantization or global scale);
-groups along ``in`` (no ``g_idx``, whole words per group), one scale per ``out`` channel, or one per tensor;
-finite scales. Anything else returns None and the checks scan the codes themselves.
+Covered: 2-, 4- or 8-bit fields in C-contiguous 32-bit words, identity in-word order, no padding fields; a plain
+integer scheme (implicit centre or integer zero points; no codebook, float bias, double quantization or global
+scale); groups along ``in`` (no ``g_idx``, whole words per group), one scale per ``out`` channel, or one per
+tensor; finite scales; at most one alternative grouping (groups along ``out``, or one per ``in`` index). Anything
+else returns None and the checks scan the codes themselves.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from converter import rows as rows_module
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 
-__all__ = ["WordScan", "scan", "warm"]
+__all__ = ["WordScan", "scan", "likely_covered", "warm", "STRIP_CODES"]
 
 
 @dataclass(frozen=True)
