@@ -38,6 +38,7 @@ from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate import code_scans
 from converter.validate.findings import Finding, finding
+from converter.validate.word_scan import WordScan
 
 #: The declared grouping is suspicious when at least this fraction of its groups lacks a saturated code ...
 SATURATION_MIN_UNSATURATED = 0.03
@@ -147,12 +148,16 @@ def alternative_groupings(t: QuantizedTensor, mask: np.ndarray | None = None) ->
             for name, (gm, transposed) in maps.items()}
 
 
-def saturation_profile(t: QuantizedTensor) -> dict[str, Any]:
-    """Saturation fractions under the declared grouping and each alternative."""
+def saturation_profile(t: QuantizedTensor, scan: WordScan | None = None) -> dict[str, Any]:
+    """Saturation fractions under the declared grouping and each alternative (``scan``: the counts of
+    :func:`converter.validate.word_scan.scan`, taken instead of scanning the codes)."""
     maps = alternative_maps(t)
-    counts = None if any(tr for _, tr in maps.values()) else code_scans.saturation_counts(
-        t, {"": t.group_map, **{name: gm for name, (gm, _) in maps.items()}})
-    if counts is not None:  # the compiled scan (fast extra): the same integer counts, the same quotients
+    if scan is not None:
+        counts = dict(scan.saturation)
+    else:
+        counts = None if any(tr for _, tr in maps.values()) else code_scans.saturation_counts(
+            t, {"": t.group_map, **{name: gm for name, (gm, _) in maps.items()}})
+    if counts is not None:  # the compiled scans (fast extra): the same integer counts, the same quotients
         hit, n = counts.pop("")
         return {"declared": round(_fraction(hit, n), 4), "groups": n,
                 "alternatives": {name: round(_fraction(*c), 4) for name, c in counts.items()}}
@@ -164,9 +169,9 @@ def saturation_profile(t: QuantizedTensor) -> dict[str, Any]:
     return {"declared": round(declared, 4), "groups": n, "alternatives": alts}
 
 
-def check_saturation(t: QuantizedTensor) -> tuple[list[Finding], dict[str, Any]]:
+def check_saturation(t: QuantizedTensor, scan: WordScan | None = None) -> tuple[list[Finding], dict[str, Any]]:
     """``axis-swap`` when an alternative grouping saturates markedly more often than the declared one."""
-    prof = saturation_profile(t)
+    prof = saturation_profile(t, scan)
     if prof["groups"] < MIN_GROUPS or not prof["alternatives"]:
         return [], prof
     best_name, best = max(prof["alternatives"].items(), key=lambda kv: kv[1])
@@ -200,16 +205,13 @@ def _centred_sums(t: QuantizedTensor) -> tuple[int, int]:
     return q1 - n * c, q2 - 2 * c * q1 + n * c * c
 
 
-def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
-    """(mean, std) of ``q - z`` in code units over the tensor; None for float-bias and codebook schemes."""
-    s = t.scheme
-    if s.codebook is not None or s.zero_point is ZeroPoint.FLOAT or not t.numel:
-        return None
+def _offset_sums(t: QuantizedTensor) -> tuple[int, int]:
+    """``(sum(q - z), sum((q - z)**2))`` over the codes (``z`` the zero points, or the centre), exact integers."""
     # exact integer sums of r = q - z (and r^2) over row blocks, instead of float64 copies of the
     # whole tensor (8 bytes per code, twice): the mean is the same exact quotient numpy forms
     # (sums of small integers are exact in float64); the spread agrees to rounding
+    s = t.scheme
     codes = t.codes
-    n = int(codes.size)
     s1 = s2 = 0
     if s.zero_point is ZeroPoint.NONE or codes.ndim < 2:
         if s.zero_point is ZeroPoint.NONE:
@@ -233,19 +235,34 @@ def zero_offset(t: QuantizedTensor) -> tuple[float, float] | None:
             s1 += int(r.sum(dtype=np.int64))
             r64 = r.astype(np.int64).reshape(-1)
             s2 += int(r64 @ r64)
+    return s1, s2
+
+
+def zero_offset(t: QuantizedTensor, scan: WordScan | None = None) -> tuple[float, float] | None:
+    """(mean, std) of ``q - z`` in code units over the tensor; None for float-bias and codebook schemes
+    (``scan``: the sums of :func:`converter.validate.word_scan.scan`, taken instead of scanning the codes)."""
+    s = t.scheme
+    if s.codebook is not None or s.zero_point is ZeroPoint.FLOAT or not t.numel:
+        return None
+    n = t.numel
+    if scan is not None:
+        s1, s2 = scan.offset_sums
+    else:
+        s1, s2 = _offset_sums(t)
     mean = s1 / n
     var = max(0.0, (s2 - s1 * s1 / n) / n) if n else 0.0
     return float(mean), float(np.sqrt(var))
 
 
-def check_zero_offset(t: QuantizedTensor) -> tuple[list[Finding], dict[str, float] | None]:
+def check_zero_offset(t: QuantizedTensor,
+                      scan: WordScan | None = None) -> tuple[list[Finding], dict[str, float] | None]:
     """``zero-offset`` when the mean code offset is about one step away from the declared zero.
 
     Both limits must be passed: ``|mean| > ZERO_OFFSET_LIMIT`` code units and ``|mean| / std >
     ZERO_OFFSET_RATIO`` (8-bit grids have so many steps that a real weight mean of -1 step is
     ordinary: the intermediate.dense samples sit at -1.01 steps with a spread of about 20).
     """
-    res = zero_offset(t)
+    res = zero_offset(t, scan)
     if res is None:
         return [], None
     m, sd = res
@@ -344,17 +361,22 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
     return out
 
 
-def check_degenerate(t: QuantizedTensor) -> list[Finding]:
-    """``degenerate`` when every element decodes to one value (all-zero codes after a packing bug, B17)."""
+def check_degenerate(t: QuantizedTensor, scan: WordScan | None = None) -> list[Finding]:
+    """``degenerate`` when every element decodes to one value (all-zero codes after a packing bug, B17)
+    (``scan``: the code range of :func:`converter.validate.word_scan.scan`, taken instead of the codes)."""
     if t.numel < 2:
         return []
-    q = t.codes
-    same = code_scans.all_codes_equal(t)
-    if same is None:  # a differing code in the first 4096 settles it without a full-size comparison
-        flat = q.reshape(-1)
-        same = bool(np.all(flat[:4096] == flat[0])) and bool(np.all(q == flat[0]))
+    if scan is not None:
+        same, first = scan.all_equal, scan.first_code
+    else:
+        q = t.codes
+        same = code_scans.all_codes_equal(t)
+        if same is None:  # a differing code in the first 4096 settles it without a full-size comparison
+            flat = q.reshape(-1)
+            same = bool(np.all(flat[:4096] == flat[0])) and bool(np.all(q == flat[0]))
+        first = int(q.flat[0])
     if same:
-        return [finding("degenerate", t.name, f"all {t.numel} codes equal {int(q.flat[0])}: the tensor decodes to "
-                        f"one value per group (an empty pack loop, CASES.md B17)", code_value=int(q.flat[0]),
+        return [finding("degenerate", t.name, f"all {t.numel} codes equal {first}: the tensor decodes to "
+                        f"one value per group (an empty pack loop, CASES.md B17)", code_value=first,
                         numel=t.numel)]
     return []

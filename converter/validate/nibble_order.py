@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from converter.groups import Granularity
+from converter.kernels.blas import blas_threads
 from converter.kernels.compiled import use_compiled
 from converter.kernels.compiled.column_sums import add_column_squares, add_column_squares_codes
 from converter.scheme import ZeroPoint
@@ -29,6 +30,7 @@ from converter.tensor import QuantizedTensor
 from converter.validate.data_checks import MIN_ELEMENTS
 from converter.validate.findings import Finding, finding
 from converter.validate.interpretations import _orders, nibble_alternatives
+from converter.validate.word_scan import WordScan
 from converter.rows import Rows
 
 #: An alternative in-word order is reported when the tensor's within-word detail, read in that order,
@@ -71,8 +73,11 @@ def _word_perms(t: QuantizedTensor) -> tuple[str, int, int, dict[str, np.ndarray
     return amap.packed_axis, length, n, out
 
 
-def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
+def column_profile(t: QuantizedTensor, scan: WordScan | None = None) -> dict[str, Any] | None:
     """RMS of the dequantized weights per index of the packed axis, and the alternative orders' index maps.
+
+    ``scan``: the column sums of :func:`converter.validate.word_scan.scan` (the same float64 sums), taken instead
+    of dequantizing the rows.
 
     Returns ``{"axis": name, "length": L, "word": fields per word, "profile": float64 (L,),
     "perms": {name: int64 (L,)}}``, or None for codes that are not packed in words.
@@ -81,6 +86,9 @@ def column_profile(t: QuantizedTensor) -> dict[str, Any] | None:
     if wp is None or len(t.axes) < 2:
         return None
     axis, length, word, perms = wp
+    if scan is not None and axis == "in" and tuple(t.axes) == ("out", "in"):
+        return {"axis": axis, "length": length, "word": word, "profile": np.sqrt(scan.column_squares / t.shape[0]),
+                "perms": perms}
     if tuple(t.axes) == ("out", "in"):
         # the same mean of squares accumulated over row blocks of values (never the whole float64 matrix)
         rows = Rows(t)
@@ -243,6 +251,11 @@ def check_nibble_order(profiles: dict[str, dict[str, Any]]) -> list[Finding]:
     tensor without related siblings (o_proj and down_proj read features no other tensor reads):
     ``--reference`` catches those (``layout-mismatch``).
     """
+    with blas_threads(1):  # small products per sibling: OpenBLAS's threads cost 10x more than they save
+        return _check_nibble_order(profiles)
+
+
+def _check_nibble_order(profiles: dict[str, dict[str, Any]]) -> list[Finding]:
     profs = {n: dict(p) for n, p in profiles.items()}
     groups: dict[tuple[str, int], list[str]] = {}
     for name, p in profs.items():

@@ -11,6 +11,10 @@ reference, the reference comparison; last, the scale direction across the float-
 (:mod:`converter.validate.scale_direction`) and the FP4 global-scale direction, the format's E8M0
 rule evidence and NaN scale bytes (:mod:`converter.validate.fp4_checks`).
 
+A packed integer tensor's codes are read once, in their stored words, by :func:`converter.validate.word_scan.scan`
+(compiled, or numpy block by block), whose counts and sums the saturation, zero-offset, degenerate and nibble-profile
+checks take instead of each scanning the unpacked codes; any other tensor is scanned by each check.
+
 The per-tensor checks run as tasks (:func:`converter.write.engine.run_tasks`): inline, or in forked worker
 processes (``--workers``) as many side by side as fit the memory budget (``--max-memory``, :func:`_workers`),
 each materialising one tensor at a time; their results are merged in the checkpoint's order, so the report is
@@ -32,7 +36,7 @@ from converter.runtime import auto_workers, current
 from converter.tensor import QuantizedTensor
 from converter.validate import checksums as checksum_checks
 from converter.validate import (code_scans, data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
-                                reader_errors, scale_direction, structural)
+                                reader_errors, scale_direction, structural, word_scan)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -132,7 +136,12 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     quantized = [spec for spec in specs if spec.kind == "quantized"]
     results: dict[str, TensorResult] = {}
     template = ValidationReport(path=report.path, format=report.format, reference=report.reference, strict=strict)
-    code_scans.warm(max((spec.numel for spec in quantized), default=0))  # before any worker forks
+    # the compiled kernels loaded before any worker forks (the workers inherit them): the word scan for the tensors
+    # it will likely cover, the per-check scans for the others
+    covered = [word_scan.likely_covered(spec) for spec in quantized]
+    word_scan.warm(max((spec.numel for spec, c in zip(quantized, covered) if c), default=0))
+    if not all(covered):
+        code_scans.warm(max(spec.numel for spec, c in zip(quantized, covered) if not c))
     with Progress("validating", len(quantized), sum(_stored_bytes(spec) for spec in quantized)) as progress:
         def done(i: int, res: TensorResult) -> None:
             results[quantized[i].name] = res
@@ -200,8 +209,11 @@ def _check_one(template: ValidationReport, source: Source, spec, ckpt, hooks: re
     if not isinstance(t, QuantizedTensor):
         return TensorResult(local.findings)
     dense_axes = (ckpt.metadata or {}).get("dense_axes", {}).get(spec.name)
-    stats = _check_tensor(local, source, spec, t, hooks, ref_ckpt, dense_axes)
-    return TensorResult(local.findings, stats, fp4_checks.global_scale_evidence(t), nibble_order.column_profile(t))
+    # the compiled one-pass scan of the stored words when it covers the tensor (else each check scans the codes)
+    scan = word_scan.scan(t, {name: gm for name, (gm, _) in data_checks.alternative_maps(t).items()})
+    stats = _check_tensor(local, source, spec, t, hooks, ref_ckpt, dense_axes, scan)
+    return TensorResult(local.findings, stats, fp4_checks.global_scale_evidence(t),
+                        nibble_order.column_profile(t, scan))
 
 
 #: Working memory of checking one tensor, in bytes per logical element, without and with a reference: measured
@@ -240,17 +252,18 @@ def _reference_in_logical_order(ref_shape: tuple[int, ...], t: QuantizedTensor,
 
 
 def _check_tensor(report: ValidationReport, source: Source, spec, t: QuantizedTensor, hooks: registry.ValidationHooks,
-                  ref_ckpt, dense_axes: list[str] | None = None) -> dict[str, Any]:
+                  ref_ckpt, dense_axes: list[str] | None = None,
+                  scan: word_scan.WordScan | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"shape": list(t.shape), "scheme": t.scheme.describe(), "groups": t.group_map.describe()}
     report.add(*structural.check_loaded(spec, t))
     report.add(*structural.check_padding(source, spec, t))
     nan_bytes = fp4_checks.check_nan_scale_bytes(t)  # FP4: the NaN bytes and their group indices
     report.add(*nan_bytes, *(f for f in data_checks.check_scales(t, negative_ok=hooks.negative_scales)
                              if not (nan_bytes and f.code == "scale-nonfinite")))
-    report.add(*data_checks.check_degenerate(t))
-    sat_findings, stats["saturation"] = data_checks.check_saturation(t)
+    report.add(*data_checks.check_degenerate(t, scan))
+    sat_findings, stats["saturation"] = data_checks.check_saturation(t, scan)
     report.add(*sat_findings)
-    zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t)
+    zo_findings, stats["zero_offset"] = data_checks.check_zero_offset(t, scan)
     report.add(*zo_findings)
     if float_checks.float_element(t) is not None:  # FP8 / FP4 weights
         report.add(*float_checks.check_nonfinite_codes(t))

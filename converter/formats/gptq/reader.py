@@ -299,7 +299,9 @@ def zero_convention_evidence(src: Source, spec: TensorSpec) -> dict | None:
     b = spec.scheme.bits
     words = np.asarray(src.read(zname)).view(np.uint32)
     fields = zeros_map(b).to_logical(words, (OUT, IN), {IN: words.shape[0], OUT: int(spec.shape[0])})
-    vals, counts = np.unique(fields, return_counts=True)
+    counts = np.bincount(fields.reshape(-1), minlength=1 << b)  # (b-bit fields: a count per value, no sort)
+    vals = np.flatnonzero(counts)
+    counts = counts[vals]
     sym = (spec.declared_scheme or spec.scheme).zero_point is ZeroPoint.NONE  # what the config says
     inferred = None
     if sym and vals.size == 1:

@@ -1,0 +1,207 @@
+"""The validator's one-pass scan of packed words (converter/validate/word_scan.py: compiled in
+kernels/compiled/word_scan.py, or numpy block by block) gives the per-check numpy scans' numbers exactly:
+saturation counts under the declared grouping and its alternative, the code-offset statistics, the degenerate
+test and the float64 bits of the column magnitude profile, on hand-counted words, on hypothesis inputs (2/4/8-bit
+fields, signed and domain-shifted, GPTQ and compressed-tensors orientation, zero points at and off the centre,
+partial groups, zero / negative / subnormal scales, small row blocks and column strips) and on the shipped
+samples' reports (tests/kernels/compiled/test_code_scans.py)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from converter import rows as rows_module
+from converter.groups import GroupMap
+from converter.kernels import compiled
+from converter.layout import IN, OUT, AxisMap, PackedCodes
+from converter.runtime import run_options
+from converter.scheme import QuantScheme, ZeroPoint
+from converter.tensor import QuantizedTensor
+from converter.validate import data_checks, nibble_order, word_scan
+
+pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba (the fast extra) is not installed")
+
+
+def _packed(fields, bits, stored, signed=False, flip=False, scheme=None, gm=None, scales=None, zeros=None):
+    """A fresh tensor holding ``fields`` (uint8 ``(out, in)``, the stored field values) packed in int32 words."""
+    out, n_in = fields.shape
+    amap = AxisMap(stored, packed_axis=IN, bits=bits, container="I32")
+    words = amap.to_stored(fields, (OUT, IN))
+    words.flags.writeable = False  # as a file's memory map
+    codes = PackedCodes(words, amap, (OUT, IN), {OUT: out, IN: n_in}, signed=signed, flip=flip)
+    return QuantizedTensor("m.w", (OUT, IN), codes, scales, scheme, gm, zero_points=zeros, stored={"codes": amap})
+
+
+def _alternatives(t):
+    return {name: gm for name, (gm, _) in data_checks.alternative_maps(t).items()}
+
+
+def _numbers(t, scan):
+    prof = nibble_order.column_profile(t, scan)
+    return (data_checks.saturation_profile(t, scan), data_checks.zero_offset(t, scan),
+            data_checks.check_degenerate(t, scan), prof["profile"].view(np.uint64).tolist())
+
+
+def _both(make):
+    """(the checks' own numbers, the compiled scan's) of fresh copies of one tensor (``t.codes`` unpacks and keeps
+    the codes, so each path gets its own); asserts that both scans covered it, that the numpy scan's numbers are the
+    checks' own, and that the compiled scan never unpacked the words."""
+    with run_options(kernels="numpy"):
+        expected = _numbers(make(), None)  # each check scans the unpacked codes itself
+        t = make()
+        scan = word_scan.scan(t, _alternatives(t))  # the numpy scan, block by block
+        assert scan is not None
+        assert _numbers(t, scan) == expected
+    with run_options(kernels="numba"):
+        t = make()
+        scan = word_scan.scan(t, _alternatives(t))
+        assert scan is not None
+        got = _numbers(t, scan)
+        assert t.packed is not None  # the words were never unpacked
+    return expected, got
+
+
+def test_hand_counted_words():
+    # 2 rows x 16 uint4 codes in GPTQ orientation (words (in/8, out)), symmetric (centre 8, saturated: q <= 1 or
+    # q == 15), groups of 8 along in: row 0 holds a 15 in group 0, row 1 a 1 in group 1; every other code is 8
+    fields = np.full((2, 16), 8, np.uint8)
+    fields[0, 3] = 15
+    fields[1, 12] = 1
+    scales = np.full((2, 2), 0.5, np.float16)
+    scheme = QuantScheme(4, False)
+    with run_options(kernels="numba"):
+        t = _packed(fields, 4, (IN, OUT), scheme=scheme, gm=GroupMap.per_group(8, IN), scales=scales)
+        scan = word_scan.scan(t, {"groups along out": GroupMap.per_group(2, OUT)})
+    assert scan.saturation == {"": (2, 4), "groups along out": (2, 16)}  # columns 3 and 12 of the one row pair
+    assert scan.offset_sums == (7 - 7, 49 + 49)
+    assert not scan.all_equal and scan.first_code == 8
+    expected = np.zeros(16)
+    expected[3], expected[12] = (0.5 * 7) ** 2, (0.5 * -7) ** 2
+    assert scan.column_squares.tolist() == expected.tolist()
+    with run_options(kernels="numba"):
+        t = _packed(np.full((2, 16), 3, np.uint8), 4, (OUT, IN), scheme=scheme, gm=GroupMap.per_group(8, IN),
+                    scales=scales)
+        scan = word_scan.scan(t, {})
+    assert scan.all_equal and scan.first_code == 3
+    assert data_checks.check_degenerate(t, scan)[0].evidence["code_value"] == 3
+
+
+def test_not_covered_is_none():
+    scheme = QuantScheme(4, False)
+    fields = np.zeros((4, 16), np.uint8)
+    with run_options(kernels="numba"):
+        gidx = GroupMap.per_group(8, IN, g_idx=np.arange(16, dtype=np.int32) // 8)
+        assert word_scan.scan(_packed(fields, 4, (IN, OUT), scheme=scheme, gm=gidx,
+                                      scales=np.ones((4, 2), np.float16)), {}) is None
+        nan = np.ones((4, 2), np.float16)
+        nan[1, 1] = np.nan  # non-finite scales: the float32 rows' path
+        assert word_scan.scan(_packed(fields, 4, (IN, OUT), scheme=scheme, gm=GroupMap.per_group(8, IN),
+                                      scales=nan), {}) is None
+        odd = GroupMap.per_group(4, IN)  # groups of 4 split the 8-code words
+        assert word_scan.scan(_packed(fields, 4, (IN, OUT), scheme=scheme, gm=odd,
+                                      scales=np.ones((4, 4), np.float16)), {}) is None
+        unpacked = QuantizedTensor("m.w", (OUT, IN), fields, np.ones((4, 2), np.float16), scheme,
+                                   GroupMap.per_group(8, IN))
+        assert word_scan.scan(unpacked, {}) is None
+        amap = AxisMap((IN, OUT), packed_axis=IN, bits=4, container="I32")
+        wide = np.zeros((2, 8), np.int32)  # words of a 4-row tensor as columns 0-3 of a wider array: not contiguous
+        strided = PackedCodes(wide[:, :4], amap, (OUT, IN), {OUT: 4, IN: 16}, signed=False)
+        assert word_scan.scan(QuantizedTensor("m.w", (OUT, IN), strided, np.ones((4, 2), np.float16), scheme,
+                                              GroupMap.per_group(8, IN)), {}) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 40), n_words=st.integers(1, 5), bits=st.sampled_from([2, 4, 8]),
+       signed=st.booleans(), flip=st.booleans(), stored=st.sampled_from([(IN, OUT), (OUT, IN)]),
+       integer=st.booleans(), grouping=st.sampled_from(["group", "channel", "tensor"]),
+       block_rows=st.integers(1, 9), strip=st.integers(1, 200))
+def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, integer, grouping, block_rows, strip):
+    per_word = 32 // bits
+    n_in = n_words * per_word
+    scheme = QuantScheme(bits, signed, ZeroPoint.INTEGER if integer else ZeroPoint.NONE)
+    if grouping == "group":
+        gm = GroupMap.per_group(per_word * data.draw(st.integers(1, n_words + 1)), IN)  # (partial groups too)
+    else:
+        gm = GroupMap.per_channel(OUT) if grouping == "channel" else GroupMap.per_tensor()
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    alphabet = data.draw(st.lists(st.integers(0, (1 << bits) - 1), min_size=1, max_size=6, unique=True))
+    fields = rng.choice(np.array(alphabet, np.uint8), size=(rows, n_in))
+    pshape = gm.param_shape((rows, n_in), (OUT, IN))
+    scales = (rng.random(pshape) * 2e-3).astype(np.float16)
+    special = [np.float16(0), np.float16(-0.0), np.float16(6e-8), np.float16(-1.5e-3)]
+    for i in data.draw(st.lists(st.integers(0, scales.size - 1), max_size=3)):
+        scales.flat[i] = special[i % len(special)]
+    zeros = None
+    if integer:  # zero points at the centre (saturation at |q - z| >= 2^(b-1) - 1) and off it
+        zeros = rng.choice([scheme.center, scheme.center, scheme.qmin, scheme.qmax, scheme.qmin + 1],
+                           size=pshape).astype(np.int32)
+
+    def make():
+        return _packed(fields, bits, stored, signed, flip, scheme, gm, scales, zeros)
+
+    old = rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES
+    rows_module.SUPER_ELEMENTS = block_rows * n_in  # row blocks of block_rows rows: their order matters
+    word_scan.STRIP_CODES = strip  # the numpy scan's column strips (whole groups, at least one)
+    try:
+        expected, got = _both(make)
+    finally:
+        rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES = old
+    assert got == expected
+
+
+def test_random_words_large_groups_both_orientations():
+    """Full-range random words (every code value), groups of 128 along in and the alternative along out (rows
+    >= 128), the 7B benchmark's tensor kind; v1-style integer zero points at the centre and one off it."""
+    rng = np.random.default_rng(3)
+    fields = rng.integers(0, 16, (300, 512), dtype=np.uint8)
+    scales = (rng.random((300, 4)) * 1e-2 + 1e-3).astype(np.float16)
+    zeros = np.full((300, 4), 8, np.int32)
+    zeros[7, 2] = 5
+    for stored in ((IN, OUT), (OUT, IN)):
+        for scheme, z in ((QuantScheme(4, False), None), (QuantScheme(4, False, ZeroPoint.INTEGER), zeros)):
+            def make(stored=stored, scheme=scheme, z=z):
+                return _packed(fields, 4, stored, scheme=scheme, gm=GroupMap.per_group(128, IN), scales=scales,
+                               zeros=z)
+            expected, got = _both(make)
+            assert got == expected
+            assert set(expected[0]["alternatives"]) == {"groups along out"}
+
+
+@pytest.mark.parametrize("fault", ["transposed", "nibble order", "all zero", "v1 read as v2"])
+def test_fault_reports_identical(tmp_path, fault):
+    """Reports with findings (axis-swap, nibble-order, degenerate, zero-offset) from the word scan on both paths
+    equal the per-check scans' (the compiled word scan never runs under QCKPT_KERNELS=numpy; the numpy word scan
+    is swapped for the checks' own scans to get the reference)."""
+    from dataclasses import replace
+
+    import converter
+    from converter.formats.gptq import format as gptq
+    from converter.validate import validate
+    from tests.conftest import SAMPLES
+    from tests.validate.helpers import QUERY, copy_sample, edit_config, edit_tensors
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+    stored = f"{QUERY[:-len('.weight')]}.qweight"
+    codes = converter.load(SAMPLES / "gptq_w4_g128_sym")[QUERY].codes
+    if fault == "transposed":
+        edit_tensors(d, lambda s: s.__setitem__(stored, gptq.codes_map(4).to_stored(codes.T.copy(), (OUT, IN))))
+    elif fault == "nibble order":
+        flipped = replace(gptq.codes_map(4), order=(7, 6, 5, 4, 3, 2, 1, 0))
+        edit_tensors(d, lambda s: s.__setitem__(stored, flipped.to_stored(codes, (OUT, IN))))
+    elif fault == "all zero":
+        edit_tensors(d, lambda s: s.__setitem__(stored, np.zeros_like(s[stored])))
+    else:
+        edit_config(d, lambda qc: qc.update(checkpoint_format="gptq_v2", format="gptq_v2"))
+    reports = []
+    for kernels in ("numpy", "numba"):
+        with run_options(kernels=kernels):
+            reports.append(validate(d).to_json())
+    original = word_scan.scan
+    word_scan.scan = lambda t, alternatives: None  # every check scans the codes itself
+    try:
+        with run_options(kernels="numpy"):
+            reference = validate(d).to_json()
+    finally:
+        word_scan.scan = original
+    assert reference["findings"]  # the fault is reported
+    assert reports == [reference, reference]
