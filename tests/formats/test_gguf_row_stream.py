@@ -1,0 +1,83 @@
+"""A GGUF K-quant write from the format quantizer streams each tensor in row blocks, never whole.
+
+The requantizing view offers the tensors the format's quantizer makes from rows as row blocks
+(:meth:`converter.tensor.Checkpoint.row_blocks`); the GGUF writer encodes and pwrites each block at its offset
+(:func:`converter.formats.gguf.tensor_plan.encode_rows`). The references: the same convert with the row blocks
+turned off (every tensor requantized, encoded and digested whole, as before the stream existed) must give the
+same bytes and the same report; and while a streamed tensor is written, the Python allocations in flight stay
+below one byte per element (the whole tensor's codes alone are one byte per element), measured with tracemalloc.
+"""
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import converter
+from converter.formats.gguf import file_write
+from converter import rows
+from converter.kernels import rtn
+from converter.quant import format_quant
+from converter.runtime import run_options
+from converter.tensor import Checkpoint
+from tests.synthetic import Shape, build_gptq
+
+SHAPE = Shape(1, 512, 1408, 4000)  # embedding / head 4000 x 512 (float16), the layers GPTQ 4-bit
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = tmp_path_factory.mktemp("gptq") / "src"
+    build_gptq(src, SHAPE)
+    return src
+
+
+def _convert(src: Path, dst: Path, monkeypatch, *, stream: bool) -> dict:
+    if not stream:
+        monkeypatch.setattr(Checkpoint, "row_blocks", lambda self, name: None)
+    with run_options(workers=1):
+        doc = converter.convert(src, dst, to="gguf", target={"quant_type": "Q4_K_M"})
+    monkeypatch.undo()
+    return json.loads(json.dumps(doc, default=str))
+
+
+def test_streamed_write_equals_whole_write(source, tmp_path, monkeypatch):
+    streamed = _convert(source, tmp_path / "rows.gguf", monkeypatch, stream=True)
+    whole = _convert(source, tmp_path / "whole.gguf", monkeypatch, stream=False)
+    assert (tmp_path / "rows.gguf").read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+    for doc in (streamed, whole):
+        doc.pop("destination")
+    assert streamed == whole
+    assert all(r["readback_bit_exact"] for r in streamed["tensors"])
+
+
+def test_streamed_tensor_is_never_whole_in_memory(source, tmp_path, monkeypatch):
+    with run_options(workers=1):  # (first: the lazy imports and compiled kernels, loaded once per process)
+        converter.convert(source, tmp_path / "warm.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+    # blocks of 8 rows of 512 (the working set per block, a few tens of bytes per element, does not grow with
+    # the tensor: small blocks, so that what does grow shows)
+    monkeypatch.setattr(format_quant, "STREAM_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(rtn, "QUANT_BLOCK_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(rows, "SUPER_ELEMENTS", 1 << 12)  # (a GPTQ source's rows dequantized on demand)
+    seen: dict[str, int] = {}
+    real = file_write.encode_rows
+
+    def measured(blocks, p):  # Python's allocations while this tensor is made, encoded and written
+        tracemalloc.start()
+        try:
+            yield from real(blocks, p)
+            seen[p.name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    monkeypatch.setattr(file_write, "encode_rows", measured)
+    with run_options(workers=1):
+        converter.convert(source, tmp_path / "out.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+    numel = {"model.embed_tokens.weight": SHAPE.vocab * SHAPE.hidden, "lm_head.weight": SHAPE.vocab * SHAPE.hidden,
+             "model.layers.0.mlp.gate_proj.weight": SHAPE.mlp * SHAPE.hidden}
+    assert set(numel) <= set(seen), sorted(seen)  # the large tensors went through the stream
+    for name, n in numel.items():
+        # one byte per element is the whole tensor's codes alone (Q4_K / Q6_K: plus scales, bytes, float values);
+        # what stays: the error sums per group (8 bytes per 16 or 32 elements) and per row
+        assert seen[name] < n, (name, seen[name], n)
