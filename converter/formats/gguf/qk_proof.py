@@ -23,7 +23,9 @@ from converter.formats.gguf.bounds import check_gguf_bounds
 from converter.formats.gguf.names import gguf_to_hf, permute_heads_key
 from converter.formats.gguf.schemes import gguf_module
 from converter.rows import Rows
+from converter.runtime import auto_workers
 from converter.tensor import Checkpoint, QuantizedTensor, row_splittable
+from converter.write.engine import run_tasks
 
 __all__ = ["prove_qk_rows"]
 
@@ -92,18 +94,20 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
         name = names.get(g) or gguf_to_hf(g, arch)
         if name in src:
             rows_of[(m.group(1), m.group(2), m.group(3))] = (g, name, int(src.spec(name).shape[0]))
-    failed: dict[str, str] = {}
     n_kv = _source_heads(src, "num_key_value_heads", "head_count_kv")
-    for (layer, which, kind), (g, name, rows) in rows_of.items():
+    items = list(rows_of.items())
+
+    def check(i: int) -> "tuple[str, str] | None":
+        """``(source name, why)`` when item ``i``'s stored rows are not the source's, permuted; else None."""
+        (layer, which, kind), (g, name, rows) = items[i]
         q = rows_of.get((layer, "q", kind)) or rows_of.get((layer, "q", "weight"))
         heads = n_head if which == "q" else n_kv
         if heads is None and n_head is not None and q is not None and q[2] % n_head == 0 \
                 and (rows * n_head) % q[2] == 0:
             heads = rows * n_head // q[2]  # k rows over the head size the q shape gives
         if heads is None or rows % (2 * heads):
-            failed[name] = ("q/k rows not proven: the source's head counts and q shape do not give the heads "
-                            f"of {rows} rows")
-            continue
+            return name, ("q/k rows not proven: the source's head counts and q shape do not give the heads "
+                          f"of {rows} rows")
         sname = g[: -len(".weight")] + ".scale" if g.endswith(".weight") else None
         multiplier = by_name.get(sname) if sname else None
         scale = stored_values(multiplier).reshape(-1)[0] if multiplier is not None else None
@@ -123,9 +127,17 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
                 n = want.shape[0] if want.ndim > 1 else 1
                 bad += int(np.count_nonzero(np.any(got.reshape(n, -1) != want.reshape(n, -1), axis=1)))
         if differ:
-            failed[name] = (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
-                            f"({bad} of {rows} rows differ)")
-    return failed
+            return name, (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
+                          f"({bad} of {rows} rows differ)")
+        return None
+
+    # one tensor per task, in the worker processes of the options in force (the source, a requantizing view,
+    # makes each tensor again: the costly part)
+    found: list = [None] * len(items)
+    total = sum(stored[g].nbytes for _, (g, _, _) in items)
+    run_tasks(len(items), check, workers=auto_workers(total, len(items)),
+              on_result=lambda i, r: found.__setitem__(i, r))
+    return dict(r for r in found if r is not None)
 
 
 #: Elements of source values compared at a time (whole heads; at least one head).
