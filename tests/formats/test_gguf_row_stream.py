@@ -12,6 +12,7 @@ import json
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import converter
@@ -81,3 +82,31 @@ def test_streamed_tensor_is_never_whole_in_memory(source, tmp_path, monkeypatch)
         # one byte per element is the whole tensor's codes alone (Q4_K / Q6_K: plus scales, bytes, float values);
         # what stays: the error sums per group (8 bytes per 16 or 32 elements) and per row
         assert seen[name] < n, (name, seen[name], n)
+
+
+def test_reader_row_blocks_are_the_whole_tensors_rows(source, tmp_path, monkeypatch):
+    # the read-back proof digests a GGUF block-type tensor from the reader's row blocks: the blocks must be
+    # the rows of the tensor loaded whole (same codes, scales, biases, values), so the digest is the same
+    from converter.formats import registry
+    from converter.formats.gguf import read_rows
+    from converter.ops.readback import _row_digest, digest
+    with run_options(workers=1):
+        converter.convert(source, tmp_path / "out.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+    monkeypatch.setattr(read_rows, "ROW_BLOCK_ELEMENTS", 1 << 16)  # several blocks per tensor
+    out = registry.load(tmp_path / "out.gguf")
+    offered = []
+    for name in out.names():
+        blocks = out.row_blocks(name)
+        whole = out[name]
+        if blocks is None:
+            continue
+        offered.append(name)
+        parts = list(blocks)
+        assert [r0 for r0, _ in parts] == list(np.cumsum([0] + [b.shape[0] for _, b in parts[:-1]]))
+        assert np.array_equal(np.concatenate([b.codes for _, b in parts]), whole.codes)
+        assert np.array_equal(np.concatenate([b.dequantize() for _, b in parts]), whole.dequantize())
+        assert _row_digest(out, name) == digest(whole)
+    assert "lm_head.weight" in offered and "model.embed_tokens.weight" in offered
+    # q/k rows are stored permuted (llama.cpp's order): read whole, un-permuted
+    assert out.row_blocks("model.layers.0.self_attn.q_proj.weight") is None
+    assert out.row_blocks("model.norm.weight") is None  # dense
