@@ -191,8 +191,9 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         task_result(RESULT_KIND, name, (row, digest))
         return out
 
-    def row_blocks(name: str):
-        """The tensor as row blocks when the format quantizer makes it from rows (``load``'s routes, never whole)."""
+    def row_blocks(name: str, values_only: bool = False):
+        """The tensor as row blocks when the format quantizer makes it from rows (``load``'s routes, never whole);
+        ``values_only``: no error figures, digest or report row (a proof that only reads the values)."""
         if fmt is None or reference is not None or name not in plans:
             return None
         t, spec, tgt = src[name], src.spec(name), overrides.get(name, target)
@@ -201,12 +202,16 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
             axes = _float_axes(spec)
             if not streamable(t.shape, gm, axes):
                 return None
-            return _streamed(name, t, t.data, scheme, gm, axes, fmt.accepts(scheme, gm, tuple(spec.shape), axes))
+            return _streamed(name, t, t.data, scheme, gm, axes, fmt.accepts(scheme, gm, tuple(spec.shape), axes),
+                             values_only)
         route = format_rows_target(t, tgt, fmt) if isinstance(t, QuantizedTensor) else None
-        return None if route is None else _streamed(name, t, t, *route[:2], tuple(t.axes), route[2])
+        return None if route is None else _streamed(name, t, t, *route[:2], tuple(t.axes), route[2], values_only)
 
-    def _streamed(name, t, values, scheme, gm, axes, label):
-        rows = QuantizedRows(fmt, values, scheme, gm, axes=axes, name=name)
+    def _streamed(name, t, values, scheme, gm, axes, label, values_only):
+        rows = QuantizedRows(fmt, values, scheme, gm, axes=axes, name=name, figures=not values_only)
+        if values_only:
+            yield from rows
+            return
         readback = RowDigest(rows.shape, axes)  # the digest of what the target's reader should read back
         for r0, block in rows:
             readback.add(fmt.stored(block) if fmt.stored is not None else block)

@@ -185,17 +185,19 @@ class QuantizedRows:
         The source (an ndarray: a float tensor's values, ``axes`` and ``name`` given; a memory map's
         pages are released after each block, :func:`converter.runtime.drop_pages`).
     scheme, group_map : the adapted target (:func:`streamable` must hold).
+    figures : False: the blocks only, no error figures (nor :meth:`result`), for a caller that reads values.
     """
 
     def __init__(self, fq: FormatQuantizer, t: "QuantizedTensor | np.ndarray", scheme: QuantScheme,
-                 group_map: GroupMap, *, axes: Sequence[str] | None = None, name: str | None = None) -> None:
+                 group_map: GroupMap, *, axes: Sequence[str] | None = None, name: str | None = None,
+                 figures: bool = True) -> None:
         self.fq, self.t, self.scheme, self.group_map = fq, t, scheme, group_map
         self.shape = tuple(int(s) for s in t.shape)
         self.axes = tuple(axes if axes is not None else t.axes)
         self.name = name if name is not None else t.name
         rows, n = self.shape
         self.sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
-                              per_tensor=group_map.granularity is Granularity.TENSOR)
+                              per_tensor=group_map.granularity is Granularity.TENSOR) if figures else None
         self.degenerate = 0
         self.rows_done = 0
         self._first: QuantizedTensor | None = None
@@ -211,15 +213,16 @@ class QuantizedRows:
         def work(c0: int, a: int, b: int) -> tuple[list[QuantizedTensor], int, ErrorSums]:
             """Rows ``c0 + a : c0 + b`` with this thread's own value cache, buffer and error sums."""
             vals = values if a == 0 else values.fork()
-            part = self.sums if a == 0 else self.sums.part()
-            ebuf = np.empty((step, n), dtype=np.float32)
+            part = None if self.sums is None else self.sums if a == 0 else self.sums.part()
+            ebuf = np.empty((step, n), dtype=np.float32) if part is not None else None
             pieces, degenerate = [], 0
             for r0 in range(c0 + a, c0 + b, step):
                 r1 = min(c0 + b, r0 + step)
                 x = vals[r0:r1]
                 q = fq.quantize(x, scheme, group_map, axes, name)
-                part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
-                degenerate += _degenerate(x, group_map, axes)
+                if part is not None:
+                    part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
+                    degenerate += _degenerate(x, group_map, axes)
                 pieces.append(q)
             return pieces, degenerate, part
 
@@ -228,7 +231,8 @@ class QuantizedRows:
             with blas_threads():  # the error sums' products: one BLAS thread per row range
                 parts = run_rows(lambda a, b, c0=c0: work(c0, a, b), c1 - c0, step, threads)
             for _, _, part in parts[1:]:
-                self.sums.absorb(part)
+                if part is not None:
+                    self.sums.absorb(part)
             self.degenerate += sum(d for _, d, _ in parts)
             block = _concat_rows([q for pieces, _, _ in parts for q in pieces])
             del parts
@@ -247,7 +251,8 @@ class QuantizedRows:
 
     def result(self, tensor: "QuantizedTensor | None" = None) -> RequantResult:
         """The RequantResult, after every block: ``tensor`` (the blocks joined) or else :meth:`spec`."""
-        if self.rows_done != self.shape[0]:
-            raise ValueError(f"QuantizedRows: {self.rows_done} of {self.shape[0]} rows produced")
+        if self.rows_done != self.shape[0] or self.sums is None:
+            raise ValueError(f"QuantizedRows: {self.rows_done} of {self.shape[0]} rows produced"
+                             + ("" if self.sums is not None else " (made without figures)"))
         return RequantResult(tensor if tensor is not None else self.spec(), "requantized",
                              degenerate_groups=self.degenerate, vs_source=self.sums.figures())

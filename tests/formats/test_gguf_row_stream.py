@@ -36,7 +36,7 @@ def source(tmp_path_factory):
 
 def _convert(src: Path, dst: Path, monkeypatch, *, stream: bool) -> dict:
     if not stream:
-        monkeypatch.setattr(Checkpoint, "row_blocks", lambda self, name: None)
+        monkeypatch.setattr(Checkpoint, "row_blocks", lambda self, name, **_: None)
     with run_options(workers=1):
         doc = converter.convert(src, dst, to="gguf", target={"quant_type": "Q4_K_M"})
     monkeypatch.undo()
@@ -110,3 +110,21 @@ def test_reader_row_blocks_are_the_whole_tensors_rows(source, tmp_path, monkeypa
     # q/k rows are stored permuted (llama.cpp's order): read whole, un-permuted
     assert out.row_blocks("model.layers.0.self_attn.q_proj.weight") is None
     assert out.row_blocks("model.norm.weight") is None  # dense
+
+
+def test_quantized_rows_without_figures_are_the_same_blocks():
+    # the q/k proof reads the view's blocks with values_only (no error sums): the same codes and parameters
+    from converter.formats.gguf.requant import GGUF_QUANTIZER, named_type
+    from converter.layout import IN, OUT
+    x = (np.random.default_rng(3).standard_normal((300, 512)) * 0.02).astype(np.float32)
+    scheme, gm = named_type("Q4_K")
+    full = format_quant.QuantizedRows(GGUF_QUANTIZER, x, scheme, gm, axes=(OUT, IN), name="w")
+    bare = format_quant.QuantizedRows(GGUF_QUANTIZER, x, scheme, gm, axes=(OUT, IN), name="w", figures=False)
+    a, b = list(full), list(bare)
+    assert [r0 for r0, _ in a] == [r0 for r0, _ in b]
+    for (_, p), (_, q) in zip(a, b):
+        assert np.array_equal(p.codes, q.codes) and np.array_equal(p.scales, q.scales)
+        assert np.array_equal(p.zero_points, q.zero_points)
+    assert full.result().vs_source.numel == x.size
+    with pytest.raises(ValueError, match="without figures"):
+        bare.result()

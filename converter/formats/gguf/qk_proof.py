@@ -148,7 +148,7 @@ def _head_blocks(src: Checkpoint, name: str, rows: int, head_rows: int):
     """``(r0, float32 values of rows r0:r0 + k * head_rows)`` of ``src[name]`` in row order, whole heads at a
     time, never the whole matrix: from the checkpoint's row blocks when it makes the tensor so (a requantized
     view), else its rows dequantized block by block (:class:`converter.rows.Rows`); a 1-D tensor whole."""
-    blocks = src.row_blocks(name) if hasattr(src, "row_blocks") else None
+    blocks = src.row_blocks(name, values_only=True) if hasattr(src, "row_blocks") else None
     if blocks is not None:
         chunks = (b.dequantize() for _, b in blocks)
     else:

@@ -36,7 +36,7 @@ def row_blocks_of(entries: Mapping[str, Any], readers: Sequence[Any], arch: str 
     """The ``row_blocks`` function of a GGUF reader's checkpoint (``entries``: the reader's tensor entries by
     logical name; ``readers`` / ``paths``: the opened part files)."""
 
-    def row_blocks(name: str) -> "Iterator | None":
+    def row_blocks(name: str, values_only: bool = False) -> "Iterator | None":
         e = entries.get(name)
         if (e is None or e.type_name not in CODECS or e.type_name in FP4_TYPES or len(e.shape) != 2
                 or 0 in e.shape):
