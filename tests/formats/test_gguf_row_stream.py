@@ -128,3 +128,30 @@ def test_quantized_rows_without_figures_are_the_same_blocks():
     assert full.result().vs_source.numel == x.size
     with pytest.raises(ValueError, match="without figures"):
         bare.result()
+
+
+def test_non_finite_value_in_a_streamed_tensor_is_the_same_error(source, tmp_path, monkeypatch):
+    # a NaN in the float16 head: the streamed write refuses it with the error the whole write gives, and
+    # leaves nothing at the destination
+    import shutil
+    import struct
+
+    from converter.errors import ConverterError
+    bad = tmp_path / "nan"
+    shutil.copytree(source, bad)
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    start = json.loads(data[8:8 + n])["lm_head.weight"]["data_offsets"][0]
+    at = 8 + n + start + 2 * (2500 * SHAPE.hidden + 7)  # row 2500, column 7
+    data[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    errors = []
+    for stream in (True, False):
+        if not stream:
+            monkeypatch.setattr(Checkpoint, "row_blocks", lambda self, name, **_: None)
+        with pytest.raises(ConverterError) as exc, run_options(workers=1):
+            converter.convert(bad, tmp_path / "out.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+        errors.append((type(exc.value), exc.value.render()))
+        assert not (tmp_path / "out.gguf").exists()
+    assert errors[0] == errors[1]
+    assert "lm_head.weight" in errors[0][1] and "not finite" in errors[0][1]
