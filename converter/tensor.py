@@ -331,6 +331,8 @@ class Checkpoint:
         for the Hugging Face names the reader gives its tensors). ``ckpt[alias]``, ``ckpt.spec(alias)`` and
         ``alias in ckpt`` resolve to the named tensor (whose ``.name`` is its own name, not the alias);
         :meth:`names` lists the names only. An alias that is also a name is ignored (the name wins).
+    row_blocks : callable(name, values_only) -> iterator or None, optional
+        A loader that can produce some tensors as row blocks, never whole (:meth:`row_blocks`).
     """
 
     def __init__(self, specs: Mapping[str, TensorSpec], loader: Callable[[str], Tensor], *, format: str,
@@ -338,8 +340,10 @@ class Checkpoint:
                  metadata: Mapping[str, Any] | None = None, files: Sequence[str] = (),
                  extra_files: Sequence[str] = (),
                  side_files: Mapping[str, Callable[[], bytes]] | None = None,
-                 aliases: Mapping[str, str] | None = None) -> None:
+                 aliases: Mapping[str, str] | None = None,
+                 row_blocks: Callable[[str], Any] | None = None) -> None:
         self._specs = dict(specs)
+        self._row_blocks = row_blocks
         self.aliases = {a: n for a, n in (aliases or {}).items() if a not in self._specs and n in self._specs}
         self._loader = loader
         self.format = format
@@ -384,6 +388,14 @@ class Checkpoint:
     def __getitem__(self, name: str) -> Tensor:
         self._check_loadable(self.spec(name))
         return self._loader(self.resolve(name))
+
+    def row_blocks(self, name: str, *, values_only: bool = False) -> "Iterator[tuple[int, Tensor]] | None":
+        """Tensor ``name`` as consecutive row blocks ``(r0, rows r0: of it)`` in row order, when the loader can
+        produce it so without holding it whole (what loading it reports is reported after the last block;
+        ``values_only``: the caller uses the blocks alone, e.g. a proof: the loader may compute and report
+        nothing else); None: load it with ``ckpt[name]``."""
+        self._check_loadable(self.spec(name))
+        return None if self._row_blocks is None else self._row_blocks(self.resolve(name), values_only)
 
     def _check_loadable(self, spec: TensorSpec) -> None:
         if spec.kind == "opaque" and not spec.decoded_by:

@@ -181,10 +181,8 @@ def figures_from_sums(grp_se: np.ndarray, group_size: int, n_in: int, *, per_ten
         counts = np.full(ngr, G, dtype=np.float64)
         if full < n:
             counts[-1] = n - full
-        per = grp_se / counts
-        k = int(np.argmax(per))
-        r, c = divmod(k, ngr)
-        wg = {"index": [r, c], "mse": float(per[r, c]), "elements": int(counts[c])}
+        r, c, worst = _worst_group(grp_se, counts)
+        wg = {"index": [r, c], "mse": worst, "elements": int(counts[c])}
     out_rel = float(np.sqrt(out_sq_err / out_sq_ref)) if out_sq_ref > 0 else (0.0 if out_sq_err == 0 else None)
     return Figures(numel=numel, mse=mse, rmse=float(np.sqrt(mse)), max_abs=max_abs,
                    rel_frobenius=float(np.sqrt(se / sr)) if sr > 0 else None,
@@ -193,6 +191,25 @@ def figures_from_sums(grp_se: np.ndarray, group_size: int, n_in: int, *, per_ten
                    output_rel_error=out_rel, sse=se, ssr=sr, out_sq_err=out_sq_err, out_sq_ref=out_sq_ref)
 
 
+
+
+#: Rows of ``grp_se`` divided by the group sizes at a time in :func:`_worst_group`.
+WORST_ROWS = 1 << 10
+
+
+def _worst_group(grp_se: np.ndarray, counts: np.ndarray) -> tuple[int, int, float]:
+    """``(row, group, mse)`` of ``np.argmax(grp_se / counts)`` (the first maximum in row-major order; the first
+    NaN when there is one), the quotient formed :data:`WORST_ROWS` rows at a time, never whole."""
+    best: tuple[int, int, float] | None = None
+    ngr = grp_se.shape[1]
+    for r0 in range(0, grp_se.shape[0], WORST_ROWS):
+        per = grp_se[r0:r0 + WORST_ROWS] / counts
+        k = int(np.argmax(per))
+        r, c = divmod(k, ngr)
+        v = float(per[r, c])
+        if best is None or (not np.isnan(best[2]) and (np.isnan(v) or v > best[2])):
+            best = (r0 + r, c, v)
+    return best
 
 
 #: Elements per block of :func:`compare_rows` (rows x in).

@@ -26,8 +26,9 @@ from converter.formats import registry
 from converter.write.engine import collect_results, task_result
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
-from converter.quant.format_quant import FormatQuantizer, quantize_with
-from converter.quant.requant import RequantResult, Target, classify, quantized_spec, requantize, target_spec
+from converter.quant.format_quant import FormatQuantizer, QuantizedRows, quantize_with, streamable
+from converter.quant.requant import (RequantResult, Target, classify, format_rows_target, quantized_spec, requantize,
+                                     target_spec)
 from converter.quant.quantize import quantize as quantize_values
 from converter.quant.target import resolve
 from converter.scheme import QuantScheme
@@ -39,6 +40,7 @@ from converter.write.atomic import check_not_inside, retarget_paths, staged_outp
 from converter.ops.convert import plan_exact, refuse_float_source, refuse_undecodable
 from converter.ops.plan_doc import plan_document, tensor_rows
 from converter.ops.readback import digest_later, verify_readback
+from converter.ops.row_digest import RowDigest
 from converter.ops.module_policy import (KEPT_DENSE, QUANTIZED, apply_module_policy, summarize_decisions,
                                          verify_dequantized)
 from converter.ops.value_source import point_at_stored
@@ -189,9 +191,38 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
         task_result(RESULT_KIND, name, (row, digest))
         return out
 
+    def row_blocks(name: str, values_only: bool = False):
+        """The tensor as row blocks when the format quantizer makes it from rows (``load``'s routes, never whole);
+        ``values_only``: no error figures, digest or report row (a proof that only reads the values)."""
+        if fmt is None or reference is not None or name not in plans:
+            return None
+        t, spec, tgt = src[name], src.spec(name), overrides.get(name, target)
+        if isinstance(t, DenseTensor):
+            scheme, gm = (_decoded_target if spec.decoded_by else _float_target)(spec, tgt, fmt)
+            axes = _float_axes(spec)
+            if not streamable(t.shape, gm, axes):
+                return None
+            return _streamed(name, t, t.data, scheme, gm, axes, fmt.accepts(scheme, gm, tuple(spec.shape), axes),
+                             values_only)
+        route = format_rows_target(t, tgt, fmt) if isinstance(t, QuantizedTensor) else None
+        return None if route is None else _streamed(name, t, t, *route[:2], tuple(t.axes), route[2], values_only)
+
+    def _streamed(name, t, values, scheme, gm, axes, label, values_only):
+        rows = QuantizedRows(fmt, values, scheme, gm, axes=axes, name=name, figures=not values_only)
+        if values_only:
+            yield from rows
+            return
+        readback = RowDigest(rows.shape, axes)  # the digest of what the target's reader should read back
+        for r0, block in rows:
+            readback.add(fmt.stored(block) if fmt.stored is not None else block)
+            yield r0, block
+        result = dataclasses.replace(rows.result(), quantizer=label)
+        row = tensor_report(t, result, plans[name], src_spec=src.spec(name) if isinstance(t, QuantizedTensor) else None)
+        task_result(RESULT_KIND, name, (row, readback.hexdigest()))
+
     view = Checkpoint(specs, load, format="memory", path=src.path, config=src.config,
                       metadata={**src.metadata, "source_format": src.format}, files=(), extra_files=src.extra_files,
-                      side_files=src.side_files)
+                      side_files=src.side_files, row_blocks=row_blocks)
     return view, plans
 
 

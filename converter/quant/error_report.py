@@ -101,7 +101,10 @@ def tensor_report(src: "QuantizedTensor | DenseTensor", result: RequantResult, p
     # values dequantized block by block as the comparison reads them (never whole matrices)
     a = Rows(result.values if result.values is not None else
              src.data if dense else src)
-    b = a if result.identical else Rows(out)
+    streamed = isinstance(out, TensorSpec)  # produced in row blocks, never whole: the figures were summed
+    if streamed and (result.vs_source is None or reference is not None):
+        raise ValueError(f"{out.name}: a tensor produced in row blocks is reported from its summed figures only")
+    b = a if result.identical or streamed else Rows(out)
     vs_src = result.vs_source or (_rows_comparison(a, None, out.group_map, out.axes) if result.identical else None) \
         or comparison(a, b, out.group_map, out.axes)
     gm = out.group_map
@@ -127,7 +130,7 @@ def tensor_report(src: "QuantizedTensor | DenseTensor", result: RequantResult, p
         "partial_groups": int(n_partial), "partial_tail": int(partial),
         **({"partial_blocks": int(n_partial)} if gm.granularity is Granularity.BLOCK else {}),
         "metadata": {"before": dense_cost(src) if dense else metadata_cost(src_spec or spec_of(src)),
-                     "after": metadata_cost(spec_of(out))},
+                     "after": metadata_cost(out if streamed else spec_of(out))},
     }
     if result.scale_search is not None:
         s = result.scale_search

@@ -19,8 +19,9 @@ Nothing in this module knows a format.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -32,10 +33,11 @@ from converter.kernels.dequant import block_rows
 from converter.kernels.threads import kernel_threads, run_rows
 from converter.quant.result import RequantResult
 from converter.rows import Rows
+from converter.runtime import drop_pages
 from converter.scheme import QuantScheme
-from converter.tensor import DoubleQuant, QuantizedTensor
+from converter.tensor import DoubleQuant, QuantizedTensor, TensorSpec, spec_of
 
-__all__ = ["FormatQuantizer", "quantize_with"]
+__all__ = ["FormatQuantizer", "quantize_with", "QuantizedRows", "streamable", "STREAM_ELEMENTS"]
 
 
 @dataclass(frozen=True)
@@ -129,30 +131,128 @@ def quantize_with(fq: FormatQuantizer, t: "QuantizedTensor | np.ndarray", scheme
         x = np.asarray(t, dtype=np.float32) if isinstance(t, np.ndarray) else t.dequantize()
         return RequantResult(fq.quantize(x, scheme, group_map, axes, name), "requantized",
                              degenerate_groups=_degenerate(x, group_map, axes), values=x)
-    rows, n = shape
-    sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
-                     per_tensor=group_map.granularity is Granularity.TENSOR)
-    values = Rows(t)
-    step = max(1, min(block_rows(n, rtn.QUANT_BLOCK_ELEMENTS), values.step))
+    stream = QuantizedRows(fq, t, scheme, group_map, axes=axes, name=name)
+    out = _concat_rows([q for _, q in stream])
+    return stream.result(out)
 
-    def work(a: int, b: int) -> tuple[list[QuantizedTensor], int, ErrorSums]:
-        """Rows ``a:b`` with this thread's own value cache, buffer and error sums."""
-        vals = values if a == 0 else values.fork()
-        part = sums if a == 0 else sums.part()
-        ebuf = np.empty((step, n), dtype=np.float32)
-        pieces, degenerate = [], 0
-        for r0 in range(a, b, step):
-            r1 = min(b, r0 + step)
-            x = vals[r0:r1]
-            q = fq.quantize(x, scheme, group_map, axes, name)
-            part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
-            degenerate += _degenerate(x, group_map, axes)
-            pieces.append(q)
-        return pieces, degenerate, part
 
-    with blas_threads():  # the error sums' products: one BLAS thread per row range
-        parts = run_rows(work, rows, step, kernel_threads(rows * n))
-    for _, _, part in parts[1:]:
-        sums.absorb(part)
-    out = _concat_rows([q for pieces, _, _ in parts for q in pieces])
-    return RequantResult(out, "requantized", degenerate_groups=sum(d for _, d, _ in parts), vs_source=sums.figures())
+def spec_of_rows(block: QuantizedTensor, rows: int) -> TensorSpec:
+    """:func:`~converter.tensor.spec_of` of the 2-D ``(out, in)`` tensor of ``rows`` rows whose first row block
+    is ``block`` (parameters per row: every stored array's outer axis is ``rows`` long), never built whole."""
+    part = spec_of(block)
+    n = int(block.shape[0])
+    whole = []
+    for a in part.stored:
+        shape = (int(rows), *a.shape[1:])
+        size = int(np.prod(shape, dtype=np.int64))
+        if a.role == "codes":
+            nbytes = -(-size * block.scheme.bits // 8)
+        elif a.shape and a.shape[0] == n:
+            nbytes = size * (a.nbytes // max(1, int(np.prod(a.shape, dtype=np.int64))))
+        else:
+            raise ValueError(f"{block.name}: stored {a.role} does not run along the rows")
+        whole.append(dataclasses.replace(a, shape=shape, nbytes=nbytes))
+    return dataclasses.replace(part, shape=(int(rows), *part.shape[1:]), stored=tuple(whole))
+
+
+#: Elements per block a :class:`QuantizedRows` stream yields (about; whole quantizer blocks per kernel thread).
+STREAM_ELEMENTS = 1 << 20
+
+
+def streamable(shape: Sequence[int], group_map: GroupMap, axes: Sequence[str]) -> bool:
+    """True when :class:`QuantizedRows` takes a tensor of logical ``shape`` / ``axes`` quantized over ``group_map``:
+    2-D ``(out, in)``, not empty, groups within rows (no ``g_idx``, not one group for the whole tensor)."""
+    return (len(shape) == 2 and int(shape[0]) * int(shape[1]) > 0 and group_map.row_local(tuple(axes))
+            and group_map.granularity in (Granularity.GROUP, Granularity.CHANNEL) and group_map.g_idx is None)
+
+
+class QuantizedRows:
+    """``fq``'s quantization of a 2-D ``(out, in)`` tensor produced as row blocks in row order, never whole.
+
+    Iterating yields ``(r0, block)``: ``block`` the QuantizedTensor of rows ``r0 : r0 + block.shape[0]``
+    (about :data:`STREAM_ELEMENTS` elements; the rows of the whole, since the quantizer quantizes rows
+    independently), each made from the source's float32 values of those rows only (source rows
+    dequantized on demand, :class:`converter.rows.Rows`; the quantizer's blocks of a stream block on the
+    kernel threads) while the error report's figures are summed over the same rows
+    (:class:`~converter.kernels.error_sums.ErrorSums`, independent of the blocking). After the last block,
+    :meth:`result` gives the :class:`RequantResult` (the figures, the degenerate groups), whose tensor is
+    the whole result's :class:`~converter.tensor.TensorSpec` (:meth:`spec`) unless one is passed.
+
+    Parameters
+    ----------
+    fq : FormatQuantizer
+    t : QuantizedTensor or ndarray
+        The source (an ndarray: a float tensor's values, ``axes`` and ``name`` given; a memory map's
+        pages are released after each block, :func:`converter.runtime.drop_pages`).
+    scheme, group_map : the adapted target (:func:`streamable` must hold).
+    figures : False: the blocks only, no error figures (nor :meth:`result`), for a caller that reads values.
+    """
+
+    def __init__(self, fq: FormatQuantizer, t: "QuantizedTensor | np.ndarray", scheme: QuantScheme,
+                 group_map: GroupMap, *, axes: Sequence[str] | None = None, name: str | None = None,
+                 figures: bool = True) -> None:
+        self.fq, self.t, self.scheme, self.group_map = fq, t, scheme, group_map
+        self.shape = tuple(int(s) for s in t.shape)
+        self.axes = tuple(axes if axes is not None else t.axes)
+        self.name = name if name is not None else t.name
+        rows, n = self.shape
+        self.sums = ErrorSums(rows, n, group_map.group_size if group_map.granularity is Granularity.GROUP else None,
+                              per_tensor=group_map.granularity is Granularity.TENSOR) if figures else None
+        self.degenerate = 0
+        self.rows_done = 0
+        self._first: QuantizedTensor | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, QuantizedTensor]]:
+        fq, scheme, group_map, axes, name = self.fq, self.scheme, self.group_map, self.axes, self.name
+        rows, n = self.shape
+        values = Rows(self.t)
+        step = max(1, min(block_rows(n, rtn.QUANT_BLOCK_ELEMENTS), values.step))
+        threads = kernel_threads(rows * n)
+        per_chunk = max(step * threads, block_rows(n, STREAM_ELEMENTS) // step * step)
+
+        def work(c0: int, a: int, b: int) -> tuple[list[QuantizedTensor], int, ErrorSums]:
+            """Rows ``c0 + a : c0 + b`` with this thread's own value cache, buffer and error sums."""
+            vals = values if a == 0 else values.fork()
+            part = None if self.sums is None else self.sums if a == 0 else self.sums.part()
+            ebuf = np.empty((step, n), dtype=np.float32) if part is not None else None
+            pieces, degenerate = [], 0
+            for r0 in range(c0 + a, c0 + b, step):
+                r1 = min(c0 + b, r0 + step)
+                x = vals[r0:r1]
+                q = fq.quantize(x, scheme, group_map, axes, name)
+                if part is not None:
+                    part.add(r0, x, q.dequantize(), ebuf[:r1 - r0])
+                    degenerate += _degenerate(x, group_map, axes)
+                pieces.append(q)
+            return pieces, degenerate, part
+
+        for c0 in range(0, rows, per_chunk):
+            c1 = min(rows, c0 + per_chunk)
+            with blas_threads():  # the error sums' products: one BLAS thread per row range
+                parts = run_rows(lambda a, b, c0=c0: work(c0, a, b), c1 - c0, step, threads)
+            for _, _, part in parts[1:]:
+                if part is not None:
+                    self.sums.absorb(part)
+            self.degenerate += sum(d for _, d, _ in parts)
+            block = _concat_rows([q for pieces, _, _ in parts for q in pieces])
+            del parts
+            if isinstance(self.t, np.ndarray):
+                drop_pages(self.t)  # (a memory map: the rows read are not kept resident)
+            if self._first is None:
+                self._first = block
+            self.rows_done = c1
+            yield c0, block
+
+    def spec(self) -> TensorSpec:
+        """The whole result's spec (:func:`converter.tensor.spec_of` of the tensor the blocks form)."""
+        if self._first is None:
+            raise ValueError("QuantizedRows: no block produced yet")
+        return spec_of_rows(self._first, self.shape[0])
+
+    def result(self, tensor: "QuantizedTensor | None" = None) -> RequantResult:
+        """The RequantResult, after every block: ``tensor`` (the blocks joined) or else :meth:`spec`."""
+        if self.rows_done != self.shape[0] or self.sums is None:
+            raise ValueError(f"QuantizedRows: {self.rows_done} of {self.shape[0]} rows produced"
+                             + ("" if self.sums is not None else " (made without figures)"))
+        return RequantResult(tensor if tensor is not None else self.spec(), "requantized",
+                             degenerate_groups=self.degenerate, vs_source=self.sums.figures())

@@ -34,7 +34,7 @@ from converter.kernels.rtn import quantize_rows
 from converter.quant.carry import carry, carry_rounded_bias, carry_rounded_zero, exact_regroup
 from converter.quant.classify import classify
 from converter.quant.float_quant import quantize_float
-from converter.quant.format_quant import FormatQuantizer, quantize_with
+from converter.quant.format_quant import FormatQuantizer, quantize_with, streamable
 from converter.quant.quantize import choose_params, codes_for
 from converter.quant.result import RequantResult
 from converter.quant.search import DEFAULT_RATIOS, mse_scale_search
@@ -47,7 +47,25 @@ from converter.spec import StoredArray
 from converter.tensor import QuantizedTensor, TensorSpec
 
 __all__ = ["Target", "resolve", "classify", "carry", "exact_regroup", "mse_scale_search", "requantize",
-           "target_spec", "quantized_spec", "RequantResult", "DEFAULT_RATIOS"]
+           "target_spec", "quantized_spec", "RequantResult", "DEFAULT_RATIOS", "format_rows_target"]
+
+
+def format_rows_target(t: "QuantizedTensor | TensorSpec", target: Target, fmt: FormatQuantizer | None
+                       ) -> "tuple[QuantScheme, GroupMap, str] | None":
+    """``(scheme, group_map, quantizer label)`` when :func:`requantize` of ``t`` (a tensor or its spec) to
+    ``target`` is ``fmt``'s own quantizer on a type only the format defines (``fmt.same_type`` False: a GGUF
+    K-quant, never carried) over rows a :class:`~converter.quant.format_quant.QuantizedRows` stream can
+    produce (:func:`~converter.quant.format_quant.streamable`); else None (requantize it whole)."""
+    if fmt is None or fmt.same_type is None or target.scale_search != "none":
+        return None
+    scheme, gm = resolve(t.scheme, t.group_map, target, fmt)
+    if fmt.same_type(t, scheme, gm) is not False or widens(t.scheme, t.group_map, scheme, gm):
+        return None
+    label = fmt.accepts(scheme, gm, tuple(t.shape), tuple(t.axes))
+    if label is None or not streamable(t.shape, gm, t.axes):
+        return None
+    gm.check_shape(t.shape, t.axes)
+    return scheme, gm, label
 
 
 def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,

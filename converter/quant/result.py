@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from converter.kernels.metrics import Figures
-from converter.tensor import QuantizedTensor
+from converter.tensor import QuantizedTensor, TensorSpec
 
 #: Routes of a :class:`RequantResult`.
 ROUTES = ("carried", "requantized")
@@ -38,8 +38,10 @@ class RequantResult:
 
     Attributes
     ----------
-    tensor : QuantizedTensor
-        The result, in the target scheme and groups.
+    tensor : QuantizedTensor or TensorSpec
+        The result, in the target scheme and groups; its spec when it was produced in row blocks and
+        never held whole (:class:`converter.quant.format_quant.QuantizedRows`: ``vs_source`` then holds
+        its figures).
     route : ``"carried"`` | ``"requantized"``
         Codes carried from the source, or recomputed (round to nearest or a format quantizer).
     degenerate_groups : int
@@ -59,7 +61,7 @@ class RequantResult:
         Why a lossy plan still carried the codes.
     """
 
-    tensor: QuantizedTensor
+    tensor: "QuantizedTensor | TensorSpec"
     route: str
     degenerate_groups: int = 0
     identical: bool = False

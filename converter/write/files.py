@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -281,7 +282,8 @@ _MAPPED_CHUNK = 32 * 2**20
 def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tuple[int, Any]], *,
                      label: str = "writing", total_bytes: int | None = None) -> None:
     """Fill a file of ``size`` bytes whose layout is fixed: item ``i`` is ``produce(i) -> (offset,
-    array)``, written at ``offset`` by whichever worker runs it.
+    array)``, written at ``offset`` by whichever worker runs it; or ``(offset, iterator)`` of
+    ``(offset in the item, array)`` pieces, each written as it is made (an item never whole in memory).
 
     For formats whose header is written first by their own library (GGUF): every offset is known,
     so the items are tasks of the same engine as :func:`write_plans` (workers and progress from
@@ -296,6 +298,13 @@ def write_at_offsets(path, size: int, n_items: int, produce: Callable[[int], tup
 
         def task(i: int) -> int:
             offset, arr = produce(i)
+            if isinstance(arr, Iterator):  # pieces made one after another: each written as it comes
+                total = 0
+                for start, piece in arr:
+                    view = memoryview(np.ascontiguousarray(piece).reshape(-1).view(np.uint8))
+                    bg.submit(view, offset + start)
+                    total += view.nbytes
+                return total
             data = np.ascontiguousarray(arr)
             view = memoryview(data.reshape(-1).view(np.uint8))
             if view.nbytes <= _MAPPED_CHUNK:

@@ -105,3 +105,23 @@ def test_blocked_comparison_matches_whole_array_formulas():
         assert got["worst_group"]["mse"] == pytest.approx(wg["mse"], rel=1e-6)
         assert got["output_rel_error"] == pytest.approx(
             output_error(a, b, (OUT, IN), n_inputs=er.N_INPUTS, seed=er.SEED)["rel_error"], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_worst_group_in_row_chunks_is_numpy_argmax_of_the_whole_quotient(seed, monkeypatch):
+    # the worst group is found without a whole-size ``grp_se / counts``: the same (first) maximum as numpy's
+    # argmax over the whole quotient, ties and NaN (argmax's first NaN) included
+    from converter.kernels import error_sums
+    rng = np.random.default_rng(seed)
+    rows, ngr = int(rng.integers(1, 30)), int(rng.integers(1, 6))
+    grp_se = rng.integers(0, 4, (rows, ngr)).astype(np.float64)  # small integers: many ties
+    for _ in range(seed % 3):
+        grp_se[rng.integers(0, rows), rng.integers(0, ngr)] = np.nan
+    counts = np.full(ngr, 32.0)
+    counts[-1] = float(rng.integers(1, 33))
+    monkeypatch.setattr(error_sums, "WORST_ROWS", int(rng.integers(1, 7)))
+    per = grp_se / counts
+    r, c = divmod(int(np.argmax(per)), ngr)
+    got = error_sums._worst_group(grp_se, counts)
+    assert got[:2] == (r, c)
+    assert got[2] == per[r, c] or (math.isnan(got[2]) and math.isnan(per[r, c]))

@@ -3,7 +3,9 @@
 ``gguf.GGUFWriter`` writes the header, the key/values and the tensor infos of every file (with ``split_max_size`` /
 ``split_max_tensors`` it cuts the parts and adds the ``split.*`` keys itself, :mod:`.split_write`); the tensor data
 is then encoded (:func:`converter.formats.gguf.tensor_plan.encode`) and pwritten at offsets known from the header
-(``GGUFWriter.write_tensor_data``'s layout: each tensor padded to the alignment), by the write engine's workers.
+(``GGUFWriter.write_tensor_data``'s layout: each tensor padded to the alignment), by the write engine's workers. A
+tensor the checkpoint produces in row blocks (:meth:`converter.tensor.Checkpoint.row_blocks`: a requantization by
+the format's quantizer) is encoded and written block by block (:func:`~.tensor_plan.encode_rows`), never whole.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from converter.errors import ConverterError, FormatError
 from converter.tensor import Checkpoint
 from converter.write.files import write_at_offsets
 from converter.formats.gguf.schemes import DENSE_TYPES, MANAGED_KEYS, QUANTIZATION_VERSION, gguf_module
-from converter.formats.gguf.tensor_plan import TensorPlan, encode
+from converter.formats.gguf.tensor_plan import TensorPlan, encode, encode_rows, rows_encodable
 
 __all__ = ["infer_type", "write_files"]
 
@@ -117,6 +119,9 @@ def write_files(ckpt: Checkpoint, plans: Sequence[TensorPlan], parts: Sequence[S
 
         def produce(k: int, part=part, offsets=offsets):
             p = plans[part[k]]
+            blocks = ckpt.row_blocks(p.name) if rows_encodable(p) else None
+            if blocks is not None:  # made, encoded and written block by block: never whole
+                return offsets[k], _named(encode_rows(blocks, p), p.name)
             try:
                 data = encode(ckpt[p.name], p)
             except ConverterError as exc:
@@ -127,6 +132,15 @@ def write_files(ckpt: Checkpoint, plans: Sequence[TensorPlan], parts: Sequence[S
                                   expected=p.nbytes, found=data.nbytes)
             return offsets[k], data
         write_at_offsets(path, pos, len(part), produce, total_bytes=pos - start)
+
+
+def _named(pieces, name: str):
+    """``pieces`` with a :class:`ConverterError` raised while making one naming tensor ``name``."""
+    try:
+        yield from pieces
+    except ConverterError as exc:
+        exc.with_context(tensor=name)
+        raise
 
 
 def _whole_name(paths: Sequence[Path]) -> str:

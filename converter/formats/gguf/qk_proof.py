@@ -22,7 +22,10 @@ import numpy as np
 from converter.formats.gguf.bounds import check_gguf_bounds
 from converter.formats.gguf.names import gguf_to_hf, permute_heads_key
 from converter.formats.gguf.schemes import gguf_module
-from converter.tensor import Checkpoint, QuantizedTensor
+from converter.rows import Rows
+from converter.runtime import auto_workers
+from converter.tensor import Checkpoint, QuantizedTensor, row_splittable
+from converter.write.engine import run_tasks
 
 __all__ = ["prove_qk_rows"]
 
@@ -73,11 +76,15 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
     if not stored:
         return {}
 
-    def stored_values(t) -> np.ndarray:
+    def stored_values(t, r0: int = 0, r1: "int | None" = None) -> np.ndarray:
+        """Stored rows ``r0:r1`` (all: ``r1`` None) of GGUF tensor ``t``, decoded by gguf-py."""
         path, data_start, _ = located[t.name]
         rows = int(np.prod(t.ne[1:], dtype=np.int64)) if len(t.ne) > 1 else 1
-        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + t.offset, shape=(t.nbytes,))
-        return gguf.quants.dequantize(np.array(raw).reshape(rows, -1), gguf.GGMLQuantizationType[t.type_name])
+        r1 = rows if r1 is None else r1
+        row_bytes = t.nbytes // rows
+        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + t.offset + r0 * row_bytes,
+                        shape=((r1 - r0) * row_bytes,))
+        return gguf.quants.dequantize(np.array(raw).reshape(r1 - r0, -1), gguf.GGMLQuantizationType[t.type_name])
 
     names = {v: k for k, v in ((src.metadata or {}).get("gguf_names") or {}).items()} if src.format == "gguf" else {}
     n_head = _source_heads(src)
@@ -87,30 +94,78 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
         name = names.get(g) or gguf_to_hf(g, arch)
         if name in src:
             rows_of[(m.group(1), m.group(2), m.group(3))] = (g, name, int(src.spec(name).shape[0]))
-    failed: dict[str, str] = {}
     n_kv = _source_heads(src, "num_key_value_heads", "head_count_kv")
-    for (layer, which, kind), (g, name, rows) in rows_of.items():
+    items = list(rows_of.items())
+
+    def check(i: int) -> "tuple[str, str] | None":
+        """``(source name, why)`` when item ``i``'s stored rows are not the source's, permuted; else None."""
+        (layer, which, kind), (g, name, rows) = items[i]
         q = rows_of.get((layer, "q", kind)) or rows_of.get((layer, "q", "weight"))
         heads = n_head if which == "q" else n_kv
         if heads is None and n_head is not None and q is not None and q[2] % n_head == 0 \
                 and (rows * n_head) % q[2] == 0:
             heads = rows * n_head // q[2]  # k rows over the head size the q shape gives
         if heads is None or rows % (2 * heads):
-            failed[name] = ("q/k rows not proven: the source's head counts and q shape do not give the heads "
-                            f"of {rows} rows")
-            continue
-        want = _llamacpp_permute(_values(src[name]), heads)
-        got = stored_values(stored[g]).reshape(want.shape)
+            return name, ("q/k rows not proven: the source's head counts and q shape do not give the heads "
+                          f"of {rows} rows")
         sname = g[: -len(".weight")] + ".scale" if g.endswith(".weight") else None
         multiplier = by_name.get(sname) if sname else None
-        if multiplier is not None:  # NVFP4's global scale: ggml_mul after the block decode (another rounding
-            # order than qckpt's effective scale): values agree to float32 rounding, rows either match or not
-            got = got * stored_values(multiplier).reshape(-1)[0]
-            same = np.allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
-        else:
-            same = np.array_equal(got, want, equal_nan=True)
-        if not same:
-            bad = int(np.count_nonzero(np.any(got.reshape(rows, -1) != want.reshape(rows, -1), axis=1)))
-            failed[name] = (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
-                            f"({bad} of {rows} rows differ)")
-    return failed
+        scale = stored_values(multiplier).reshape(-1)[0] if multiplier is not None else None
+        bad, differ = 0, False
+        for r0, want in _head_blocks(src, name, rows, rows // heads):
+            want = _llamacpp_permute(want, want.shape[0] // (rows // heads))
+            got = (stored_values(stored[g], r0, r0 + want.shape[0]) if want.ndim > 1 else
+                   stored_values(stored[g])).reshape(want.shape)
+            if scale is not None:  # NVFP4's global scale: ggml_mul after the block decode (another rounding
+                # order than qckpt's effective scale): values agree to float32 rounding, rows either match or not
+                got = got * scale
+                same = np.allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
+            else:
+                same = np.array_equal(got, want, equal_nan=True)
+            if not same:
+                differ = True
+                n = want.shape[0] if want.ndim > 1 else 1
+                bad += int(np.count_nonzero(np.any(got.reshape(n, -1) != want.reshape(n, -1), axis=1)))
+        if differ:
+            return name, (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
+                          f"({bad} of {rows} rows differ)")
+        return None
+
+    # one tensor per task, in the worker processes of the options in force (the source, a requantizing view,
+    # makes each tensor again: the costly part)
+    found: list = [None] * len(items)
+    total = sum(stored[g].nbytes for _, (g, _, _) in items)
+    run_tasks(len(items), check, workers=auto_workers(total, len(items)),
+              on_result=lambda i, r: found.__setitem__(i, r))
+    return dict(r for r in found if r is not None)
+
+
+#: Elements of source values compared at a time (whole heads; at least one head).
+BLOCK_ELEMENTS = 1 << 21
+
+
+def _head_blocks(src: Checkpoint, name: str, rows: int, head_rows: int):
+    """``(r0, float32 values of rows r0:r0 + k * head_rows)`` of ``src[name]`` in row order, whole heads at a
+    time, never the whole matrix: from the checkpoint's row blocks when it makes the tensor so (a requantized
+    view), else its rows dequantized block by block (:class:`converter.rows.Rows`); a 1-D tensor whole."""
+    blocks = src.row_blocks(name, values_only=True) if hasattr(src, "row_blocks") else None
+    if blocks is not None:
+        chunks = (b.dequantize() for _, b in blocks)
+    else:
+        t = src[name]
+        if len(t.shape) != 2 or not row_splittable(t):
+            yield 0, _values(t)
+            return
+        vals = Rows(t.data if not isinstance(t, QuantizedTensor) else t)
+        step = max(head_rows, BLOCK_ELEMENTS // max(1, t.shape[1]) // head_rows * head_rows)
+        chunks = (vals[r0:r0 + step] for r0 in range(0, rows, step))
+    r0, pending = 0, None
+    for chunk in chunks:
+        buf = chunk if pending is None else np.concatenate([pending, chunk])
+        k = buf.shape[0] // head_rows * head_rows
+        if k:
+            yield r0, buf[:k]
+            r0 += k
+        pending = buf[k:]
+    if pending is not None and pending.shape[0]:
+        yield r0, pending

@@ -29,6 +29,7 @@ from converter.formats.source import Source
 from converter.formats.gguf.schemes import (DENSE_TYPES, MAX_DIMS, axes_for, gguf_module, group_size_of, scheme_for,
                                             scale_coding_of, tensor_from_fields)
 from converter.formats.gguf.bounds import check_gguf_bounds
+from converter.formats.gguf.read_rows import row_blocks_of
 from converter.formats.gguf.hf_config import hf_config_from_gguf
 from converter.formats.gguf.hf_tokenizer import TOKENIZER_FILES, hf_tokenizer_files_from_gguf
 
@@ -346,7 +347,8 @@ def read_gguf(src: Source) -> Checkpoint:
     # llama.cpp's names (blk.0.attn_q.weight) look up the same tensors as the Hugging Face names they map to
     aliases = {e.gguf_name: n for n, e in entries.items() if e.gguf_name != n}
     return Checkpoint(specs, load, format="gguf", path=str(path), config=config, metadata=metadata,
-                      files=[str(p) for p in paths], side_files=side_files, aliases=aliases)
+                      files=[str(p) for p in paths], side_files=side_files, aliases=aliases,
+                      row_blocks=row_blocks_of(entries, readers, arch, kv, paths))
 
 
 def _split_parts(path: Path, reader, rows, kv: Mapping[str, Any]):

@@ -9,6 +9,7 @@ LLaMA's q/k rows permuted and Gemma's norm weights stored as ``1 + w`` as llama.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -25,7 +26,7 @@ from converter.formats.gguf.reader import permute_rows, qk_permutation
 from converter.formats.gguf.schemes import DENSE_TYPES, K_TYPES, MAX_DIMS, MAX_NAME_BYTES, gguf_module
 from converter.formats.gguf.targets import check_target, exact_type
 
-__all__ = ["TensorPlan", "plan_tensor", "encode"]
+__all__ = ["TensorPlan", "plan_tensor", "encode", "encode_rows", "rows_encodable"]
 
 
 def _exact_f16(a: np.ndarray, *, tensor: str, field: str) -> np.ndarray:
@@ -158,3 +159,35 @@ def encode(t, p: TensorPlan) -> np.ndarray:
         raw = codec.pack(_legacy_fields(as_groups(t, 32), p.type_name))
         return raw.reshape(*p.shape[:-1], -1)
     raise FormatError("unknown tensor kind", tensor=p.name, found=type(t).__name__)
+
+
+def encode_rows(blocks, p: TensorPlan):
+    """The bytes of :func:`encode` for a tensor given as consecutive row blocks ``(r0, QuantizedTensor of rows
+    r0:)`` (:meth:`converter.tensor.Checkpoint.row_blocks`): ``(byte offset in the tensor, bytes)`` per block,
+    each block encoded alone (a block type's rows are encoded independently, so the bytes are the whole
+    tensor's). For plans without a q/k permutation, stored offset or global scale (:func:`rows_encodable`).
+
+    Raises
+    ------
+    FormatError
+        The blocks do not cover the tensor's rows in order, or their bytes differ from the plan's size.
+    """
+    row_bytes = p.nbytes // p.shape[0]
+    done = 0
+    for r0, block in blocks:
+        if r0 * row_bytes != done:
+            raise FormatError("row blocks out of order", tensor=p.name, field="rows", expected=done // row_bytes,
+                              found=r0)
+        data = encode(block, dataclasses.replace(p, shape=tuple(int(s) for s in block.shape))).reshape(-1)
+        yield done, data
+        done += data.nbytes
+    if done != p.nbytes:
+        raise FormatError("encoded size differs from the plan", tensor=p.name, field="nbytes", expected=p.nbytes,
+                          found=done)
+
+
+def rows_encodable(p: TensorPlan) -> bool:
+    """True when :func:`encode_rows` can write ``p``'s tensor block by block: a 2-D block type (legacy or
+    K-quant) without a q/k row permutation, a stored offset or a global scale."""
+    return (len(p.shape) == 2 and p.perm is None and p.offset is None and not p.global_of and not p.scaled
+            and p.type_name not in FP4_TYPES and p.type_name not in DENSE_TYPES and p.widened_from is None)
