@@ -205,3 +205,30 @@ def test_fault_reports_identical(tmp_path, fault):
         word_scan.scan = original
     assert reference["findings"]  # the fault is reported
     assert reports == [reference, reference]
+
+
+def test_one_column_tail_strip_sums_row_by_row():
+    """A per-channel tensor whose last column strip would hold one column: numpy sums a ``(rows, 1)`` array pairwise
+    (8 partial sums from 8 rows on), ``column_profile`` row by row, so that strip must not be one column. Hand-built
+    column 7 over 8 rows: row 0's value -128 * 2^15 (square 2^44, one ulp 2^-8), rows 1-7 one step of 0.0375 (square
+    0.0014067 = 0.36 ulp). Row by row each small square rounds away (< half an ulp): the sum is exactly 2^44;
+    pairwise, two of them (0.72 ulp) round up to one ulp: 2^44 + 2 ulp or more."""
+    fields = np.full((8, 8), 128, np.uint8)  # uint8 per channel: centre 128, every other column decodes to 0
+    fields[0, 7], fields[1:, 7] = 0, 129
+    scales = np.full((8, 1), 0.0375, np.float16)
+    scales[0, 0] = 2.0 ** 15
+
+    def make():
+        return _packed(fields, 8, (OUT, IN), scheme=QuantScheme(8, False), gm=GroupMap.per_channel(OUT),
+                       scales=scales)
+
+    old = rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES
+    rows_module.SUPER_ELEMENTS = 64  # one row block of the 8 rows
+    word_scan.STRIP_CODES = 56  # strips of 56 // 8 = 7 columns: [0, 7) and the lone column 7
+    try:
+        expected, got = _both(make)
+    finally:
+        rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES = old
+    profile = np.array(expected[3], dtype=np.uint64).view(np.float64)  # sqrt(column sum / out)
+    assert profile[7] == np.sqrt(2.0 ** 44 / 8) and not profile[:7].any()
+    assert got == expected
