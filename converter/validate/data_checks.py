@@ -157,7 +157,7 @@ def saturation_profile(t: QuantizedTensor, scan: WordScan | None = None) -> dict
     else:
         counts = None if any(tr for _, tr in maps.values()) else code_scans.saturation_counts(
             t, {"": t.group_map, **{name: gm for name, (gm, _) in maps.items()}})
-    if counts is not None:  # the compiled scans (fast extra): the same integer counts, the same quotients
+    if counts is not None:  # the word scan or the compiled scans: the same integer counts, the same quotients
         hit, n = counts.pop("")
         return {"declared": round(_fraction(hit, n), 4), "groups": n,
                 "alternatives": {name: round(_fraction(*c), 4) for name, c in counts.items()}}
@@ -363,7 +363,7 @@ def check_scales(t: QuantizedTensor, *, negative_ok: bool) -> list[Finding]:
 
 def check_degenerate(t: QuantizedTensor, scan: WordScan | None = None) -> list[Finding]:
     """``degenerate`` when every element decodes to one value (all-zero codes after a packing bug, B17)
-    (``scan``: the code range of :func:`converter.validate.word_scan.scan`, taken instead of the codes)."""
+    (``scan``: whether :func:`converter.validate.word_scan.scan` found every code equal, and the first code)."""
     if t.numel < 2:
         return []
     if scan is not None:

@@ -209,7 +209,8 @@ def _check_one(template: ValidationReport, source: Source, spec, ckpt, hooks: re
     if not isinstance(t, QuantizedTensor):
         return TensorResult(local.findings)
     dense_axes = (ckpt.metadata or {}).get("dense_axes", {}).get(spec.name)
-    # the compiled one-pass scan of the stored words when it covers the tensor (else each check scans the codes)
+    # the one-pass scan of the stored words (compiled or numpy) when it covers the tensor, else None (each check
+    # scans the codes)
     scan = word_scan.scan(t, {name: gm for name, (gm, _) in data_checks.alternative_maps(t).items()})
     stats = _check_tensor(local, source, spec, t, hooks, ref_ckpt, dense_axes, scan)
     return TensorResult(local.findings, stats, fp4_checks.global_scale_evidence(t),

@@ -4,7 +4,8 @@ saturation counts under the declared grouping and its alternative, the code-offs
 test and the float64 bits of the column magnitude profile, on hand-counted words, on hypothesis inputs (2/4/8-bit
 fields, signed and domain-shifted, GPTQ and compressed-tensors orientation, zero points at and off the centre,
 partial groups, zero / negative / subnormal scales, small row blocks and column strips) and on the shipped
-samples' reports (tests/kernels/compiled/test_code_scans.py)."""
+samples' reports (tests/kernels/compiled/test_code_scans.py). The numpy scan (the default install's path) is tested
+without numba too; the compiled halves run when the fast extra is installed."""
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate import data_checks, nibble_order, word_scan
 
-pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba (the fast extra) is not installed")
+#: The word scan's kernel paths under test: numpy always, compiled with the fast extra.
+KERNELS = ("numpy", "numba") if compiled.available() else ("numpy",)
+needs_numba = pytest.mark.skipif(not compiled.available(), reason="numba (the fast extra) is not installed")
 
 
 def _packed(fields, bits, stored, signed=False, flip=False, scheme=None, gm=None, scales=None, zeros=None):
@@ -46,13 +49,17 @@ def _numbers(t, scan):
 def _both(make):
     """(the checks' own numbers, the compiled scan's) of fresh copies of one tensor (``t.codes`` unpacks and keeps
     the codes, so each path gets its own); asserts that both scans covered it, that the numpy scan's numbers are the
-    checks' own, and that the compiled scan never unpacked the words."""
+    checks' own, and that the compiled scan never unpacked the words. Without numba the second item is the numpy
+    scan's numbers (already asserted equal)."""
     with run_options(kernels="numpy"):
         expected = _numbers(make(), None)  # each check scans the unpacked codes itself
         t = make()
         scan = word_scan.scan(t, _alternatives(t))  # the numpy scan, block by block
         assert scan is not None
-        assert _numbers(t, scan) == expected
+        got = _numbers(t, scan)
+        assert got == expected
+    if not compiled.available():
+        return expected, got
     with run_options(kernels="numba"):
         t = make()
         scan = word_scan.scan(t, _alternatives(t))
@@ -62,7 +69,8 @@ def _both(make):
     return expected, got
 
 
-def test_hand_counted_words():
+@pytest.mark.parametrize("kernels", ["numpy", pytest.param("numba", marks=needs_numba)])
+def test_hand_counted_words(kernels):
     # 2 rows x 16 uint4 codes in GPTQ orientation (words (in/8, out)), symmetric (centre 8, saturated: q <= 1 or
     # q == 15), groups of 8 along in: row 0 holds a 15 in group 0, row 1 a 1 in group 1; every other code is 8
     fields = np.full((2, 16), 8, np.uint8)
@@ -70,7 +78,7 @@ def test_hand_counted_words():
     fields[1, 12] = 1
     scales = np.full((2, 2), 0.5, np.float16)
     scheme = QuantScheme(4, False)
-    with run_options(kernels="numba"):
+    with run_options(kernels=kernels):
         t = _packed(fields, 4, (IN, OUT), scheme=scheme, gm=GroupMap.per_group(8, IN), scales=scales)
         scan = word_scan.scan(t, {"groups along out": GroupMap.per_group(2, OUT)})
     assert scan.saturation == {"": (2, 4), "groups along out": (2, 16)}  # columns 3 and 12 of the one row pair
@@ -79,7 +87,7 @@ def test_hand_counted_words():
     expected = np.zeros(16)
     expected[3], expected[12] = (0.5 * 7) ** 2, (0.5 * -7) ** 2
     assert scan.column_squares.tolist() == expected.tolist()
-    with run_options(kernels="numba"):
+    with run_options(kernels=kernels):
         t = _packed(np.full((2, 16), 3, np.uint8), 4, (OUT, IN), scheme=scheme, gm=GroupMap.per_group(8, IN),
                     scales=scales)
         scan = word_scan.scan(t, {})
@@ -90,7 +98,7 @@ def test_hand_counted_words():
 def test_not_covered_is_none():
     scheme = QuantScheme(4, False)
     fields = np.zeros((4, 16), np.uint8)
-    with run_options(kernels="numba"):
+    with run_options(kernels=KERNELS[-1]):  # (decided before either path runs)
         gidx = GroupMap.per_group(8, IN, g_idx=np.arange(16, dtype=np.int32) // 8)
         assert word_scan.scan(_packed(fields, 4, (IN, OUT), scheme=scheme, gm=gidx,
                                       scales=np.ones((4, 2), np.float16)), {}) is None
@@ -115,11 +123,12 @@ def test_not_covered_is_none():
 @given(data=st.data(), rows=st.integers(1, 40), n_words=st.integers(1, 5), bits=st.sampled_from([2, 4, 8]),
        signed=st.booleans(), flip=st.booleans(), stored=st.sampled_from([(IN, OUT), (OUT, IN)]),
        integer=st.booleans(), grouping=st.sampled_from(["group", "channel", "tensor"]),
-       block_rows=st.integers(1, 9), strip=st.integers(1, 200))
-def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, integer, grouping, block_rows, strip):
+       block_rows=st.integers(1, 9), strip=st.integers(1, 200), scale_dtype=st.sampled_from(["F16", "BF16", "F32"]))
+def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, integer, grouping, block_rows, strip,
+                           scale_dtype):
     per_word = 32 // bits
     n_in = n_words * per_word
-    scheme = QuantScheme(bits, signed, ZeroPoint.INTEGER if integer else ZeroPoint.NONE)
+    scheme = QuantScheme(bits, signed, ZeroPoint.INTEGER if integer else ZeroPoint.NONE, scale_dtype=scale_dtype)
     if grouping == "group":
         gm = GroupMap.per_group(per_word * data.draw(st.integers(1, n_words + 1)), IN)  # (partial groups too)
     else:
@@ -128,8 +137,9 @@ def test_scan_equals_numpy(data, rows, n_words, bits, signed, flip, stored, inte
     alphabet = data.draw(st.lists(st.integers(0, (1 << bits) - 1), min_size=1, max_size=6, unique=True))
     fields = rng.choice(np.array(alphabet, np.uint8), size=(rows, n_in))
     pshape = gm.param_shape((rows, n_in), (OUT, IN))
-    scales = (rng.random(pshape) * 2e-3).astype(np.float16)
-    special = [np.float16(0), np.float16(-0.0), np.float16(6e-8), np.float16(-1.5e-3)]
+    # scales over six decades: float64 sums of squares that round (a changed order of additions shows)
+    scales = (rng.random(pshape) * 10.0 ** rng.uniform(-4, 2, pshape)).astype(scheme.scale_np_dtype)
+    special = [0.0, -0.0, 6e-8, -1.5e-3]  # (6e-8: a float16 subnormal)
     for i in data.draw(st.lists(st.integers(0, scales.size - 1), max_size=3)):
         scales.flat[i] = special[i % len(special)]
     zeros = None
@@ -193,7 +203,7 @@ def test_fault_reports_identical(tmp_path, fault):
     else:
         edit_config(d, lambda qc: qc.update(checkpoint_format="gptq_v2", format="gptq_v2"))
     reports = []
-    for kernels in ("numpy", "numba"):
+    for kernels in KERNELS:
         with run_options(kernels=kernels):
             reports.append(validate(d).to_json())
     original = word_scan.scan
@@ -204,4 +214,31 @@ def test_fault_reports_identical(tmp_path, fault):
     finally:
         word_scan.scan = original
     assert reference["findings"]  # the fault is reported
-    assert reports == [reference, reference]
+    assert reports == [reference] * len(KERNELS)
+
+
+def test_one_column_tail_strip_sums_row_by_row():
+    """A per-channel tensor whose last column strip would hold one column: numpy sums a ``(rows, 1)`` array pairwise
+    (8 partial sums from 8 rows on), ``column_profile`` row by row, so that strip must not be one column. Hand-built
+    column 7 over 8 rows: row 0's value -128 * 2^15 (square 2^44, one ulp 2^-8), rows 1-7 one step of 0.0375 (square
+    0.0014067 = 0.36 ulp). Row by row each small square rounds away (< half an ulp): the sum is exactly 2^44;
+    pairwise, two of them (0.72 ulp) round up to one ulp: 2^44 + 2 ulp or more."""
+    fields = np.full((8, 8), 128, np.uint8)  # uint8 per channel: centre 128, every other column decodes to 0
+    fields[0, 7], fields[1:, 7] = 0, 129
+    scales = np.full((8, 1), 0.0375, np.float16)
+    scales[0, 0] = 2.0 ** 15
+
+    def make():
+        return _packed(fields, 8, (OUT, IN), scheme=QuantScheme(8, False), gm=GroupMap.per_channel(OUT),
+                       scales=scales)
+
+    old = rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES
+    rows_module.SUPER_ELEMENTS = 64  # one row block of the 8 rows
+    word_scan.STRIP_CODES = 56  # strips of 56 // 8 = 7 columns: [0, 7) and the lone column 7
+    try:
+        expected, got = _both(make)
+    finally:
+        rows_module.SUPER_ELEMENTS, word_scan.STRIP_CODES = old
+    profile = np.array(expected[3], dtype=np.uint64).view(np.float64)  # sqrt(column sum / out)
+    assert profile[7] == np.sqrt(2.0 ** 44 / 8) and not profile[:7].any()
+    assert got == expected
