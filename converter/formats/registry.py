@@ -385,7 +385,30 @@ def read(source: Source, fmt: "str | FormatHandler | None" = None):
     handler = fmt if isinstance(fmt, FormatHandler) else get(fmt or detect(source).format)
     ckpt = guarded(handler.read, source.path, handler.name)(source)
     ckpt._loader = guarded(ckpt._loader, source.path, handler.name)
+    if ckpt._row_blocks is not None:  # (the same net around the row blocks a reader makes, block by block)
+        ckpt._row_blocks = _guarded_blocks(ckpt._row_blocks, source.path, handler.name)
     return ckpt
+
+
+_END = object()
+
+
+def _guarded_blocks(fn, path: Path, fmt: str):
+    """A reader's ``row_blocks`` function (:meth:`converter.tensor.Checkpoint.row_blocks`) under :func:`guarded`:
+    the call and each block it yields (the reading happens while iterating), so only ConverterError escapes."""
+    call = guarded(fn, path, fmt)
+
+    def row_blocks(name: str, values_only: bool = False):
+        blocks = call(name, values_only)
+        if blocks is None:
+            return None
+        step = guarded(lambda _name: next(blocks, _END), path, fmt)  # (``_name``: the tensor the error names)
+
+        def each():
+            while (item := step(name)) is not _END:
+                yield item
+        return each()
+    return row_blocks
 
 
 def load(path: str | Path, *, format: str | None = None):
