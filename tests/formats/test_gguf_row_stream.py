@@ -183,3 +183,23 @@ def test_foreign_exception_while_reading_row_blocks_is_a_converter_error(monkeyp
     with pytest.raises(MalformedInputError) as exc:
         next(blocks)
     assert exc.value.tensor == name and str(path) in str(exc.value.file) and "IndexError" in str(exc.value)
+
+
+def test_error_while_making_a_tensors_row_blocks_names_the_tensor(source, tmp_path, monkeypatch):
+    # making the row blocks runs the source's loader and the target's checks before the first block: an error
+    # there names the tensor being written, as the whole write's errors do (file_write adds the context)
+    from converter.errors import ConverterError, NotRepresentableError
+    from converter.ops import requantize_model
+    name = "model.layers.0.mlp.gate_proj.weight"
+    real = requantize_model.format_rows_target
+
+    def refuse(t, target, fmt):
+        if t.name == name:
+            raise NotRepresentableError("refused for the test", field="scheme")
+        return real(t, target, fmt)
+
+    monkeypatch.setattr(requantize_model, "format_rows_target", refuse)
+    with pytest.raises(ConverterError) as exc, run_options(workers=1):
+        converter.convert(source, tmp_path / "out.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+    assert exc.value.tensor == name and "refused for the test" in str(exc.value)
+    assert not (tmp_path / "out.gguf").exists()
