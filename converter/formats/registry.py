@@ -14,11 +14,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-import functools
-import struct
 
-from converter.errors import ConverterError, MalformedInputError, UnknownFormatError, UnsupportedError
+from converter.errors import UnknownFormatError, UnsupportedError
 from converter.formats import foreign
+from converter.formats.guard import guarded, guarded_row_blocks
 from converter.formats.source import Source
 from converter.tensor import TensorSpec, opaque_reason
 
@@ -339,32 +338,6 @@ def _detect(source: Source) -> Detection:
     return top[0]
 
 
-#: Exceptions a reader may raise on unvalidated foreign data (wrapped by :func:`guarded`).
-_FOREIGN_DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
-                        ZeroDivisionError, struct.error, RecursionError)
-
-
-def guarded(fn, path: Path, fmt: str):
-    """``fn`` wrapped so only ConverterError escapes: fill in the file on ours, wrap foreign ones.
-
-    Use it around any format code that runs on foreign data outside :func:`read` (validation hooks).
-    """
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ConverterError as exc:
-            exc.with_context(file=path)
-            raise
-        except _FOREIGN_DATA_ERRORS as exc:
-            tensor = args[0] if args and isinstance(args[0], str) else None
-            raise MalformedInputError(f"the {fmt} reader failed on input it did not validate "
-                                      f"({type(exc).__name__}: {str(exc)[:200]})", file=path, tensor=tensor,
-                                      hint="the file is malformed; please report this so the reader names the field"
-                                      ) from exc
-    return call
-
-
 def read(source: Source, fmt: "str | FormatHandler | None" = None):
     """Read ``source`` with format ``fmt`` (auto-detected when ``None``) into a lazy Checkpoint.
 
@@ -385,7 +358,10 @@ def read(source: Source, fmt: "str | FormatHandler | None" = None):
     handler = fmt if isinstance(fmt, FormatHandler) else get(fmt or detect(source).format)
     ckpt = guarded(handler.read, source.path, handler.name)(source)
     ckpt._loader = guarded(ckpt._loader, source.path, handler.name)
+    if ckpt._row_blocks is not None:  # (the same net around the row blocks a reader makes, block by block)
+        ckpt._row_blocks = guarded_row_blocks(ckpt._row_blocks, source.path, handler.name)
     return ckpt
+
 
 
 def load(path: str | Path, *, format: str | None = None):

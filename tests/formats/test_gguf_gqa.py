@@ -176,6 +176,26 @@ def test_proof_names_the_rows_that_moved(tmp_path):
     assert "with 2 heads (4 of 8 rows differ)" in failed["model.layers.0.self_attn.k_proj.weight"]
 
 
+def test_proof_counts_the_moved_rows_of_a_bias(tmp_path):
+    """A 1-D k bias stored unpermuted (as if permuted with the 4 query heads): 4 of its 8 rows (values) moved."""
+    from converter.formats.gguf.qk_proof import prove_qk_rows
+    path = tmp_path / "wrong_bias.gguf"
+    bias = np.arange(8, dtype=np.float32) + 1
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("blk.0.attn_q.weight", _rows(16)[Q_ORDER])
+    w.add_tensor("blk.0.attn_k.bias", bias[K_ORDER_WRONG])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    src = Checkpoint.from_tensors([DenseTensor("model.layers.0.self_attn.q_proj.weight", _rows(16)),
+                                   DenseTensor("model.layers.0.self_attn.k_proj.bias", bias)],
+                                  config={"num_attention_heads": 4, "num_key_value_heads": 2})
+    failed = prove_qk_rows(src, path)
+    assert list(failed) == ["model.layers.0.self_attn.k_proj.bias"]
+    assert "with 2 heads (4 of 8 rows differ)" in failed["model.layers.0.self_attn.k_proj.bias"]
+
+
 # ------------------------------------------------------------------------------------------------
 # SmolLM2 (GQA 9 / 3, head size 576 / 9 = 64): unchanged
 # ------------------------------------------------------------------------------------------------

@@ -155,3 +155,51 @@ def test_non_finite_value_in_a_streamed_tensor_is_the_same_error(source, tmp_pat
         assert not (tmp_path / "out.gguf").exists()
     assert errors[0] == errors[1]
     assert "lm_head.weight" in errors[0][1] and "not finite" in errors[0][1]
+
+
+@pytest.mark.malformed_ok
+def test_foreign_exception_while_reading_row_blocks_is_a_converter_error(monkeypatch):
+    # the registry's safety net (only ConverterError escapes a reader) covers the reader's row blocks as it
+    # covers its loader: an unexpected exception raised while a later block is read names the file and tensor
+    from converter.errors import MalformedInputError
+    from converter.formats import registry
+    from converter.formats.gguf import read_rows
+    path = Path(__file__).resolve().parents[2] / "sample_checkpoints" / "gguf" / "minilm_llamacpp_Q6_K.gguf"
+    name = "encoder.layer.0.intermediate.dense.weight"  # (1536, 384) Q8_0 (Q6_K's fallback for 384 columns)
+    monkeypatch.setattr(read_rows, "ROW_BLOCK_ELEMENTS", 384 * 512)  # three blocks
+    calls = []
+    real = read_rows.tensor_from_fields
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise IndexError("index 7 is out of bounds")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(read_rows, "tensor_from_fields", second_fails)
+    blocks = registry.load(path).row_blocks(name)
+    assert blocks is not None
+    assert next(blocks)[0] == 0
+    with pytest.raises(MalformedInputError) as exc:
+        next(blocks)
+    assert exc.value.tensor == name and str(path) in str(exc.value.file) and "IndexError" in str(exc.value)
+
+
+def test_error_while_making_a_tensors_row_blocks_names_the_tensor(source, tmp_path, monkeypatch):
+    # making the row blocks runs the source's loader and the target's checks before the first block: an error
+    # there names the tensor being written, as the whole write's errors do (file_write adds the context)
+    from converter.errors import ConverterError, NotRepresentableError
+    from converter.ops import requantize_model
+    name = "model.layers.0.mlp.gate_proj.weight"
+    real = requantize_model.format_rows_target
+
+    def refuse(t, target, fmt):
+        if t.name == name:
+            raise NotRepresentableError("refused for the test", field="scheme")
+        return real(t, target, fmt)
+
+    monkeypatch.setattr(requantize_model, "format_rows_target", refuse)
+    with pytest.raises(ConverterError) as exc, run_options(workers=1):
+        converter.convert(source, tmp_path / "out.gguf", to="gguf", target={"quant_type": "Q4_K_M"})
+    assert exc.value.tensor == name and "refused for the test" in str(exc.value)
+    assert not (tmp_path / "out.gguf").exists()

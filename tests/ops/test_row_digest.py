@@ -28,6 +28,10 @@ def test_crc32_combine_is_zlib_crc_of_the_joined_bytes():
         a, b = rng.bytes(int(rng.integers(0, 700))), rng.bytes(int(rng.integers(0, 700)))
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
     assert crc32_combine(0x12345678, 0, 0) == 0x12345678
+    # lengths with high bits set (a row block of a large tensor is megabytes): every squaring step used
+    for n in (1 << 20, 3_000_001):
+        a, b = rng.bytes(999), rng.bytes(n)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), n) == zlib.crc32(a + b), n
 
 
 def _fed(t, step):

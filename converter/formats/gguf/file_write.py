@@ -119,7 +119,11 @@ def write_files(ckpt: Checkpoint, plans: Sequence[TensorPlan], parts: Sequence[S
 
         def produce(k: int, part=part, offsets=offsets):
             p = plans[part[k]]
-            blocks = ckpt.row_blocks(p.name) if rows_encodable(p) else None
+            try:  # (making the row blocks may load the source tensor: its errors name this tensor too)
+                blocks = ckpt.row_blocks(p.name) if rows_encodable(p) else None
+            except ConverterError as exc:
+                exc.with_context(tensor=p.name)
+                raise
             if blocks is not None:  # made, encoded and written block by block: never whole
                 return offsets[k], _named(encode_rows(blocks, p), p.name)
             try:

@@ -124,7 +124,7 @@ def prove_qk_rows(src: Checkpoint, dst: Path, out: Checkpoint | None = None) -> 
                 same = np.array_equal(got, want, equal_nan=True)
             if not same:
                 differ = True
-                n = want.shape[0] if want.ndim > 1 else 1
+                n = want.shape[0]  # (rows; a 1-D bias: its values, one per row)
                 bad += int(np.count_nonzero(np.any(got.reshape(n, -1) != want.reshape(n, -1), axis=1)))
         if differ:
             return name, (f"stored rows of {g} are not llama.cpp's permute of the source with {heads} heads "
