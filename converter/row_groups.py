@@ -3,7 +3,7 @@
 A block-tiled ``(out, in)`` tensor's parameters, repeated along ``out`` only, are a per-row
 ``group(in, extent)`` map (or one scale per row when the block covers ``in`` whole): the same values,
 ``out x ceil(in / extent)`` parameters, never one per element. :func:`converter.values.dequantize`,
-:func:`converter.tensor.take_rows` and :mod:`converter.quant.carry` use it.
+:func:`converter.tensor_rows.take_rows` and :mod:`converter.quant.carry` use it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ import numpy as np
 
 from converter.groups import Granularity
 from converter.layout import EXPERT, IN, OUT
-from converter.tensor import QuantizedTensor, Tensor, row_splittable, take_rows
+from converter.tensor import QuantizedTensor, Tensor
+from converter.tensor_rows import row_splittable, take_rows
 from converter.values import RowPlan, row_plan
 
 #: Elements per super-block when values are produced on demand (:class:`Rows`).
@@ -81,7 +82,7 @@ def values_of(source: "QuantizedTensor | np.ndarray | Rows") -> np.ndarray:
 def pieces(t: QuantizedTensor, elements: int = SUPER_ELEMENTS):
     """``t`` as smaller tensors of the same kind whose values, taken in order, are ``t``'s: an
     ``(expert, out, in)`` stack expert by expert (each an ``(out, in)`` tensor), an ``(out, in)``
-    tensor in row blocks of about ``elements`` (:func:`~converter.tensor.take_rows`: block maps come
+    tensor in row blocks of about ``elements`` (:func:`~converter.tensor_rows.take_rows`: block maps come
     back as row groups), anything else whole. For reductions (sums, maxima) that must not build a
     full-size temporary; each piece's scales / group map describe exactly its own values."""
     axes = tuple(t.axes)

@@ -14,7 +14,8 @@ from converter.errors import LayoutError
 from converter.groups import Granularity, GroupMap
 from converter.row_groups import as_row_groups
 from converter.scheme import QuantScheme
-from converter.tensor import QuantizedTensor, row_splittable, take_rows
+from converter.tensor import QuantizedTensor
+from converter.tensor_rows import row_splittable, take_rows
 
 E4M3 = QuantScheme(8, False, scale_dtype="F32", codebook=codebooks.E4M3)
 

@@ -12,7 +12,8 @@ from converter.errors import LayoutError
 from converter.groups import GroupMap
 from converter.codebooks import E2M1_VALUES
 from converter.scheme import QuantScheme
-from converter.tensor import Checkpoint, QuantizedTensor, spec_of, take_rows
+from converter.tensor import Checkpoint, QuantizedTensor, spec_of
+from converter.tensor_rows import take_rows
 from converter.values import effective_scales
 
 E4M3 = ml_dtypes.float8_e4m3fn

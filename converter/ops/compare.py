@@ -22,7 +22,8 @@ from converter.errors import ProofFailedError
 from converter.quant.recode import as_unsigned
 from converter.runtime import current, drop_pages
 from converter.scheme import ZeroPoint
-from converter.tensor import QuantizedTensor, row_splittable, source_arrays, take_rows
+from converter.tensor import QuantizedTensor, source_arrays
+from converter.tensor_rows import row_splittable, take_rows
 
 
 def compare_tensors(a, b, dense_axes: "list[str] | None" = None) -> dict[str, Any]:

@@ -38,7 +38,8 @@ from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers, current
 from converter.scheme import ZeroPoint
 from converter.rows import Rows
-from converter.tensor import Checkpoint, QuantizedTensor, row_splittable
+from converter.tensor import Checkpoint, QuantizedTensor
+from converter.tensor_rows import row_splittable
 from converter.write.engine import Deferred, run_tasks
 
 __all__ = ["digest", "digest_later", "crc_codes", "values_crc", "verify_readback", "BLOCK_BYTES"]

@@ -84,7 +84,7 @@ class _Chain:
 class RowDigest:
     """:func:`converter.ops.readback.digest` of a 2-D ``(out, in)`` QuantizedTensor fed as consecutive row
     blocks (:meth:`add`, in row order from row 0; each block a QuantizedTensor of the same scheme and group
-    map, e.g. :func:`converter.tensor.take_rows` pieces or a row quantizer's blocks), read with
+    map, e.g. :func:`converter.tensor_rows.take_rows` pieces or a row quantizer's blocks), read with
     :meth:`hexdigest` after the last. Groups must run along rows (no ``g_idx``).
 
     Parameters

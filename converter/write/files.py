@@ -22,7 +22,7 @@ import numpy as np
 
 from converter.errors import ConverterError, FormatError, UnsupportedError
 from converter.runtime import auto_workers, current, drop_pages
-from converter import tensor
+from converter import tensor, tensor_rows
 from converter.write.atomic import atomic_output
 from converter.write.background import BackgroundWriter
 from converter.write.dry_run import DryRunPlanned
@@ -63,7 +63,7 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         spec = ckpt.spec(plan.source) if hasattr(ckpt, "spec") else None
         t = ckpt[plan.source]
         step = block_rows(plan, spec, budget)
-        if step is None or not tensor.row_splittable(t):
+        if step is None or not tensor_rows.row_splittable(t):
             arrays = plan.encode(t)
             for name, arr in arrays.items():
                 w.write(name, arr)
@@ -71,7 +71,7 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         split = plan.row_split
         rows = int(t.shape[0])
         for r0 in range(0, rows, step):
-            arrays = plan.encode(tensor.take_rows(t, r0, min(rows, r0 + step)))
+            arrays = plan.encode(tensor_rows.take_rows(t, r0, min(rows, r0 + step)))
             for name, arr in arrays.items():
                 if name in split.rows:
                     w.write_rows(name, arr, r0)

@@ -38,7 +38,7 @@ class RowSplit:
         as given, whatever the blocks return for them.
     values : bool
         The outputs are the tensor's values (a dequantize): any row block will do. A 2-D
-        block-tiled tensor's rows come back grouped per row (:func:`converter.tensor.take_rows`),
+        block-tiled tensor's rows come back grouped per row (:func:`converter.tensor_rows.take_rows`),
         which only such a plan can write; others work on block-tiled tensors whole.
 
     Formats whose stored arrays put ``out`` on a later axis (GPTQ / AWQ ``[in, out]``) or pack

@@ -11,7 +11,7 @@ import numpy as np
 from converter.formats import registry
 from converter.ops.readback import digest, values_crc
 from converter.rows import Rows
-from converter.tensor import row_splittable, take_rows
+from converter.tensor_rows import row_splittable, take_rows
 from tests.conftest import SAMPLES
 
 import pytest

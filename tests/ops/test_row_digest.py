@@ -19,7 +19,8 @@ from converter.layout import IN, OUT
 from converter.ops.readback import digest
 from converter.ops.row_digest import RowDigest, crc32_combine
 from converter.scheme import QuantScheme, ZeroPoint
-from converter.tensor import QuantizedTensor, take_rows
+from converter.tensor import QuantizedTensor
+from converter.tensor_rows import take_rows
 
 
 def test_crc32_combine_is_zlib_crc_of_the_joined_bytes():

@@ -88,7 +88,7 @@ def test_row_blocks_equal_whole_tensors(gptq_dir, tmp_path, fmt):
 
 
 def test_row_blocks_are_used(gptq_dir, tmp_path, monkeypatch):
-    from converter import tensor as tensor_mod
+    from converter import tensor_rows as tensor_mod
     calls = []
     real = tensor_mod.take_rows
     monkeypatch.setattr(tensor_mod, "take_rows", lambda t, a, b: calls.append((t.name, a, b)) or real(t, a, b))

@@ -24,7 +24,8 @@ from converter.formats.gguf.names import gguf_to_hf, permute_heads_key
 from converter.formats.gguf.schemes import gguf_module
 from converter.rows import Rows
 from converter.runtime import auto_workers
-from converter.tensor import Checkpoint, QuantizedTensor, row_splittable
+from converter.tensor import Checkpoint, QuantizedTensor
+from converter.tensor_rows import row_splittable
 from converter.write.engine import run_tasks
 
 __all__ = ["prove_qk_rows"]
