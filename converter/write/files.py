@@ -92,6 +92,34 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         raise
 
 
+#: A dense tensor at least this large is a copy task spread among the others (:func:`task_order`).
+SPREAD_BYTES = 16 * 2**20
+
+
+def task_order(plans: Sequence[TensorPlan], ckpt) -> list[int]:
+    """The order the tasks of ``plans`` run in (the file's layout does not change): large dense
+    tensors (passed through: plain copies, bound by the disk and the memory bus) spread evenly
+    among the others (decoded, requantized or repacked: bound by the cores), never first, so that
+    copies run beside computation instead of all at once (every worker copying while the cores
+    idle). Other tasks keep their order."""
+    def dense(p: TensorPlan) -> bool:
+        spec = ckpt.spec(p.source) if hasattr(ckpt, "spec") else None
+        return spec is not None and spec.kind == "dense" and p.nbytes >= SPREAD_BYTES
+    copies = [i for i, p in enumerate(plans) if dense(p)]
+    others = [i for i, p in enumerate(plans) if i not in set(copies)]
+    if not copies or not others:
+        return list(range(len(plans)))
+    order: list[int] = []
+    every = len(others) / (len(copies) + 1)  # one copy after each stretch of this many other tasks
+    k = 0
+    for j, i in enumerate(others):
+        order.append(i)
+        while k < len(copies) and j + 1 >= every * (k + 1):
+            order.append(copies[k])
+            k += 1
+    return order + copies[k:]
+
+
 def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping[str, str] | None,
                 progress: Progress | None = None, open_writer: Callable[..., SafetensorsWriter] = SafetensorsWriter
                 ) -> None:
@@ -120,7 +148,8 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
                 written, nbytes = res
                 w.adopt(written)
                 progress.advance(1, nbytes)
-            run_tasks(len(plans), lambda i: _encode_into(w, plans[i], ckpt, budget), workers=workers,
+            order = task_order(plans, ckpt)
+            run_tasks(len(plans), lambda i: _encode_into(w, plans[order[i]], ckpt, budget), workers=workers,
                       on_result=done)
     finally:
         if own:

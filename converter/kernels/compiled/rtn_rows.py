@@ -16,7 +16,7 @@ from converter.kernels.threads import run_row_parts
 if TYPE_CHECKING:  # (annotations only: converter.kernels.rtn calls this module)
     from converter.kernels.rtn import Grid, RowSource
 
-__all__ = ["quantize_rows_compiled"]
+__all__ = ["quantize_rows_compiled", "warm"]
 
 #: Values per chunk whose extrema and parameters are formed in one call (a few row blocks).
 CHUNK_ELEMENTS = 1 << 20
@@ -101,3 +101,15 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     if zps is not None:
         zps = zps.astype(s.code_dtype)
     return scales, zps, codes, degenerate
+
+
+def warm(code_dtypes) -> None:
+    """Call the kernels of :func:`quantize_rows_compiled` once on a tiny block with the argument types it
+    passes them (C-contiguous float32 blocks, ``code_dtypes`` codes): their machine code is loaded (or
+    compiled) now, not in the first tensor's call (:func:`converter.kernels.compiled.warm_up`)."""
+    x = np.zeros((1, 8), dtype=np.float32)
+    ext = np.zeros((1, 1), dtype=np.float32)
+    decode_extrema(x, None, 8, True, ext, ext, ext)
+    for dt in code_dtypes:
+        codes_errors(x, np.ones((1, 1), dtype=np.float32), None, 0.0, 8, "half_even", -1, 1,
+                     np.zeros((1, 8), dtype=dt), np.zeros_like(x), np.zeros_like(x))
