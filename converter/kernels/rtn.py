@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from converter.errors import QuantizationError, exact_str
+from converter.kernels import buffers
 from converter.kernels.compiled import use_compiled
 from converter.kernels.compiled.rtn_rows import quantize_rows_compiled
 from converter.kernels.dequant import _apply, block_rows, dequantize_block
@@ -258,7 +259,7 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
     n_groups = nfull + (1 if full < n else 0)
     scales = np.empty((rows, n_groups), dtype=s.scale_np_dtype)
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
-    codes = np.empty((rows, n), dtype=s.code_dtype)
+    codes = buffers.empty((rows, n), s.code_dtype)  # (a reused slab: no fresh pages to zero per tensor)
     step = block_rows(n, QUANT_BLOCK_ELEMENTS)
     fork = getattr(values, "fork", None)  # a RowSource: one reader (and value cache) per thread
     if fork is not None:

@@ -8,6 +8,7 @@ from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
+from converter.kernels import buffers
 from converter.kernels.compiled.requant import codes_errors, decode_extrema, decode_source
 from converter.kernels.dequant import block_rows
 from converter.kernels.error_sums import ErrorSums
@@ -38,7 +39,7 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     n_groups = -(-n // G)
     scales = np.empty((rows, n_groups), dtype=s.scale_np_dtype)
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
-    codes = np.empty((rows, n), dtype=s.code_dtype)
+    codes = buffers.empty((rows, n), s.code_dtype)  # (a reused slab: no fresh pages to zero per tensor)
     step = block_rows(n, block_elements)
     fork = getattr(values, "fork", None)
     if fork is not None:
@@ -53,7 +54,7 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
         vals = values if a == 0 or fork is None else fork()
         part = compare if a == 0 or compare is None else compare.part()
         planner = getattr(vals, "decode_plan", None)
-        xbuf = np.empty((chunk, n), dtype=np.float32)
+        xbuf = buffers.empty((chunk, n), np.float32)
         ext = np.empty((2, chunk, n_groups), dtype=np.float32)
         if part is not None:
             bbuf = np.empty((step, n), dtype=np.float32)
