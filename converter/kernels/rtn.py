@@ -26,7 +26,7 @@ from converter.errors import QuantizationError, exact_str
 from converter.kernels import buffers
 from converter.kernels.compiled import use_compiled
 from converter.kernels.compiled.rtn_rows import quantize_rows_compiled
-from converter.kernels.dequant import _apply, block_rows, dequantize_block
+from converter.kernels.dequant import _apply, block_rows
 from converter.kernels.error_sums import ErrorSums
 from converter.kernels.rounding import round_values
 from converter.kernels.threads import run_row_parts
@@ -326,9 +326,15 @@ def quantize_rows(values: "np.ndarray | RowSource", s: Grid, *, group_size: int 
                             clip=not ((top <= s.qmax).all() and (bottom >= s.qmin).all()))
                 codes[r0:r1] = q
                 if part is not None:  # the target's dequantize, (q - c) * s or (q - z) * s, in cache
-                    bq = bbuf[:k]
-                    dequantize_block(bq, q, s32, zf, zero_kind=s.zero_point.value, group_size=G, full=full,
-                                     center=s.center if zf is None else 0.0)
+                    bq = bbuf[:k]  # (dequantize_block's float32 operations, without its copy of q first)
+                    if zf is not None:
+                        _apply_to(bq, q, zf, G, full, np.subtract)
+                        _apply(bq, s32, G, full, np.multiply)
+                    elif s.center:
+                        np.subtract(q, np.float32(s.center), out=bq)
+                        _apply(bq, s32, G, full, np.multiply)
+                    else:
+                        _apply_to(bq, q, s32, G, full, np.multiply)
                     part.add(r0, x, bq, ebuf[:k])
         return deg_total, part
 
