@@ -23,7 +23,7 @@ from converter.errors import ConverterError, FormatError, UnsupportedError
 from converter.runtime import auto_workers, current, drop_pages
 from converter import tensor
 from converter.write.atomic import atomic_output
-from converter.write.background import BackgroundWriter
+from converter.write.background import DEFAULT_LIMIT, BackgroundWriter
 from converter.write.dry_run import DryRunPlanned
 from converter.write.engine import run_tasks
 from converter.write.plan import TensorPlan, block_rows, shard_plans
@@ -92,6 +92,8 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         raise
 
 
+#: Bytes in flight to a worker's background writer, at least (:func:`write_plans`).
+MIN_IN_FLIGHT = 32 * 2**20
 #: A dense tensor at least this large is a copy task spread among the others (:func:`task_order`).
 SPREAD_BYTES = 16 * 2**20
 
@@ -144,6 +146,10 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
         progress = Progress("writing", len(plans), total)
     try:
         with open_writer(path, entries, metadata) as w:
+            # each worker queues its own arrays: together no more than one process would (the codes of about two
+            # 7B MLP matrices), so the workers' peak memory does not grow with their number
+            w.limit_in_flight(max(MIN_IN_FLIGHT, DEFAULT_LIMIT // workers))
+
             def done(i: int, res: tuple[list[str], int]) -> None:
                 written, nbytes = res
                 w.adopt(written)

@@ -233,6 +233,11 @@ class SafetensorsWriter:
         pwrite_all(self._fd, memoryview(prefix), 0)  # synchronously: no thread exists yet when workers fork
         os.ftruncate(self._fd, self._size)
 
+    def limit_in_flight(self, nbytes: int) -> None:
+        """Bytes of arrays queued for the background writer before :meth:`write` waits (each worker process of a
+        pool has its own queue: :func:`converter.write.files.write_plans` divides the default among them)."""
+        self._bg.limit = max(1, int(nbytes))
+
     def _pwrite(self, view: memoryview, offset: int) -> None:
         """Queue ``view`` for writing at ``offset`` (a background thread writes it, see
         :mod:`converter.write.background`; the array behind ``view`` must not change afterwards).

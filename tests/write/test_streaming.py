@@ -308,3 +308,18 @@ def test_large_dense_copies_are_spread_among_the_other_tasks():
     assert order == [2, 3, 4, 5, 0, 6, 7, 8, 1, 9, 10, 11]
     only_compute = [SimpleNamespace(source=f"t{i}", nbytes=SPREAD_BYTES) for i in range(2, 6)]
     assert task_order(only_compute, ckpt) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("workers,expected", [(1, 96), (2, 48), (8, 32)])
+def test_workers_share_the_bytes_in_flight(gptq_dir, tmp_path, monkeypatch, workers, expected):
+    """Each worker process queues its own arrays for its background writer: write_plans gives each the default
+    (96 MiB) divided by the workers, at least 32 MiB, so their peak memory does not grow with their number."""
+    from converter.write.safetensors import SafetensorsWriter
+    seen = []
+    real = SafetensorsWriter.limit_in_flight
+    monkeypatch.setattr(SafetensorsWriter, "limit_in_flight", lambda self, n: (seen.append(n), real(self, n)))
+    ckpt = load(gptq_dir)
+    assert len(ckpt.names()) >= 8  # (so that 8 workers are 8)
+    with run_options(workers=workers):
+        registry.get("compressed-tensors").write(ckpt, tmp_path / "o", overwrite=True)
+    assert seen == [expected * 2**20]
