@@ -108,7 +108,8 @@ def task_order(plans: Sequence[TensorPlan], ckpt) -> list[int]:
         spec = ckpt.spec(p.source) if hasattr(ckpt, "spec") else None
         return spec is not None and spec.kind == "dense" and p.nbytes >= SPREAD_BYTES
     copies = [i for i, p in enumerate(plans) if dense(p)]
-    others = [i for i, p in enumerate(plans) if i not in set(copies)]
+    taken = set(copies)
+    others = [i for i in range(len(plans)) if i not in taken]
     if not copies or not others:
         return list(range(len(plans)))
     order: list[int] = []
