@@ -21,10 +21,11 @@ import threading
 
 import numpy as np
 
-__all__ = ["empty", "SLABS", "MIN_BYTES"]
+__all__ = ["empty", "release", "SLABS", "MIN_BYTES"]
 
-#: Slabs kept per process (the codes of the tensors in flight, a compiled chunk buffer).
-SLABS = 4
+#: Slabs kept per process: the codes of the tensor being quantized and of those queued for the background
+#: writer (its 96 MiB bound holds about two 7B MLP matrices' int8 codes), as many as were alive before.
+SLABS = 3
 #: Smaller requests are plain ``numpy.empty`` (the heap reuses them without zeroing anyway).
 MIN_BYTES = 4 * 2**20
 
@@ -61,6 +62,17 @@ def empty(shape: tuple[int, ...], dtype) -> np.ndarray:
             _SLABS.append(np.empty(nbytes, dtype=np.uint8))
             i = len(_SLABS) - 1
         return _SLABS[i][:nbytes].view(dtype).reshape(shape)
+
+
+def release() -> int:
+    """Drop the slabs nothing refers to (their memory goes back to the system); returns how many. Called when
+    a write ends (:func:`converter.write.files.write_plans`): the read-back proof that follows holds no codes
+    of its own, so the slabs would only add to its peak."""
+    with _LOCK:
+        keep = [i for i in range(len(_SLABS)) if _refs(_SLABS, i) != _FREE]
+        dropped = len(_SLABS) - len(keep)
+        _SLABS[:] = [_SLABS[i] for i in keep]
+        return dropped
 
 
 def _forget() -> None:

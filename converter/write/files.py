@@ -22,6 +22,7 @@ import numpy as np
 from converter.errors import ConverterError, FormatError, UnsupportedError
 from converter.runtime import auto_workers, current, drop_pages
 from converter import tensor
+from converter.kernels import buffers
 from converter.write.atomic import atomic_output
 from converter.write.background import DEFAULT_LIMIT, BackgroundWriter
 from converter.write.dry_run import DryRunPlanned
@@ -159,6 +160,7 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
             run_tasks(len(plans), lambda i: _encode_into(w, plans[order[i]], ckpt, budget), workers=workers,
                       on_result=done)
     finally:
+        buffers.release()  # (the codes slabs of this process: nothing to reuse them for until the next write)
         if own:
             progress.close()
 

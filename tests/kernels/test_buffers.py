@@ -47,3 +47,12 @@ def test_small_requests_and_a_full_pool_get_plain_arrays():
     extra = buffers.empty(_shape(), np.uint8)
     assert extra.base is None and len(buffers._SLABS) == buffers.SLABS
     assert not any(np.shares_memory(extra, h) for h in held)
+
+
+def test_release_drops_only_the_free_slabs():
+    held = buffers.empty(_shape(), np.uint8)
+    free = buffers.empty(_shape(), np.uint8)
+    del free
+    assert len(buffers._SLABS) == 2
+    assert buffers.release() == 1
+    assert len(buffers._SLABS) == 1 and np.shares_memory(buffers._SLABS[0], held)

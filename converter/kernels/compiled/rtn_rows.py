@@ -54,7 +54,7 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
         vals = values if a == 0 or fork is None else fork()
         part = compare if a == 0 or compare is None else compare.part()
         planner = getattr(vals, "decode_plan", None)
-        xbuf = buffers.empty((chunk, n), np.float32)
+        xbuf = np.empty((chunk, n), dtype=np.float32)
         ext = np.empty((2, chunk, n_groups), dtype=np.float32)
         if part is not None:
             bbuf = np.empty((step, n), dtype=np.float32)
