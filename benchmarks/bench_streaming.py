@@ -59,7 +59,7 @@ fast extra (auto)      load 0.5-2.6                                    load 2.3-
 repack gptq->ct        1.90 s wall / 2.76 s CPU, x1.11 copy            1.60 s / 2.27 s CPU, x0.85 copy
 requant ch8 w1         6.08 s / 6.51 s CPU, x1.68 plain I/O            5.24 s / 5.31 s CPU, x1.74 (runs 1.27-1.95)
 requant ch8 w2         6.36 s / 7.27 s CPU, x2.55                      4.97 s / 6.45 s CPU, x1.22 (runs 1.20-1.38)
-peak RSS (tree)        569 MiB (w2)                                    461 MiB (w2; largest process 369, w1)
+peak RSS (tree)        569 MiB (w2; w1 253)                            461 MiB (w2; w1 369, 320 with 3 slabs)
 default install        load 4.4                                        load 2.8-3.9
 requant ch8 w1         11.05 s / 9.07 s CPU, x3.03                     11.55 s / 8.26 s CPU, x2.78
 requant ch8 w2         9.33 s / 8.30 s CPU, x2.96                      10.85 s / 8.36 s CPU, x2.85
@@ -67,7 +67,13 @@ requant ch8 w2         9.33 s / 8.30 s CPU, x2.96                      10.85 s /
 
 A second pass at load 3.6-4.1 (the other sessions' 7B runs): fast w1 10.06 s / 6.34 s CPU x2.45, w2 9.23 s /
 7.44 s CPU x1.83, repack x1.49; default install w1 15.42 s / 9.43 s CPU x3.16, w2 10.53 s / 10.77 s CPU x2.83:
-at that load the ratios move with the load, and so does the CPU time (shared caches and memory bus).
+at that load the ratios move with the load, and so does the CPU time (shared caches and memory bus). A third
+at load 4.6-5.5 (after the slab pool was cut to 3 and released when a write ends): fast repack x1.10, w1 9.61 s /
+5.84 s CPU x1.96 (peak RSS 320 MiB), w2 12.25 s / 7.52 s CPU x2.64 (tree 458 MiB); default install w1 x3.48,
+w2 x3.25 (9.2 / 9.0 s CPU). Paired with main in alternating runs at load 3.3-5.3 (3 pairs each, CLI, wall / user
++ system CPU): fast w1 10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-8.2 s -> 10.2-11.4 /
+6.8-7.4 s; default install w1 13.2-16.7 / 8.5-8.8 s -> 10.8-16.6 / 8.1-8.4 s, w2 8.9-9.5 / 8.4-8.7 s ->
+8.6-9.6 / 8.2-8.4 s.
 
 What moved: two workers now run beside each other instead of each first copying a 262 MB dense tensor and
 then loading numba (~0.4 s each): dense copies from the source's memory map go to the background writer without
