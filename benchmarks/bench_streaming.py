@@ -71,9 +71,9 @@ at that load the ratios move with the load, and so does the CPU time (shared cac
 at load 4.6-5.5 (after the slab pool was cut to 3 and released when a write ends): fast repack x1.10, w1 9.61 s /
 5.84 s CPU x1.96 (peak RSS 320 MiB), w2 12.25 s / 7.52 s CPU x2.64 (tree 458 MiB); default install w1 x3.48,
 w2 x3.25 (9.2 / 9.0 s CPU). Paired with main in alternating runs at load 3.3-5.3 (3 pairs each, CLI, wall / user
-+ system CPU): fast w1 10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-8.2 s -> 10.2-11.4 /
-6.8-7.4 s; default install w1 13.2-16.7 / 8.5-8.8 s -> 10.8-16.6 / 8.1-8.4 s, w2 8.9-9.5 / 8.4-8.7 s ->
-8.6-9.6 / 8.2-8.4 s.
++ system CPU; before the slab pool was cut; fast w1 without the first pair, which compiled kernels): fast w1
+10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-7.9 s -> 10.2-11.4 / 6.8-7.4 s; default
+install w1 13.2-16.7 / 8.3-8.8 s -> 10.8-16.6 / 8.2-8.4 s, w2 8.9-9.5 / 8.4-8.7 s -> 8.6-9.6 / 8.2-8.3 s.
 
 What moved: two workers now run beside each other instead of each first copying a 262 MB dense tensor and
 then loading numba (~0.4 s each): dense copies from the source's memory map go to the background writer without
