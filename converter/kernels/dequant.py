@@ -19,6 +19,8 @@ as float32, and ``numpy.take`` writes them straight into the output rows.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from converter.kernels.threads import kernel_threads, run_rows
@@ -125,12 +127,29 @@ def dequantize_block(o: np.ndarray, codes: np.ndarray, scales: np.ndarray, zero_
             o -= center32
     else:  # mode="wrap": byte indices are always in range, and it skips numpy's checked copy
         dst = o.view(table.dtype) if table.dtype.kind == "V" else o
-        np.take(table, codes, out=dst.reshape(codes.shape), mode="wrap")
+        np.take(table, _indices(codes), out=dst.reshape(codes.shape), mode="wrap")
     if zero_kind == "integer":
         _apply(o, zero_points, group_size, full, np.subtract)
     _apply(o, scales, group_size, full, np.multiply)
     if zero_kind == "float":
         _apply(o, zero_points, group_size, full, np.add)
+
+
+_LOCAL = threading.local()
+
+
+def _indices(codes: np.ndarray) -> np.ndarray:
+    """``codes`` (byte indices) as ``intp`` in this thread's reused buffer: ``np.take`` would otherwise convert
+    them into a new ``intp`` array per call, 8 bytes per index (4 MiB for a block of a million 4-bit codes: new
+    pages the kernel zeroes each time). Integer codes already ``intp`` are returned as they are."""
+    if codes.dtype == np.intp:
+        return codes
+    buf = getattr(_LOCAL, "intp", None)
+    if buf is None or buf.size < codes.size:
+        buf = _LOCAL.intp = np.empty(max(codes.size, 1 << 16), dtype=np.intp)
+    idx = buf[:codes.size].reshape(codes.shape)
+    np.copyto(idx, codes, casting="unsafe")  # (uint8 / int8 / uint16 ... -> intp: exact)
+    return idx
 
 
 def _apply(o: np.ndarray, p: np.ndarray, G: int | None, full: int, ufunc: np.ufunc) -> None:
