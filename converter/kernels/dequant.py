@@ -58,7 +58,8 @@ def byte_table(bits: int, *, signed: bool, flip: bool, center: float) -> np.ndar
 
 def dequantize_rows(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, n_in: int,
                     zero_kind: str, group_size: int | None = None, center: float = 0.0,
-                    table: np.ndarray | None = None, codebook: np.ndarray | None = None) -> np.ndarray:
+                    table: np.ndarray | None = None, codebook: np.ndarray | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Float32 values of a ``(rows, in)`` matrix of codes.
 
     Parameters
@@ -77,16 +78,20 @@ def dequantize_rows(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarr
         holds it already, nor with ``codebook``).
     table : ndarray of float32, ``(256, 8 / bits)``, from :func:`byte_table`: decode ``codes`` as bytes.
     codebook : ndarray of float32, ``(levels,)``: the value of each code (``codebook[q] * s``).
+    out : ndarray of float32, ``(rows, in)``, C-contiguous, optional: written instead of a new array.
 
     Returns
     -------
-    ndarray of float32, ``(rows, in)``.
+    ndarray of float32, ``(rows, in)`` (``out`` when given).
     """
     if zero_kind not in ZERO_KINDS:
         raise ValueError(f"unknown zero-point kind {zero_kind!r}")
     rows = codes.shape[0]
     n = int(n_in)
-    out = np.empty((rows, n), dtype=np.float32)
+    if out is None:
+        out = np.empty((rows, n), dtype=np.float32)
+    elif out.shape != (rows, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous float32 ({rows}, {n}) array, found {out.dtype} {out.shape}")
     if out.size == 0:
         return out
     if table is not None:
