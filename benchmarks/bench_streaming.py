@@ -75,15 +75,21 @@ w2 x3.25 (9.2 / 9.0 s CPU). Paired with main in alternating runs at load 3.3-5.3
 10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-7.9 s -> 10.2-11.4 / 6.8-7.4 s; default
 install w1 13.2-16.7 / 8.3-8.8 s -> 10.8-16.6 / 8.2-8.4 s, w2 8.9-9.5 / 8.4-8.7 s -> 8.6-9.6 / 8.2-8.3 s.
 
+The table's "after" predates the last two changes of the round, measured only in-process (the load stayed at
+5-7): byte-table indices through a reused intp buffer (default install, w1 CLI: system CPU 2.8-3.1 -> 2.0-2.1 s,
+3 pairs) and the row reader's blocks dequantized into one reused buffer (numpy path with the CLI's fixed mmap
+threshold: 4.65-4.85 -> 3.79-4.06 ns per weight, 3 alternating rounds).
+
 What moved: two workers now run beside each other instead of each first copying a 262 MB dense tensor and
 then loading numba (~0.4 s each): dense copies from the source's memory map go to the background writer without
 making the caller wait and are spread among the compute tasks, and the compiled kernels are loaded once in the
 parent before the fork; OpenBLAS no longer starts idle threads that spun in every process; quantize_rows works
 in blocks of 2^19 values; the codes are written into reused slabs (no fresh pages zeroed per tensor). What
 remains, per weight on the fast path (one thread, in-process, best of 3-5 at load 2-4): about 3.2-3.5 ns = the
-source rows (GPTQ words transposed: memory-bound on this VM, ~0.75 ns per byte) 0.3-0.6 + decode and extrema 0.9
+source rows (GPTQ words transposed: memory-bound on this VM, ~0.75 ns per byte; a compiled transpose and a
+kernel reading the word columns itself were tried, no faster) 0.3-0.6 + decode and extrema 0.9
 + codes and errors 0.5-0.6 + the error sums 1.25-1.5 (two float32 GEMMs on 8 inputs 0.35-0.45 each, chunk
-squares 0.4-0.6) + ~0.2 parameters and copies; the numpy path about 4.1-4.7 ns. The command adds per weight
+squares 0.4-0.6) + ~0.2 parameters and copies; the numpy path about 3.8-4.1 ns. The command adds per weight
 the kernel's copy of 1.33 bytes into the page cache (as the plain I/O baseline does), two CRC passes (write and
 read-back digests, ~0.25 ns per byte each) and ~0.5 s of start-up (imports, numba and its cached kernels).
 A fixed-order (reproducible in numba) definition of the chunk sums of squares was measured and not adopted:
