@@ -75,6 +75,12 @@ w2 x3.25 (9.2 / 9.0 s CPU). Paired with main in alternating runs at load 3.3-5.3
 10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-7.9 s -> 10.2-11.4 / 6.8-7.4 s; default
 install w1 13.2-16.7 / 8.3-8.8 s -> 10.8-16.6 / 8.2-8.4 s, w2 8.9-9.5 / 8.4-8.7 s -> 8.6-9.6 / 8.2-8.3 s.
 
+The round's final code (b280eef) in a quiet moment, load 1.0-1.8, fast extra: repack 1.81 s / 2.50 s CPU x0.99
+copy (ok), w1 4.45 s / 4.88 s CPU x1.39 plain I/O (ok, <= 1.5x; runs 1.35-1.57), w2 5.28 s / 6.39 s CPU x1.68
+(MISS, <= 1.2x; runs 1.33-2.17: two workers still cost 1.5 s more CPU than one and are not faster), peak RSS
+tree 459 MiB (w2; w1 358); baselines copy 1.87 s, plain I/O 3.08 s (2.83-3.98). Default install at load
+4.0-5.3: w1 9.65 s / 5.99 s CPU x2.13 (ok, <= 2.5x), w2 9.44 s / 6.95 s CPU x2.17 (MISS, <= 1.6x).
+
 The table's "after" predates the last two changes of the round, measured only in-process (the load stayed at
 5-7): byte-table indices through a reused intp buffer (default install, w1 CLI: system CPU 2.8-3.1 -> 2.0-2.1 s,
 3 pairs) and the row reader's blocks dequantized into one reused buffer (numpy path with the CLI's fixed mmap
