@@ -48,6 +48,60 @@ the round (6cfd767) at load 4.3-5.2, 7b w1 took 77-157 s wall / 64.8-70.6 s CPU 
 106-111 s / 70.6-71.3 s after; on 4 layers at load 1.9-2.7 (6 pairs) 9.70 s wall / 8.57 s CPU
 (x3.04 plain I/O) before and 9.40 s / 8.68 s (x2.89) after, outputs byte-identical: the
 requantize kernels (about three quarters of the CPU time) set the pace.
+
+Second round of issue 19 (same day, ``--only repack requant --repeat 3 --no-kernels``, size small, 2 cores shared
+with two other sessions' benchmarks; each ratio paired with its own baseline, which drifted 1.9-4.8 s):
+
+=====================  ==============================================  ==============================================
+command                before (main e94eea8)                           after (this round)
+=====================  ==============================================  ==============================================
+fast extra (auto)      load 0.5-2.6                                    load 2.3-3.2
+repack gptq->ct        1.90 s wall / 2.76 s CPU, x1.11 copy            1.60 s / 2.27 s CPU, x0.85 copy
+requant ch8 w1         6.08 s / 6.51 s CPU, x1.68 plain I/O            5.24 s / 5.31 s CPU, x1.74 (runs 1.27-1.95)
+requant ch8 w2         6.36 s / 7.27 s CPU, x2.55                      4.97 s / 6.45 s CPU, x1.22 (runs 1.20-1.38)
+peak RSS (tree)        569 MiB (w2; w1 253)                            461 MiB (w2; w1 369, 320 with 3 slabs)
+default install        load 4.4                                        load 2.8-3.9
+requant ch8 w1         11.05 s / 9.07 s CPU, x3.03                     11.55 s / 8.26 s CPU, x2.78
+requant ch8 w2         9.33 s / 8.30 s CPU, x2.96                      10.85 s / 8.36 s CPU, x2.85
+=====================  ==============================================  ==============================================
+
+A second pass at load 3.6-4.1 (the other sessions' 7B runs): fast w1 10.06 s / 6.34 s CPU x2.45, w2 9.23 s /
+7.44 s CPU x1.83, repack x1.49; default install w1 15.42 s / 9.43 s CPU x3.16, w2 10.53 s / 10.77 s CPU x2.83:
+at that load the ratios move with the load, and so does the CPU time (shared caches and memory bus). A third
+at load 4.6-5.5 (after the slab pool was cut to 3 and released when a write ends): fast repack x1.10, w1 9.61 s /
+5.84 s CPU x1.96 (peak RSS 320 MiB), w2 12.25 s / 7.52 s CPU x2.64 (tree 458 MiB); default install w1 x3.48,
+w2 x3.25 (9.2 / 9.0 s CPU). Paired with main in alternating runs at load 3.3-5.3 (3 pairs each, CLI, wall / user
++ system CPU; before the slab pool was cut; fast w1 without the first pair, which compiled kernels): fast w1
+10.9-13.0 / 6.7-8.0 s -> 9.6-11.2 / 6.3-6.8 s, w2 12.2-13.6 / 7.8-7.9 s -> 10.2-11.4 / 6.8-7.4 s; default
+install w1 13.2-16.7 / 8.3-8.8 s -> 10.8-16.6 / 8.2-8.4 s, w2 8.9-9.5 / 8.4-8.7 s -> 8.6-9.6 / 8.2-8.3 s.
+
+The round's final code (b280eef) in a quiet moment, load 1.0-1.8, fast extra: repack 1.81 s / 2.50 s CPU x0.99
+copy (ok), w1 4.45 s / 4.88 s CPU x1.39 plain I/O (ok, <= 1.5x; runs 1.35-1.57), w2 5.28 s / 6.39 s CPU x1.68
+(MISS, <= 1.2x; runs 1.33-2.17: two workers still cost 1.5 s more CPU than one and are not faster), peak RSS
+tree 459 MiB (w2; w1 358); baselines copy 1.87 s, plain I/O 3.08 s (2.83-3.98). Default install at load
+4.0-5.3: w1 9.65 s / 5.99 s CPU x2.13 (ok, <= 2.5x), w2 9.44 s / 6.95 s CPU x2.17 (MISS, <= 1.6x).
+
+The table's "after" predates the last two changes of the round, measured only in-process (the load stayed at
+5-7): byte-table indices through a reused intp buffer (default install, w1 CLI: system CPU 2.8-3.1 -> 2.0-2.1 s,
+3 pairs) and the row reader's blocks dequantized into one reused buffer (numpy path with the CLI's fixed mmap
+threshold: 4.65-4.85 -> 3.79-4.06 ns per weight, 3 alternating rounds).
+
+What moved: two workers now run beside each other instead of each first copying a 262 MB dense tensor and
+then loading numba (~0.4 s each): dense copies from the source's memory map go to the background writer without
+making the caller wait and are spread among the compute tasks, and the compiled kernels are loaded once in the
+parent before the fork; OpenBLAS no longer starts idle threads that spun in every process; quantize_rows works
+in blocks of 2^19 values; the codes are written into reused slabs (no fresh pages zeroed per tensor). What
+remains, per weight on the fast path (one thread, in-process, best of 3-5 at load 2-4): about 3.2-3.5 ns = the
+source rows (GPTQ words transposed: memory-bound on this VM, ~0.75 ns per byte; a compiled transpose and a
+kernel reading the word columns itself were tried, no faster) 0.3-0.6 + decode and extrema 0.9
++ codes and errors 0.5-0.6 + the error sums 1.25-1.5 (two float32 GEMMs on 8 inputs 0.35-0.45 each, chunk
+squares 0.4-0.6) + ~0.2 parameters and copies; the numpy path about 3.8-4.1 ns. The command adds per weight
+the kernel's copy of 1.33 bytes into the page cache (as the plain I/O baseline does), two CRC passes (write and
+read-back digests, ~0.25 ns per byte each) and ~0.5 s of start-up (imports, numba and its cached kernels).
+A fixed-order (reproducible in numba) definition of the chunk sums of squares was measured and not adopted:
+numpy's pairwise reduce over ``v * v`` costs 0.39-0.46 ns per element against 0.17 for the einsum it would
+replace (an 8-lane sequential order, 0.77-2.5 ns), so the numpy path would lose about what the compiled path
+would gain (~0.5 ns per weight).
 """
 
 from __future__ import annotations
@@ -429,9 +483,19 @@ def _ct_rates(x: np.ndarray, words: np.ndarray, scales: np.ndarray, our_codes: n
 # --------------------------------------------------------------------------------------------- report
 
 #: (command, what, target ratio, the figure before issue 19's round) for the default install.
-TARGETS = [("repack gptq->ct", "repack / copy", 1.0, "0.53x"),
-           ("requant ch8 w1", "requant w1 / plain I/O (full report)", 2.5, "3.36x"),
-           ("requant ch8 w2", "requant w2 / plain I/O (full report)", 1.6, "not measured")]
+#: (command, figure, target of the default install, target with the fast extra, the issue's figure before it, 7b)
+TARGETS = [("repack gptq->ct", "repack / copy", 1.0, 1.0, "0.53x"),
+           ("requant ch8 w1", "requant w1 / plain I/O (full report)", 2.5, 1.5, "3.36x"),
+           ("requant ch8 w2", "requant w2 / plain I/O (full report)", 1.6, 1.2, "not measured")]
+
+
+def kernel_path() -> tuple[bool, str]:
+    """Whether the commands ran the compiled kernels (the ``fast`` extra installed, ``QCKPT_KERNELS`` not
+    ``numpy``: the requantize tensors are all above the size cut-over), and how to say so."""
+    from converter.kernels import compiled
+    m = compiled.mode()
+    fast = m != "numpy" and compiled.available()
+    return fast, (f"with the fast extra (numba, QCKPT_KERNELS={m})" if fast else f"default install (QCKPT_KERNELS={m})")
 
 
 def check(ok: bool) -> str:
@@ -464,9 +528,11 @@ def report(size: str, shape: Shape, in_bytes: int, rows: list[dict], base: dict,
     lines.append("  (runs: copy " + ", ".join(f"{x:.2f}" for x in base["copy_runs_s"]) + " s; I/O "
                  + ", ".join(f"{x:.2f}" for x in base["io_requant_runs_s"]) + " s)")
     by = {r["command"]: r for r in rows}
-    lines += ["", "targets, default install (qckpt issue 19; ratio = median over the runs of each run's wall time"
+    fast, path = kernel_path()
+    lines += ["", f"targets, {path} (qckpt issue 19; ratio = median over the runs of each run's wall time"
               " over its own baseline, measured right after it; 'was': the issue's figure before this round, 7b):"]
-    for label, what, target, was in TARGETS:
+    for label, what, default_target, fast_target, was in TARGETS:
+        target = fast_target if fast else default_target
         r = by.get(label)
         if r is None or "ratio_to_baseline" not in r:
             continue

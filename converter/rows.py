@@ -23,10 +23,16 @@ class Rows:
     float32 rows ``(r1 - r0, in)``; a one-block cache makes consecutive small reads inside a
     super-block cheap. The row kernels read it through ``shape``, ``dtype``, ``step``,
     ``[r0:r1]`` and :meth:`fork` (:class:`converter.kernels.rtn.RowSource`).
+
+    ``reuse=True``: each super-block is dequantized into the same buffer, over the previous one's values (a
+    reader that uses a block's rows before asking for the next block, as the row quantizers do, and keeps none:
+    a million-value block is otherwise 4 MiB of new pages to zero).
     """
 
-    def __init__(self, source: "Tensor | np.ndarray") -> None:
+    def __init__(self, source: "Tensor | np.ndarray", *, reuse: bool = False) -> None:
         self.source = source
+        self.reuse = reuse
+        self._buf: np.ndarray | None = None
         self.shape = tuple(source.shape)
         self.ndim = len(self.shape)
         self.size = int(np.prod(self.shape, dtype=np.int64))
@@ -41,7 +47,7 @@ class Rows:
 
     def fork(self) -> "Rows":
         """A reader of the same values with its own cache (one per thread)."""
-        return Rows(self.source)
+        return Rows(self.source, reuse=self.reuse)
 
     def decode_plan(self, r0: int, r1: int) -> "RowPlan | None":
         """How rows ``r0:r1`` decode (:func:`converter.values.row_plan` of those rows: the arrays and
@@ -65,9 +71,22 @@ class Rows:
         if c is None or not (c[0] <= r0 and r1 <= c[1]):
             b0 = r0
             b1 = max(r1, min(self.shape[0], b0 + self.step))
-            c = (b0, b1, take_rows(self.source, b0, b1).dequantize())
+            c = (b0, b1, self._block(b0, b1))
             self._cache = c
         return c[2][r0 - c[0]:r1 - c[0]]
+
+
+    def _block(self, b0: int, b1: int) -> np.ndarray:
+        """Values of rows ``b0:b1``; with ``reuse``, of a row-local integer tensor, written over the previous
+        block's (one buffer per reader: no new pages per block)."""
+        part = take_rows(self.source, b0, b1)
+        plan = row_plan(part) if self.reuse and isinstance(part, QuantizedTensor) else None
+        if plan is None or plan.codebook is not None:  # (codebooks: dequantize's own, maybe compiled, route)
+            return part.dequantize()
+        shape = (b1 - b0, self.shape[1])
+        if self._buf is None or self._buf.shape[0] < shape[0]:
+            self._buf = np.empty((max(shape[0], self.step), shape[1]), dtype=np.float32)
+        return plan.dequantize(out=self._buf[:shape[0]])
 
 
 def values_of(source: "QuantizedTensor | np.ndarray | Rows") -> np.ndarray:

@@ -35,7 +35,8 @@ from typing import Any, Iterator
 from converter.errors import FormatError
 
 __all__ = ["RunOptions", "run_options", "current", "parse_size", "parse_shard_size", "auto_workers",
-           "limit_blas_threads", "fixed_mmap_threshold", "drop_pages", "mark_worker_process", "in_worker_process",
+           "limit_blas_threads", "fixed_mmap_threshold", "drop_pages", "is_mapped", "mark_worker_process",
+           "in_worker_process",
            "DEFAULT_MAX_MEMORY", "DEFAULT_MAX_SHARD_SIZE", "AUTO_PARALLEL_BYTES"]
 
 #: Default working-memory budget for all workers together (peak RSS stays well under 512 MiB
@@ -207,6 +208,25 @@ def limit_blas_threads(n: int = 1) -> bool:
     return any(info.get("user_api") == "blas" for info in threadpool_info())
 
 
+def _mapping(a: Any) -> "mmap.mmap | None":
+    """The ``mmap`` behind an array (itself, its ``_mmap`` or a base up to 8 levels), or None."""
+    seen = 0
+    while a is not None and seen < 8:
+        if isinstance(a, mmap.mmap):
+            return a
+        mm = getattr(a, "_mmap", None)
+        if isinstance(mm, mmap.mmap):
+            return mm
+        a = getattr(a, "base", None)
+        seen += 1
+    return None
+
+
+def is_mapped(array: Any) -> bool:
+    """``array`` is a view of a memory-mapped file (its pages are the page cache's, not its own memory)."""
+    return _mapping(array) is not None
+
+
 def drop_pages(*arrays: Any) -> None:
     """Release the resident pages of memory-mapped arrays (``madvise(MADV_DONTNEED)``).
 
@@ -215,19 +235,10 @@ def drop_pages(*arrays: Any) -> None:
     huge tensor read through a map does not stay resident as a whole.
     """
     for a in arrays:
-        seen = 0
-        while a is not None and seen < 8:
-            if isinstance(a, mmap.mmap):
-                with contextlib.suppress(ValueError, OSError):
-                    a.madvise(mmap.MADV_DONTNEED)
-                break
-            mm = getattr(a, "_mmap", None)
-            if isinstance(mm, mmap.mmap):
-                with contextlib.suppress(ValueError, OSError):
-                    mm.madvise(mmap.MADV_DONTNEED)
-                break
-            a = getattr(a, "base", None)
-            seen += 1
+        mm = _mapping(a)
+        if mm is not None:
+            with contextlib.suppress(ValueError, OSError):
+                mm.madvise(mmap.MADV_DONTNEED)
 
 
 def fixed_mmap_threshold(nbytes: int = 4 * 2**20, keep: int = 32 * 2**20) -> bool:

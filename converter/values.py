@@ -106,11 +106,11 @@ class RowPlan:
     table: np.ndarray | None
     codebook: np.ndarray | None
 
-    def dequantize(self) -> np.ndarray:
-        """Float32 ``(out, in)`` values (:func:`~converter.kernels.dequant.dequantize_rows`)."""
+    def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Float32 ``(out, in)`` values (:func:`~converter.kernels.dequant.dequantize_rows`), into ``out`` if given."""
         return dequantize_rows(self.codes, self.scales, self.zero_points, n_in=self.n_in, zero_kind=self.zero_kind,
                                group_size=self.group_size, center=self.center, table=self.table,
-                               codebook=self.codebook)
+                               codebook=self.codebook, out=out)
 
 
 def row_plan(t: "QuantizedTensor") -> RowPlan | None:

@@ -151,3 +151,37 @@ def test_read_ahead_proof_flags_the_changed_tensor_and_raises_a_reader_error(mon
         readback.verify_readback(out, {n: {} for n in names}, written)
     assert info.value.tensor == names[0]
     assert not [t for t in threading.enumerate() if t.name == "qckpt-deferred"]
+
+
+def test_eight_bit_words_read_back_are_digested_as_their_bytes(monkeypatch, tmp_path):
+    """compressed-tensors' 8-bit weight_packed read back: the words' bytes are the unsigned codes in order, so
+    the digest reads them without unpacking (in row blocks, a partial last one) and equals the digest of the
+    unpacked codes; one changed byte changes it. Other packings (4-bit) keep the unpacking path."""
+    from pathlib import Path
+
+    from converter.formats import registry
+    from converter.layout import PackedCodes
+    from converter.ops import readback
+    from converter.ops.requantize_model import requantize_model
+    from converter.quant.requant import Target
+    root = Path(__file__).resolve().parents[1] / "sample_checkpoints"
+    requantize_model(root / "gptq_w4_g128_sym", tmp_path / "ct8", Target(bits=8, granularity="channel"),
+                     to="compressed-tensors")
+    monkeypatch.setattr(readback, "BLOCK_BYTES", 1000)
+    out = registry.load(tmp_path / "ct8")
+    names = out.quantized_names()
+    assert names
+    for name in names:
+        t = out[name]
+        pc = t.__dict__["_codes"]
+        u = as_integer_zero(as_unsigned(t))
+        assert readback._byte_fields(u.__dict__["_codes"]) is not None
+        fast = _digest(t)
+        assert fast == _reference_digest(t.replace(codes=np.array(t.codes)))
+        words = np.array(pc.words)
+        words.view(np.uint8).reshape(-1)[words.nbytes // 2] ^= 1
+        changed = t.replace(codes=PackedCodes(words, pc.amap, pc.axes, pc.sizes, signed=pc.signed, flip=pc.flip))
+        assert _digest(changed) != fast
+    four = registry.load(root / "ct_pack_w4a16_channel_sym")
+    t4 = four[four.quantized_names()[0]]
+    assert readback._byte_fields(as_integer_zero(as_unsigned(t4)).__dict__["_codes"]) is None

@@ -19,6 +19,8 @@ as float32, and ``numpy.take`` writes them straight into the output rows.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from converter.kernels.threads import kernel_threads, run_rows
@@ -56,7 +58,8 @@ def byte_table(bits: int, *, signed: bool, flip: bool, center: float) -> np.ndar
 
 def dequantize_rows(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, n_in: int,
                     zero_kind: str, group_size: int | None = None, center: float = 0.0,
-                    table: np.ndarray | None = None, codebook: np.ndarray | None = None) -> np.ndarray:
+                    table: np.ndarray | None = None, codebook: np.ndarray | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Float32 values of a ``(rows, in)`` matrix of codes.
 
     Parameters
@@ -75,16 +78,20 @@ def dequantize_rows(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarr
         holds it already, nor with ``codebook``).
     table : ndarray of float32, ``(256, 8 / bits)``, from :func:`byte_table`: decode ``codes`` as bytes.
     codebook : ndarray of float32, ``(levels,)``: the value of each code (``codebook[q] * s``).
+    out : ndarray of float32, ``(rows, in)``, C-contiguous, optional: written instead of a new array.
 
     Returns
     -------
-    ndarray of float32, ``(rows, in)``.
+    ndarray of float32, ``(rows, in)`` (``out`` when given).
     """
     if zero_kind not in ZERO_KINDS:
         raise ValueError(f"unknown zero-point kind {zero_kind!r}")
     rows = codes.shape[0]
     n = int(n_in)
-    out = np.empty((rows, n), dtype=np.float32)
+    if out is None:
+        out = np.empty((rows, n), dtype=np.float32)
+    elif out.shape != (rows, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous float32 ({rows}, {n}) array, found {out.dtype} {out.shape}")
     if out.size == 0:
         return out
     if table is not None:
@@ -125,12 +132,29 @@ def dequantize_block(o: np.ndarray, codes: np.ndarray, scales: np.ndarray, zero_
             o -= center32
     else:  # mode="wrap": byte indices are always in range, and it skips numpy's checked copy
         dst = o.view(table.dtype) if table.dtype.kind == "V" else o
-        np.take(table, codes, out=dst.reshape(codes.shape), mode="wrap")
+        np.take(table, _indices(codes), out=dst.reshape(codes.shape), mode="wrap")
     if zero_kind == "integer":
         _apply(o, zero_points, group_size, full, np.subtract)
     _apply(o, scales, group_size, full, np.multiply)
     if zero_kind == "float":
         _apply(o, zero_points, group_size, full, np.add)
+
+
+_LOCAL = threading.local()
+
+
+def _indices(codes: np.ndarray) -> np.ndarray:
+    """``codes`` (byte indices) as ``intp`` in this thread's reused buffer: ``np.take`` would otherwise convert
+    them into a new ``intp`` array per call, 8 bytes per index (4 MiB for a block of a million 4-bit codes: new
+    pages the kernel zeroes each time). Integer codes already ``intp`` are returned as they are."""
+    if codes.dtype == np.intp:
+        return codes
+    buf = getattr(_LOCAL, "intp", None)
+    if buf is None or buf.size < codes.size:
+        buf = _LOCAL.intp = np.empty(max(codes.size, 1 << 16), dtype=np.intp)
+    idx = buf[:codes.size].reshape(codes.shape)
+    np.copyto(idx, codes, casting="unsafe")  # (uint8 / int8 / uint16 ... -> intp: exact)
+    return idx
 
 
 def _apply(o: np.ndarray, p: np.ndarray, G: int | None, full: int, ufunc: np.ufunc) -> None:

@@ -24,6 +24,7 @@ on a machine with a spare core the write-side digest costs no wall time.
 from __future__ import annotations
 
 import contextlib
+import sys
 import zlib
 from collections import deque
 from typing import Mapping
@@ -79,6 +80,11 @@ def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0)
     if isinstance(raw, PackedCodes):
         if offset:
             raise ValueError("an offset applies to code arrays, not packed codes (use PackedCodes.shifted)")
+        plain = _byte_fields(raw)
+        if plain is not None:  # the words' bytes are the codes: no unpacked copy
+            for r0 in range(0, rows, step):
+                crc = zlib.crc32(plain[r0:r0 + step], crc)
+            return crc
         if not shape or raw.rows(0, 0) is None:  # rows would split words: whole
             return zlib.crc32(raw.unpack(), crc)
         for r0 in range(0, rows, step):
@@ -97,6 +103,21 @@ def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0)
             blk = np.add(blk, add, out=buf[:blk.size])
         crc = zlib.crc32(blk, crc)
     return crc
+
+
+def _byte_fields(raw: PackedCodes) -> "np.ndarray | None":
+    """The codes of ``raw`` as the bytes of its words, ``(rows, row bytes)`` uint8, when they are exactly the
+    unpacked codes in order: unsigned 8-bit fields, unflipped, LSB-first in little-endian words stored in
+    logical axis order, packed along the last axis with no padding (compressed-tensors' 8-bit ``weight_packed``
+    read back); else None."""
+    s = raw.amap
+    words = raw.words
+    if (raw.bits != 8 or raw.signed or raw.flip or sys.byteorder != "little" or tuple(s.stored_axes) != tuple(raw.axes)
+            or s.packed_axis != raw.axes[-1] or s.order not in (None, tuple(range(words.dtype.itemsize)))
+            or words.ndim < 1 or not words.flags.c_contiguous
+            or words.shape[-1] * words.dtype.itemsize != raw.sizes[raw.axes[-1]]):
+        return None
+    return words.reshape(words.shape[0] if words.ndim else 1, -1).view(np.uint8)
 
 
 def _canonical_signed(t: QuantizedTensor) -> "tuple | None":

@@ -23,6 +23,8 @@ import numpy as np
 
 from converter.errors import ConverterError, NotRepresentableError, ProofFailedError
 from converter.formats import registry
+from converter.kernels import compiled
+from converter.kernels.compiled.rtn_rows import warm
 from converter.write.engine import collect_results, task_result
 from converter.quant.error_report import metadata_cost, summarize, tensor_report
 from converter.layout import EXPERT, IN, OUT
@@ -226,6 +228,21 @@ def requantize_checkpoint(src: Checkpoint, target: Target, *, reference: Checkpo
     return view, plans
 
 
+def warm_kernels(view: Checkpoint, plans: Mapping[str, tuple[str, str]]) -> bool:
+    """Load the compiled requantize kernels ahead, on a thread (:func:`converter.kernels.compiled.warm_up`),
+    when a lossy 2-D integer target is large enough for them (:func:`~converter.kernels.compiled.use_compiled`):
+    their ~0.4 s load overlaps the planning and the first reads, and forked workers inherit them. Returns
+    whether it started one."""
+    big = [view.spec(name) for name, (kind, _) in plans.items() if kind == "lossy"]
+    big = [s for s in big if s.kind == "quantized" and len(s.shape) == 2 and s.scheme is not None
+           and s.scheme.codebook is None and compiled.use_compiled(s.numel)]
+    if not big:
+        return False
+    dtypes = {s.scheme.code_dtype for s in big}
+    compiled.warm_up(lambda: warm(dtypes))
+    return True
+
+
 def requant_results(got: Mapping[tuple[str, str], Any]) -> tuple[dict[str, dict], dict[str, str]]:
     """From collected task results (:func:`converter.write.engine.collect_results`): the report
     rows and the digests of what was written, by tensor name."""
@@ -305,6 +322,8 @@ def requantize_model(src: str | Path, dst: str | Path, target: Target, *, to: st
     ref_ckpt = registry.load(reference) if reference is not None else None
     view, plans = requantize_checkpoint(ckpt, target, reference=ref_ckpt, fmt=handler.quantizer,
                                         overrides=overrides)
+    if not current().dry_run and handler.quantizer is None:
+        warm_kernels(view, plans)
     if not handler.output.dense_source and not source.quantized_names():
         # nothing the target quantizes itself (GGUF --quant-type does): name the source's format, not the view's
         refuse_float_source(view, to, source_format=source.format)

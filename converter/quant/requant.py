@@ -132,8 +132,9 @@ def requantize(t: QuantizedTensor, target: Target, *, allow_carry: bool = True,
         # block by block as it goes (the float32 matrix is never held whole), the error figures
         # summed inside the same blocks (no second pass over the tensor)
         sums = ErrorSums(*t.shape, gm.group_size if gm.granularity is Granularity.GROUP else None)
-        fast = quantize_rows(Rows(t), scheme, group_size=sums.G if sums.grouped else None, tensor=t.name,
-                             compare=sums)
+        # (the row quantizer uses each block's rows before reading the next: one reused block buffer)
+        fast = quantize_rows(Rows(t, reuse=True), scheme, group_size=sums.G if sums.grouped else None,
+                             tensor=t.name, compare=sums)
         if fast is not None:
             vs_source = sums.figures()
     x = None

@@ -6,6 +6,12 @@ single worker overlaps its arithmetic with its writes instead of alternating bet
 in flight are bounded (``limit``; one item larger than the limit still goes, alone), each item is
 written at its own offset, so the file's bytes do not depend on the timing.
 
+An item whose bytes are a view of a memory-mapped file (a dense tensor passed through from the source:
+:func:`submit` with ``release``) holds no memory of its own: it is not counted in the bytes in flight,
+so queueing it never makes the caller wait, and ``release`` (the map's pages dropped) runs once it is
+written; such an item is queued in chunks of :data:`MAPPED_CHUNK`, so at most one chunk of the map is
+resident at a time. The caller goes on computing the next tensor while the kernel copies the map.
+
 A write error (``ENOSPC`` ...) is raised by the next :meth:`BackgroundWriter.submit` or
 :meth:`~BackgroundWriter.drain` as :class:`converter.errors.OutputWriteError` naming the file;
 nothing is dropped silently. After a ``fork`` the child starts
@@ -19,6 +25,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from typing import Callable
 
 from converter.write.writeback import start_writeback
 from converter.errors import OutputWriteError
@@ -29,6 +36,8 @@ __all__ = ["BackgroundWriter", "drain_process", "pause_threads", "pwrite_all", "
 DEFAULT_LIMIT = 96 * 2**20
 #: Largest single ``pwrite`` call.
 _CHUNK = 1 << 30
+#: Bytes of a memory-mapped item written before its pages are released (:meth:`BackgroundWriter.submit`).
+MAPPED_CHUNK = 32 * 2**20
 
 _WRITERS: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
 
@@ -61,7 +70,7 @@ class BackgroundWriter:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._cv = threading.Condition()
-        self._queue: deque[tuple[memoryview, int]] = deque()
+        self._queue: deque[tuple[memoryview, int, Callable[[], None] | None]] = deque()
         self._inflight = 0
         self._error: BaseException | None = None
         self._stop = False
@@ -75,8 +84,12 @@ class BackgroundWriter:
         if self._error is not None:
             raise self._error
 
-    def submit(self, view: memoryview, offset: int) -> None:
+    def submit(self, view: memoryview, offset: int, release: Callable[[], None] | None = None) -> None:
         """Write ``view`` (bytes; kept alive until written) at ``offset``, in the background.
+
+        ``release``: ``view`` is a view of a memory-mapped file (no memory of its own); it goes in chunks of
+        :data:`MAPPED_CHUNK`, not counted in the bytes in flight (this call does not wait for them), and
+        ``release()`` runs on the writer's thread after each chunk (e.g. the map's pages dropped).
 
         Raises
         ------
@@ -89,11 +102,15 @@ class BackgroundWriter:
             return
         with self._cv:
             self._raise()
-            while self._inflight and self._inflight + n > self.limit and self._error is None:
-                self._cv.wait()
-            self._raise()
-            self._queue.append((view, offset))
-            self._inflight += n
+            if release is None:
+                while self._inflight and self._inflight + n > self.limit and self._error is None:
+                    self._cv.wait()
+                self._raise()
+                self._queue.append((view, offset, None))
+                self._inflight += n
+            else:
+                for start in range(0, n, MAPPED_CHUNK):
+                    self._queue.append((view[start:start + MAPPED_CHUNK], offset + start, release))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="qckpt-pwrite", daemon=True)
                 self._thread.start()
@@ -106,10 +123,12 @@ class BackgroundWriter:
                     self._cv.wait()
                 if not self._queue:
                     return
-                view, offset = self._queue[0]
+                view, offset, release = self._queue[0]
             try:
                 pwrite_all(self.fd, view, offset)
                 start_writeback(self.fd, offset, view.nbytes)  # the disk starts now; fsync waits for little
+                if release is not None:
+                    release()
             except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
                 err = exc
                 if isinstance(exc, OSError):  # one of qckpt's errors, naming the file (CLI: no traceback)
@@ -126,7 +145,8 @@ class BackgroundWriter:
                 return
             with self._cv:
                 self._queue.popleft()
-                self._inflight -= view.nbytes
+                if release is None:
+                    self._inflight -= view.nbytes
                 self._cv.notify_all()
 
     def drain(self) -> None:

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator
 
 from converter.errors import ConverterError, WorkerDiedError
 from converter.kernels.blas import blas_threads
+from converter.kernels.compiled import settle
 from converter.kernels.threads import forget_pool, shutdown_pool
 from converter.runtime import limit_blas_threads, mark_worker_process
 from converter.write.background import drain_process, pause_threads
@@ -259,9 +260,11 @@ def _worker_init() -> None:
 
 
 def prepare_fork() -> None:
-    """Stop qckpt's threads in this process before it forks: the kernels' pool and the background
-    writers' threads (each restarts on demand). A ``fork`` while they live could leave a lock
-    held forever in the child."""
+    """Stop qckpt's threads in this process before it forks: the kernels' pool, the background
+    writers' threads (each restarts on demand) and a compiled-kernel warm-up (waited for: the
+    workers inherit the loaded kernels). A ``fork`` while they live could leave a lock held
+    forever in the child."""
+    settle()
     shutdown_pool()
     pause_threads()
 

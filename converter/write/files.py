@@ -23,8 +23,9 @@ import numpy as np
 from converter.errors import ConverterError, FormatError, UnsupportedError
 from converter.runtime import auto_workers, current, drop_pages
 from converter import tensor, tensor_rows
+from converter.kernels import buffers
 from converter.write.atomic import atomic_output
-from converter.write.background import BackgroundWriter
+from converter.write.background import DEFAULT_LIMIT, BackgroundWriter
 from converter.write.dry_run import DryRunPlanned
 from converter.write.engine import run_tasks
 from converter.write.plan import TensorPlan, block_rows, shard_plans
@@ -93,6 +94,37 @@ def _encode_into(w: SafetensorsWriter, plan: TensorPlan, ckpt, budget: int) -> t
         raise
 
 
+#: Bytes in flight to a worker's background writer, at least (:func:`write_plans`).
+MIN_IN_FLIGHT = 32 * 2**20
+#: A dense tensor at least this large is a copy task spread among the others (:func:`task_order`).
+SPREAD_BYTES = 16 * 2**20
+
+
+def task_order(plans: Sequence[TensorPlan], ckpt) -> list[int]:
+    """The order the tasks of ``plans`` run in (the file's layout does not change): large dense
+    tensors (passed through: plain copies, bound by the disk and the memory bus) spread evenly
+    among the others (decoded, requantized or repacked: bound by the cores), never first, so that
+    copies run beside computation instead of all at once (every worker copying while the cores
+    idle). Other tasks keep their order."""
+    def dense(p: TensorPlan) -> bool:
+        spec = ckpt.spec(p.source) if hasattr(ckpt, "spec") else None
+        return spec is not None and spec.kind == "dense" and p.nbytes >= SPREAD_BYTES
+    copies = [i for i, p in enumerate(plans) if dense(p)]
+    taken = set(copies)
+    others = [i for i in range(len(plans)) if i not in taken]
+    if not copies or not others:
+        return list(range(len(plans)))
+    order: list[int] = []
+    every = len(others) / (len(copies) + 1)  # one copy after each stretch of this many other tasks
+    k = 0
+    for j, i in enumerate(others):
+        order.append(i)
+        while k < len(copies) and j + 1 >= every * (k + 1):
+            order.append(copies[k])
+            k += 1
+    return order + copies[k:]
+
+
 def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping[str, str] | None,
                 progress: Progress | None = None, open_writer: Callable[..., SafetensorsWriter] = SafetensorsWriter
                 ) -> None:
@@ -117,13 +149,19 @@ def write_plans(path: Path, plans: Sequence[TensorPlan], ckpt, metadata: Mapping
         progress = Progress("writing", len(plans), total)
     try:
         with open_writer(path, entries, metadata) as w:
+            # each worker queues its own arrays: together no more than one process would (the codes of about two
+            # 7B MLP matrices), so the workers' peak memory does not grow with their number
+            w.limit_in_flight(max(MIN_IN_FLIGHT, DEFAULT_LIMIT // workers))
+
             def done(i: int, res: tuple[list[str], int]) -> None:
                 written, nbytes = res
                 w.adopt(written)
                 progress.advance(1, nbytes)
-            run_tasks(len(plans), lambda i: _encode_into(w, plans[i], ckpt, budget), workers=workers,
+            order = task_order(plans, ckpt)
+            run_tasks(len(plans), lambda i: _encode_into(w, plans[order[i]], ckpt, budget), workers=workers,
                       on_result=done)
     finally:
+        buffers.release()  # (the codes slabs of this process: nothing to reuse them for until the next write)
         if own:
             progress.close()
 

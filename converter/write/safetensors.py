@@ -22,6 +22,7 @@ import numpy as np
 
 from converter.dtypes import DTYPES, lookup, name_for_numpy, storage_nbytes
 from converter.errors import ConverterError, FormatError
+from converter.runtime import drop_pages, is_mapped
 from converter.write.background import BackgroundWriter, pwrite_all
 
 __all__ = ["MAX_HEADER_SIZE", "METADATA_KEY", "U64_MAX", "SafetensorsWriter", "plan_header", "write_safetensors",
@@ -156,7 +157,8 @@ def plan_header(entries: Sequence[tuple[str, str, Sequence[int]]],
 
 
 def _as_bytes(name: str, slot: _Planned, array: np.ndarray) -> memoryview:
-    """Check ``array`` against its slot and return its C-contiguous little-endian bytes."""
+    """Check ``array`` against its slot and return its C-contiguous little-endian bytes (a view of
+    ``array`` when it already is so, e.g. a memory map of the source)."""
     array = np.asarray(array)
     np_dtype = DTYPES[slot.dtype].numpy
     if np_dtype is None:  # F4 / F6: raw packed bytes
@@ -231,11 +233,20 @@ class SafetensorsWriter:
         pwrite_all(self._fd, memoryview(prefix), 0)  # synchronously: no thread exists yet when workers fork
         os.ftruncate(self._fd, self._size)
 
+    def limit_in_flight(self, nbytes: int) -> None:
+        """Bytes of arrays queued for the background writer before :meth:`write` waits (each worker process of a
+        pool has its own queue: :func:`converter.write.files.write_plans` divides the default among them)."""
+        self._bg.limit = max(1, int(nbytes))
+
     def _pwrite(self, view: memoryview, offset: int) -> None:
         """Queue ``view`` for writing at ``offset`` (a background thread writes it, see
-        :mod:`converter.write.background`; the array behind ``view`` must not change afterwards)."""
+        :mod:`converter.write.background`; the array behind ``view`` must not change afterwards).
+        Bytes of a memory-mapped file (a dense tensor passed through) are queued without waiting,
+        the map's pages dropped after each chunk is written."""
         assert self._fd is not None
-        self._bg.submit(view, offset)
+        owner = view.obj
+        release = (lambda: drop_pages(owner)) if is_mapped(owner) else None
+        self._bg.submit(view, offset, release)
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Write one planned tensor at its precomputed offset.

@@ -113,3 +113,25 @@ def test_stacked_and_blocked_decodes_equal_the_formula_per_element(monkeypatch):
     want = (codes.astype(np.float32) - np.float32(q4.center)) * np.repeat(s16.astype(np.float32), G, axis=-1)[..., :I]
     t4 = QuantizedTensor("w", (EXPERT, OUT, IN), codes, s16, q4, GroupMap.per_group(G, IN))
     assert np.array_equal(t4.dequantize().view(np.uint32), want.view(np.uint32))
+
+
+def test_table_indices_go_through_one_reused_intp_buffer_per_thread():
+    """dequantize_block's byte-table look-up hands np.take intp indices from a buffer reused call after call
+    (numpy would convert byte indices into a new 8-bytes-per-index array each time: new pages to zero); the
+    values are the codes' own, signed codes keep their sign (np.take's wrap mode maps -1 to the last entry)."""
+    import threading
+
+    from converter.kernels import dequant
+    u = np.arange(256, dtype=np.uint8).reshape(16, 16)[:, ::2]  # a strided block
+    a = dequant._indices(u)
+    assert a.dtype == np.intp and np.array_equal(a, u.astype(np.intp))
+    s = np.array([[-1, -128, 127]], dtype=np.int8)
+    b = dequant._indices(s)
+    assert np.array_equal(b, [[-1, -128, 127]]) and np.shares_memory(a, b)  # the same buffer, reused
+    other = []
+    t = threading.Thread(target=lambda: other.append(dequant._indices(u)))
+    t.start()
+    t.join()
+    assert not np.shares_memory(other[0], b)  # each thread its own
+    table = np.arange(256, dtype=np.float32) * np.float32(0.5)
+    assert np.array_equal(np.take(table, b, mode="wrap"), table[s.astype(np.intp) % 256])

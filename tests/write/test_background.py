@@ -85,3 +85,59 @@ def test_abandon_drops_queued_writes_and_stops(tmp_path, monkeypatch):
     finally:
         os.close(fd)
     assert p.read_bytes() == bytes([1]) * 100  # only the write that had started
+
+
+def test_a_memory_mapped_item_goes_in_chunks_without_waiting_and_releases_each(tmp_path, monkeypatch):
+    """A view of a memory-mapped file holds no memory of its own: it is not counted in the bytes in
+    flight (the submitter never waits for it, however large), it is written in MAPPED_CHUNK pieces and
+    ``release`` runs after each; the file's bytes are the same."""
+    import threading
+
+    from converter.write import background
+    monkeypatch.setattr(background, "MAPPED_CHUNK", 1000)
+    src = tmp_path / "src.bin"
+    data = np.random.default_rng(1).integers(0, 256, 4500, dtype=np.uint8)
+    src.write_bytes(data.tobytes())
+    mapped = np.memmap(src, dtype=np.uint8, mode="r")
+    p = tmp_path / "f.bin"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    released = []
+    gate = threading.Event()
+    try:
+        w = BackgroundWriter(fd, limit=100)
+        w.submit(memoryview(b"H" * 10), 0)  # queued first (counted: 10 bytes in flight)
+        w.submit(memoryview(mapped), 10, release=lambda: (gate.wait(5), released.append(1)))
+        assert w._inflight <= 10  # the mapped bytes are not in flight: no wait, whatever the limit
+        gate.set()
+        w.close()
+    finally:
+        os.close(fd)
+    assert len(released) == 5  # ceil(4500 / 1000) chunks, each released once written
+    assert p.read_bytes() == b"H" * 10 + data.tobytes()
+
+
+def test_the_safetensors_writer_queues_a_mapped_array_with_its_pages_released(tmp_path, monkeypatch):
+    """A dense tensor passed through from a memory map goes to the background writer as mapped (released
+    after writing), an array of its own as counted bytes; the file reads back the same."""
+    from safetensors.numpy import load_file
+
+    from converter.write import safetensors as st
+    src = tmp_path / "m.bin"
+    a = np.arange(3000, dtype=np.float32)
+    a.tofile(src)
+    mapped = np.memmap(src, dtype=np.float32, mode="r")
+    own = np.ones((4, 5), dtype=np.float16)
+    calls = []
+    real = st.BackgroundWriter.submit
+
+    def spy(self, view, offset, release=None):
+        calls.append(release is not None)
+        return real(self, view, offset, release)
+    monkeypatch.setattr(st.BackgroundWriter, "submit", spy)
+    out = tmp_path / "o.safetensors"
+    with st.SafetensorsWriter(out, [("a", "F32", (3000,)), ("b", "F16", (4, 5))]) as w:
+        w.write("a", mapped)
+        w.write("b", own)
+    assert calls == [True, False]
+    got = load_file(out)
+    assert np.array_equal(got["a"], a) and np.array_equal(got["b"], own)

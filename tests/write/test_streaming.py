@@ -287,3 +287,39 @@ def test_gguf_write_in_chunks_gives_the_same_bytes(gptq_dir, tmp_path, monkeypat
                              to="gguf", overwrite=True)
         outs.append((tmp_path / f"c{chunk}.gguf").read_bytes())
     assert outs[0] == outs[1] and len(outs[0]) > 10 * 4096
+
+
+def test_large_dense_copies_are_spread_among_the_other_tasks():
+    """task_order: every task once; the large dense tensors (plain copies) neither first nor bunched, the
+    other tasks in their own order (the file's layout does not depend on it: test_workers_give_identical_files)."""
+    from types import SimpleNamespace
+
+    from converter.write.files import SPREAD_BYTES, task_order
+
+    kinds = ["dense", "dense"] + ["quantized"] * 9 + ["dense"]  # two big copies first (embed, head), a small norm
+    sizes = [SPREAD_BYTES, 4 * SPREAD_BYTES] + [SPREAD_BYTES] * 9 + [100]
+    specs = {f"t{i}": SimpleNamespace(kind=k) for i, k in enumerate(kinds)}
+    ckpt = SimpleNamespace(spec=specs.__getitem__)
+    plans = [SimpleNamespace(source=f"t{i}", nbytes=n) for i, n in enumerate(sizes)]
+    order = task_order(plans, ckpt)
+    assert sorted(order) == list(range(12))
+    # 10 others (the small norm among them), 2 copies: one after each stretch of 10 / 3 others, i.e. after
+    # the 4th and the 7th
+    assert order == [2, 3, 4, 5, 0, 6, 7, 8, 1, 9, 10, 11]
+    only_compute = [SimpleNamespace(source=f"t{i}", nbytes=SPREAD_BYTES) for i in range(2, 6)]
+    assert task_order(only_compute, ckpt) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("workers,expected", [(1, 96), (2, 48), (8, 32)])
+def test_workers_share_the_bytes_in_flight(gptq_dir, tmp_path, monkeypatch, workers, expected):
+    """Each worker process queues its own arrays for its background writer: write_plans gives each the default
+    (96 MiB) divided by the workers, at least 32 MiB, so their peak memory does not grow with their number."""
+    from converter.write.safetensors import SafetensorsWriter
+    seen = []
+    real = SafetensorsWriter.limit_in_flight
+    monkeypatch.setattr(SafetensorsWriter, "limit_in_flight", lambda self, n: (seen.append(n), real(self, n)))
+    ckpt = load(gptq_dir)
+    assert len(ckpt.names()) >= 8  # (so that 8 workers are 8)
+    with run_options(workers=workers):
+        registry.get("compressed-tensors").write(ckpt, tmp_path / "o", overwrite=True)
+    assert seen == [expected * 2**20]

@@ -20,13 +20,18 @@ numba threading layer is ever started and forked worker processes are safe (numb
 aborts after ``fork()``). The machine code is cached on disk where a cache directory is writable:
 ``NUMBA_CACHE_DIR`` when set, else numba's own choice (``__pycache__`` beside the source, then the
 user's cache directory); a read-only install with no writable cache compiles in memory each process.
-The first call's compile (or cache load) time is kept per kernel (:func:`compile_seconds`) for
-the benchmarks and printed on stderr under ``--verbose`` (run option ``verbose``) by each process
-at that call (worker processes compile or load for themselves).
+A command that knows it will call kernels loads them ahead (:func:`warm_up`: numba's import and
+the cached machine code, ~0.4 s, on a thread while it plans and reads), and a process about to
+fork its workers waits for that first (:func:`settle`), so the workers inherit the loaded kernels
+instead of each loading them again. The first call's compile (or cache load) time is kept per
+kernel (:func:`compile_seconds`) for the benchmarks and printed on stderr under ``--verbose`` (run
+option ``verbose``) by each process at that call (worker processes forked before it compile or
+load for themselves).
 """
 
 from __future__ import annotations
 
+import contextvars
 import importlib.util
 import os
 import sys
@@ -38,7 +43,7 @@ from converter.errors import MissingExtraError
 from converter.runtime import current
 
 __all__ = ["KERNELS_ENV", "MODES", "MIN_ELEMENTS", "mode", "available", "use_compiled", "jit",
-           "compile_seconds", "CompiledKernelsUnavailable"]
+           "compile_seconds", "CompiledKernelsUnavailable", "warm_up", "settle"]
 
 #: Environment variable choosing the kernel path: ``auto`` | ``numpy`` | ``numba``.
 KERNELS_ENV = "QCKPT_KERNELS"
@@ -150,3 +155,27 @@ def jit(fn: Callable | None = None, *, signature: Any = None) -> Any:
     if fn is None:
         return lambda f: _Lazy(f, signature)
     return _Lazy(fn, signature)
+
+
+_WARMING: list[threading.Thread] = []
+
+
+def warm_up(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` (calls of kernels on tiny inputs of the argument types a command will use: their
+    machine code loaded or compiled) on a daemon thread now, in a copy of the caller's context. An
+    exception is dropped: the real call raises it again, where it is reported."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the real call reports it
+            pass
+    t = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="qckpt-warm-up", daemon=True)
+    t.start()
+    _WARMING.append(t)
+
+
+def settle() -> None:
+    """Wait for every :func:`warm_up` of this process (before a ``fork``: a thread does not survive
+    it, and one holding numba's compiler lock would leave the lock held in the child)."""
+    while _WARMING:
+        _WARMING.pop().join()

@@ -8,6 +8,7 @@ from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
+from converter.kernels import buffers
 from converter.kernels.compiled.requant import codes_errors, decode_extrema, decode_source
 from converter.kernels.dequant import block_rows
 from converter.kernels.error_sums import ErrorSums
@@ -16,7 +17,7 @@ from converter.kernels.threads import run_row_parts
 if TYPE_CHECKING:  # (annotations only: converter.kernels.rtn calls this module)
     from converter.kernels.rtn import Grid, RowSource
 
-__all__ = ["quantize_rows_compiled"]
+__all__ = ["quantize_rows_compiled", "warm"]
 
 #: Values per chunk whose extrema and parameters are formed in one call (a few row blocks).
 CHUNK_ELEMENTS = 1 << 20
@@ -38,7 +39,7 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     n_groups = -(-n // G)
     scales = np.empty((rows, n_groups), dtype=s.scale_np_dtype)
     zps = None if s.symmetric else np.empty((rows, n_groups), dtype=np.int16)
-    codes = np.empty((rows, n), dtype=s.code_dtype)
+    codes = buffers.empty((rows, n), s.code_dtype)  # (a reused slab: no fresh pages to zero per tensor)
     step = block_rows(n, block_elements)
     fork = getattr(values, "fork", None)
     if fork is not None:
@@ -101,3 +102,15 @@ def quantize_rows_compiled(values: "np.ndarray | RowSource", s: "Grid", *, group
     if zps is not None:
         zps = zps.astype(s.code_dtype)
     return scales, zps, codes, degenerate
+
+
+def warm(code_dtypes) -> None:
+    """Call the kernels of :func:`quantize_rows_compiled` once on a tiny block with the argument types it
+    passes them (C-contiguous float32 blocks, ``code_dtypes`` codes): their machine code is loaded (or
+    compiled) now, not in the first tensor's call (:func:`converter.kernels.compiled.warm_up`)."""
+    x = np.zeros((1, 8), dtype=np.float32)
+    ext = np.zeros((1, 1), dtype=np.float32)
+    decode_extrema(x, None, 8, True, ext, ext, ext)
+    for dt in code_dtypes:
+        codes_errors(x, np.ones((1, 1), dtype=np.float32), None, 0.0, 8, "half_even", -1, 1,
+                     np.zeros((1, 8), dtype=dt), np.zeros_like(x), np.zeros_like(x))

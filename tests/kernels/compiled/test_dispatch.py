@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from converter.kernels import compiled
 from converter.kernels.compiled import CompiledKernelsUnavailable, jit, mode, use_compiled
 from converter.runtime import run_options
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -108,3 +111,42 @@ def test_cache_directory_is_honoured(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "42"
     assert any(p.suffix == ".nbi" for p in cache.rglob("*")), sorted(cache.rglob("*"))
+
+
+@pytest.mark.skipif(not compiled.available(), reason="the fast extra (numba) is not installed")
+def test_a_warm_up_loads_the_requantize_kernels_and_a_fork_waits_for_it(tmp_path):
+    """In a fresh process, warm_kernels starts loading the kernels for a large lossy plan only
+    (never for a small one in auto mode), prepare_fork waits for it, and the kernels then hold the
+    argument types the requantize calls use (uint8 codes here), so a forked worker calls them without loading."""
+    code = textwrap.dedent("""
+        import numpy as np
+        from types import SimpleNamespace
+        from converter.kernels import compiled
+        from converter.kernels.compiled import requant
+        from converter.ops.requantize_model import warm_kernels
+        from converter.scheme import QuantScheme
+        from converter.write.engine import prepare_fork
+        s = QuantScheme(8, False)
+        def view(n):
+            return SimpleNamespace(spec=lambda name: SimpleNamespace(kind="quantized", shape=(n, 1), scheme=s, numel=n))
+        small = warm_kernels(view(compiled.MIN_ELEMENTS - 1), {"w": ("lossy", "")})
+        exact = warm_kernels(view(compiled.MIN_ELEMENTS), {"w": ("exact", "")})
+        assert not compiled._WARMING
+        big = warm_kernels(view(compiled.MIN_ELEMENTS), {"w": ("lossy", "")})
+        prepare_fork()
+        assert not compiled._WARMING
+        sigs = [str(a) for sig in requant._codes_errors.compiled().signatures for a in sig]
+        print(small, exact, big, any("uint8" in a for a in sigs), sorted(compiled.compile_seconds()))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), QCKPT_KERNELS="auto")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False", "True", "True", "['converter.kernels.compiled.requant._codes_errors',",
+                           "'converter.kernels.compiled.requant._decode_extrema']"]
+
+
+def test_a_failed_warm_up_is_dropped_and_settle_returns():
+    def boom():
+        raise RuntimeError("no compiler")
+    compiled.warm_up(boom)
+    compiled.settle()
+    assert not compiled._WARMING
