@@ -81,6 +81,15 @@ copy (ok), w1 4.45 s / 4.88 s CPU x1.39 plain I/O (ok, <= 1.5x; runs 1.35-1.57),
 tree 459 MiB (w2; w1 358); baselines copy 1.87 s, plain I/O 3.08 s (2.83-3.98). Default install at load
 4.0-5.3: w1 9.65 s / 5.99 s CPU x2.13 (ok, <= 2.5x), w2 9.44 s / 6.95 s CPU x2.17 (MISS, <= 1.6x).
 
+Merged on main (754c124, with the validator and GGUF rounds) on the quiet machine, 2026-12-06 08:43-08:45 UTC, load
+1.3-1.8, ``--only requant repack --repeat 3 --no-kernels --workdir /work/bench/rq --keep``: fast extra (auto): repack
+1.57 s / 2.24 s CPU, x1.02 copy (runs 0.80-1.05; copy baseline 1.50-2.98 s), requant w1 4.16 s / 4.83 s CPU x2.15
+(runs 1.08-2.37 against plain I/O baselines of 1.83-3.85 s; x1.72 of the median baseline 2.42 s), w2 3.31 s / 5.12 s
+CPU x1.35 (runs 1.00-1.49), peak RSS tree 469 MiB (w2; largest process 357 MiB, w1); default install (numpy): w1
+4.74 s / 5.39 s CPU x2.25 (runs 2.23-2.38, ok <= 2.5x), w2 3.68 s / 6.21 s CPU x1.80 (runs 1.18-1.88, MISS <= 1.6x),
+baseline 2.08 s (1.97-3.11). Two workers are now faster than one on both paths. The morning's figures for the same
+commands (main e94eea8, load 0.5-2.6, fast): requant w1 6.08 s / 6.51 s CPU, w2 6.36 s / 7.27 s CPU, repack 1.90 s.
+
 The table's "after" predates the last two changes of the round, measured only in-process (the load stayed at
 5-7): byte-table indices through a reused intp buffer (default install, w1 CLI: system CPU 2.8-3.1 -> 2.0-2.1 s,
 3 pairs) and the row reader's blocks dequantized into one reused buffer (numpy path with the CLI's fixed mmap
