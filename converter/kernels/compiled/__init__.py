@@ -54,8 +54,8 @@ MIN_ELEMENTS = 1 << 20
 
 
 class CompiledKernelsUnavailable(MissingExtraError):
-    """``QCKPT_KERNELS=numba`` (or ``kernels="numba"``) without numba installed, or an unknown word
-    (a usage error, exit status 2)."""
+    """``QCKPT_KERNELS=numba`` (or ``kernels="numba"``) without numba installed, an unknown word, or a
+    numba that is installed but does not import (a usage error, exit status 2)."""
 
 
 _AVAILABLE: bool | None = None
@@ -104,7 +104,12 @@ def compile_seconds() -> dict[str, float]:
 
 
 def _njit(fn: Callable, signature: Any) -> Callable:
-    import numba
+    try:
+        import numba
+    except Exception as exc:  # noqa: BLE001 - found by find_spec but broken (e.g. built for another numpy)
+        raise CompiledKernelsUnavailable(
+            f"numba is installed but does not import ({type(exc).__name__}: {exc}); reinstall it "
+            f"(pip install 'qckpt[fast]') or set {KERNELS_ENV}=numpy") from exc
 
     options = dict(nogil=True, error_model="numpy", cache=True)
     try:
