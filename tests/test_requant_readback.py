@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from converter.groups import GroupMap
+from converter.ops import code_crc
 from converter.ops.readback import digest as _digest
 from converter.quant.quantize import quantize
 from converter.quant.recode import as_integer_zero, as_unsigned
@@ -81,10 +82,9 @@ def _reference_digest(t) -> str:
 def test_blocked_digest_is_the_one_pass_digest(monkeypatch, block, bits, zero, signed):
     """Row blocks of 1 byte (one row each), 100 bytes (partial last block) and 1 MiB (whole); the
     extreme codes of the range are present (qmin and qmax, -128 / 127 at 8 bits)."""
-    from converter.ops import readback
     from converter.scheme import ZeroPoint
     zp = ZeroPoint(zero)
-    monkeypatch.setattr(readback, "BLOCK_BYTES", block)
+    monkeypatch.setattr(code_crc, "BLOCK_BYTES", block)
     rng = np.random.default_rng(bits)
     w = rng.standard_normal((37, 48)).astype(np.float32)
     t = quantize(w, QuantScheme(bits, signed, zero_point=zp), GroupMap.per_group(16))
@@ -104,8 +104,7 @@ def test_packed_read_back_tensor_digest_unpacks_in_blocks(monkeypatch, sample):
 
     from converter.formats import registry
     from converter.layout import PackedCodes
-    from converter.ops import readback
-    monkeypatch.setattr(readback, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(code_crc, "BLOCK_BYTES", 1000)
     ckpt = registry.load(Path(__file__).resolve().parents[1] / "sample_checkpoints" / sample)
     names = ckpt.quantized_names()
     assert names
@@ -161,13 +160,12 @@ def test_eight_bit_words_read_back_are_digested_as_their_bytes(monkeypatch, tmp_
 
     from converter.formats import registry
     from converter.layout import PackedCodes
-    from converter.ops import readback
     from converter.ops.requantize_model import requantize_model
     from converter.quant.requant import Target
     root = Path(__file__).resolve().parents[1] / "sample_checkpoints"
     requantize_model(root / "gptq_w4_g128_sym", tmp_path / "ct8", Target(bits=8, granularity="channel"),
                      to="compressed-tensors")
-    monkeypatch.setattr(readback, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(code_crc, "BLOCK_BYTES", 1000)
     out = registry.load(tmp_path / "ct8")
     names = out.quantized_names()
     assert names
@@ -175,7 +173,7 @@ def test_eight_bit_words_read_back_are_digested_as_their_bytes(monkeypatch, tmp_
         t = out[name]
         pc = t.__dict__["_codes"]
         u = as_integer_zero(as_unsigned(t))
-        assert readback._byte_fields(u.__dict__["_codes"]) is not None
+        assert code_crc._byte_fields(u.__dict__["_codes"]) is not None
         fast = _digest(t)
         assert fast == _reference_digest(t.replace(codes=np.array(t.codes)))
         words = np.array(pc.words)
@@ -184,4 +182,4 @@ def test_eight_bit_words_read_back_are_digested_as_their_bytes(monkeypatch, tmp_
         assert _digest(changed) != fast
     four = registry.load(root / "ct_pack_w4a16_channel_sym")
     t4 = four[four.quantized_names()[0]]
-    assert readback._byte_fields(as_integer_zero(as_unsigned(t4)).__dict__["_codes"]) is None
+    assert code_crc._byte_fields(as_integer_zero(as_unsigned(t4)).__dict__["_codes"]) is None

@@ -10,7 +10,7 @@ of missing a corruption, at a quarter of the bytes of the values themselves; CRC
 at memory speed where SHA-256 would cost more than the requantization. A tensor whose zero points
 have no integer form (float biases) is digested by its values instead.
 
-The codes, the one full-size part, go through the CRC in row blocks of about :data:`BLOCK_BYTES`
+The codes, the one full-size part, go through the CRC in row blocks of about :data:`converter.ops.code_crc.BLOCK_BYTES`
 (:func:`crc_codes`): signed int8 codes are moved to the unsigned domain block by block in a reused
 buffer, packed codes (a read-back tensor) are unpacked block by block, so the digest is one pass
 over cache-sized blocks with no full-size temporary; the CRC of consecutive blocks chained is the CRC
@@ -24,7 +24,6 @@ on a machine with a spare core the write-side digest costs no wall time.
 from __future__ import annotations
 
 import contextlib
-import sys
 import zlib
 from collections import deque
 from typing import Mapping
@@ -33,11 +32,10 @@ import numpy as np
 
 from converter.errors import ConverterError
 from converter.groups import Granularity
-from converter.layout import PackedCodes
+from converter.ops.code_crc import BLOCK_BYTES, _canonical_signed, crc_codes
 from converter.ops.row_digest import RowDigest
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers, current
-from converter.scheme import ZeroPoint
 from converter.rows import Rows
 from converter.tensor import Checkpoint, QuantizedTensor
 from converter.tensor_rows import row_splittable
@@ -45,98 +43,12 @@ from converter.write.engine import Deferred, run_tasks
 
 __all__ = ["digest", "digest_later", "crc_codes", "values_crc", "verify_readback", "BLOCK_BYTES"]
 
-#: Codes per CRC block, about (1 MiB: the converted block stays in cache between conversion and CRC).
-BLOCK_BYTES = 1 << 20
 #: A row's ``readback`` when the written tensor and the one read back have no common digest: integer zero
 #: points written, float biases stored and read back (MLX ``biases``); not proven, and not refused.
 NOT_COMPARABLE = ("not proven: the target stores the zero points as float biases, so the tensor read back has "
                   "no integer zero points to digest")
 #: Read-back tensors in flight besides the one waited for, in one process (:func:`verify_readback`).
 READ_AHEAD = 1
-
-
-def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0) -> int:
-    """``zlib.crc32`` of the C-order bytes of ``raw``'s codes moved by ``offset`` (mod 256), continuing ``crc``.
-
-    Parameters
-    ----------
-    raw : ndarray of int8 / uint8 codes, or PackedCodes
-        Logical axes, outermost first (``(out, in)``, ``(expert, out, in)`` ...). Packed codes are
-        unpacked in row blocks of the outermost axis when they can be cut there
-        (:meth:`PackedCodes.rows`), else whole.
-    offset : int
-        Added to every code byte modulo 256 (``2^(b-1)``: signed b-bit codes to the unsigned domain,
-        the same bytes as ``(q.astype(int16) + offset).astype(uint8)``). Arrays only.
-
-    Returns
-    -------
-    int
-        The CRC, equal to ``zlib.crc32`` of the whole converted array's bytes.
-    """
-    shape = tuple(raw.shape)
-    rows = shape[0] if shape else 1
-    per_row = max(1, int(np.prod(shape[1:], dtype=np.int64))) if shape else 1
-    step = max(1, BLOCK_BYTES // per_row)
-    if isinstance(raw, PackedCodes):
-        if offset:
-            raise ValueError("an offset applies to code arrays, not packed codes (use PackedCodes.shifted)")
-        plain = _byte_fields(raw)
-        if plain is not None:  # the words' bytes are the codes: no unpacked copy
-            for r0 in range(0, rows, step):
-                crc = zlib.crc32(plain[r0:r0 + step], crc)
-            return crc
-        if not shape or raw.rows(0, 0) is None:  # rows would split words: whole
-            return zlib.crc32(raw.unpack(), crc)
-        for r0 in range(0, rows, step):
-            crc = zlib.crc32(raw.rows(r0, min(rows, r0 + step)).unpack(), crc)
-        return crc
-    arr = np.asarray(raw)
-    if arr.dtype.itemsize != 1 or not shape:
-        if offset:
-            raise ValueError("an offset applies to one-byte codes")
-        return zlib.crc32(np.ascontiguousarray(arr).data, crc)
-    buf = np.empty(min(rows, step) * per_row, np.uint8) if offset else None
-    add = np.uint8(offset % 256)
-    for r0 in range(0, rows, step):
-        blk = np.ascontiguousarray(arr[r0:r0 + step]).reshape(-1).view(np.uint8)
-        if buf is not None:
-            blk = np.add(blk, add, out=buf[:blk.size])
-        crc = zlib.crc32(blk, crc)
-    return crc
-
-
-def _byte_fields(raw: PackedCodes) -> "np.ndarray | None":
-    """The codes of ``raw`` as the bytes of its words, ``(rows, row bytes)`` uint8, when they are exactly the
-    unpacked codes in order: unsigned 8-bit fields, unflipped, LSB-first in little-endian words stored in
-    logical axis order, packed along the last axis with no padding (compressed-tensors' 8-bit ``weight_packed``
-    read back); else None."""
-    s = raw.amap
-    words = raw.words
-    if (raw.bits != 8 or raw.signed or raw.flip or sys.byteorder != "little" or tuple(s.stored_axes) != tuple(raw.axes)
-            or s.packed_axis != raw.axes[-1] or s.order not in (None, tuple(range(words.dtype.itemsize)))
-            or words.ndim < 1 or not words.flags.c_contiguous
-            or words.shape[-1] * words.dtype.itemsize != raw.sizes[raw.axes[-1]]):
-        return None
-    return words.reshape(words.shape[0] if words.ndim else 1, -1).view(np.uint8)
-
-
-def _canonical_signed(t: QuantizedTensor) -> "tuple | None":
-    """For signed int8 code arrays with an implicit centre or integer zero points: ``(scheme, zero points,
-    offset)`` of ``as_integer_zero(as_unsigned(t))`` (unsigned, explicit integer zero points) without
-    converting the codes (the offset moves them, block by block, in :func:`crc_codes`); None for every
-    other tensor (the general path)."""
-    s = t.scheme
-    raw = t.__dict__["_codes"]
-    if (isinstance(raw, PackedCodes) or not s.signed or s.codebook is not None or raw.dtype != np.int8
-            or s.zero_point not in (ZeroPoint.NONE, ZeroPoint.INTEGER)):
-        return None
-    off = 1 << (s.bits - 1)
-    u = s.replace(signed=False, zero_point=ZeroPoint.INTEGER)
-    if s.zero_point is ZeroPoint.NONE:  # (as_unsigned: the centre moves; as_integer_zero: made explicit)
-        zp = np.full(t.scales.shape, u.center, dtype=u.code_dtype)
-    else:
-        zp = (t.zero_points.astype(np.int16) + off).astype(np.uint8)
-    return u, zp, off
 
 
 def _crc(parts, c: int = 0) -> int:

@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 
 from converter.errors import ConverterError
+from converter.ops.code_crc import _canonical_signed, crc_codes
 from converter.groups import Granularity
 from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.rows import Rows
@@ -107,7 +108,6 @@ class RowDigest:
 
     def add(self, t: QuantizedTensor) -> None:
         """The next rows (``t.shape[0]`` of them, after those already added)."""
-        from converter.ops.readback import _canonical_signed, crc_codes  # (readback imports this module)
         if self.rows_seen == 0:
             self._start(t)
         self.rows_seen += int(t.shape[0])
@@ -152,7 +152,6 @@ class RowDigest:
                 self.per_channel = False
 
     def _start(self, t: QuantizedTensor) -> None:
-        from converter.ops.readback import _canonical_signed
         gm = t.group_map
         if (gm.g_idx is not None or tuple(t.axes) != self.axes or len(self.shape) != 2
                 or gm.granularity not in (Granularity.GROUP, Granularity.CHANNEL)):
