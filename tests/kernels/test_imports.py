@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "converter"
 BOTTOM = {"converter.errors", "converter.runtime"}
 MODEL = {f"converter.{m}" for m in ("dtypes", "codebooks", "layout", "groups", "row_groups", "scheme", "spec",
-                                    "double_quant", "tensor", "values", "global_scales", "rows", "vocabulary", "sizes")}
+                                    "double_quant", "tensor", "tensor_rows", "values", "global_scales", "rows",
+                                    "vocabulary", "sizes")}
 THIRD_PARTY = {"numpy", "ml_dtypes", "threadpoolctl"}
 
 
