@@ -90,6 +90,14 @@ CPU x1.35 (runs 1.00-1.49), peak RSS tree 469 MiB (w2; largest process 357 MiB, 
 baseline 2.08 s (1.97-3.11). Two workers are now faster than one on both paths. The morning's figures for the same
 commands (main e94eea8, load 0.5-2.6, fast): requant w1 6.08 s / 6.51 s CPU, w2 6.36 s / 7.27 s CPU, repack 1.90 s.
 
+The issue's own size, ``--size 7b --only requant --no-kernels`` on main (3ab2144), quiet machine (load 0.6-2.1),
+2026-12-06 09:20-09:24 UTC: fast extra (auto), 2 runs: w1 33.8 / 29.2 s wall, 41.8 s CPU (the writer and digest
+threads included), w2 26.2 / 22.5 s, 37.4 s CPU, peak RSS tree 477 MiB (largest process 387, w1); default install
+(numpy), 1 run: w1 36.4 s / 47.2 s CPU, w2 29.5 s / 47.7 s CPU, tree 291 MiB. The plain I/O baseline (read 3.89 GB,
+write 7.00 GB, fsync) took 5.5-15.9 s (median 9.4-11.5 s): the 7 GB write-back dominates and swings 3x, so the
+ratios (w1 2.3-6.1x, w2 1.5-4.3x) say little; against the median baselines: fast w1 ~3.3x, w2 ~2.6x, default
+w1 ~3.2x, w2 ~2.6x: issue 19's 7B targets (2.5x / 1.6x default, 1.5x / 1.2x fast) are not met.
+
 The table's "after" predates the last two changes of the round, measured only in-process (the load stayed at
 5-7): byte-table indices through a reused intp buffer (default install, w1 CLI: system CPU 2.8-3.1 -> 2.0-2.1 s,
 3 pairs) and the row reader's blocks dequantized into one reused buffer (numpy path with the CLI's fixed mmap
