@@ -12,11 +12,13 @@ import zlib
 
 import numpy as np
 
+from converter.errors import ConverterError
 from converter.layout import PackedCodes
+from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
 
-__all__ = ["BLOCK_BYTES", "crc_codes"]
+__all__ = ["BLOCK_BYTES", "crc_codes", "digest_parts"]
 
 #: Codes per CRC block, about (1 MiB: the converted block stays in cache between conversion and CRC).
 BLOCK_BYTES = 1 << 20
@@ -104,3 +106,22 @@ def _canonical_signed(t: QuantizedTensor) -> "tuple | None":
     else:
         zp = (t.zero_points.astype(np.int16) + off).astype(np.uint8)
     return u, zp, off
+
+
+def digest_parts(t: QuantizedTensor) -> "tuple | None":
+    """What the parameters digest of ``t`` is taken over: ``(scheme, zero points, code offset, codes)`` of
+    ``as_integer_zero(as_unsigned(t))`` (signed int8 arrays without converting their codes: the offset moves
+    them in :func:`crc_codes`), the scheme with scale dtype F32 and rounding half-even (neither is an input of
+    the values); None when the zero points have no integer form (float biases: digest the values instead).
+    Shared by :func:`converter.ops.readback.digest` and :class:`converter.ops.row_digest.RowDigest`."""
+    fast = _canonical_signed(t)
+    if fast is not None:
+        scheme, zp, off = fast
+        raw = t.__dict__["_codes"]
+    else:
+        try:
+            c = as_integer_zero(as_unsigned(t))
+        except ConverterError:
+            return None
+        scheme, zp, off, raw = c.scheme, c.zero_points, 0, c.__dict__["_codes"]
+    return scheme.replace(scale_dtype="F32", rounding="half_even"), zp, off, raw

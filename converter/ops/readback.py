@@ -30,11 +30,9 @@ from typing import Mapping
 
 import numpy as np
 
-from converter.errors import ConverterError
 from converter.groups import Granularity
-from converter.ops.code_crc import BLOCK_BYTES, _canonical_signed, crc_codes
+from converter.ops.code_crc import BLOCK_BYTES, crc_codes, digest_parts
 from converter.ops.row_digest import RowDigest
-from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.runtime import auto_workers, current
 from converter.rows import Rows
 from converter.tensor import Checkpoint, QuantizedTensor
@@ -74,18 +72,11 @@ def values_crc(t: QuantizedTensor) -> int:
 def digest(t: QuantizedTensor) -> str:
     """The read-back digest of ``t`` (module docstring): ``"p:<crc32 hex>"`` over its parameters and codes,
     ``"v:<crc32 hex>"`` over its dequantized float32 values when its zero points have no integer form."""
-    fast = _canonical_signed(t)
-    if fast is not None:
-        scheme, zp, off = fast
-        raw = t.__dict__["_codes"]
-    else:
-        try:
-            c = as_integer_zero(as_unsigned(t))
-        except ConverterError:
-            return f"v:{values_crc(t):08x}"
-        scheme, zp, off, raw = c.scheme, c.zero_points, 0, c.__dict__["_codes"]
+    parts = digest_parts(t)
+    if parts is None:
+        return f"v:{values_crc(t):08x}"
+    scheme, zp, off, raw = parts
     gm = t.group_map  # (neither conversion changes the groups, the shape or the axes)
-    scheme = scheme.replace(scale_dtype="F32", rounding="half_even")  # (the rounding is not an input)
     groups = (gm.granularity.value, gm.axis, gm.group_size)
     scales = np.asarray(t.scales, dtype=np.float32)
     zp = None if zp is None else np.asarray(zp, dtype=np.float32)

@@ -18,10 +18,8 @@ import zlib
 
 import numpy as np
 
-from converter.errors import ConverterError
-from converter.ops.code_crc import _canonical_signed, crc_codes
+from converter.ops.code_crc import _canonical_signed, crc_codes, digest_parts
 from converter.groups import Granularity
-from converter.quant.recode import as_integer_zero, as_unsigned
 from converter.rows import Rows
 from converter.scheme import ZeroPoint
 from converter.tensor import QuantizedTensor
@@ -118,18 +116,11 @@ class RowDigest:
                                          self.values)
         if not self.params_ok:
             return
-        fast = _canonical_signed(t)
-        if fast is not None:
-            scheme, zp, off = fast
-            raw = t.__dict__["_codes"]
-        else:
-            try:
-                c = as_integer_zero(as_unsigned(t))
-            except ConverterError:
-                self.params_ok = False
-                return
-            scheme, zp, off, raw = c.scheme, c.zero_points, 0, c.__dict__["_codes"]
-        scheme = scheme.replace(scale_dtype="F32", rounding="half_even")
+        parts = digest_parts(t)
+        if parts is None:
+            self.params_ok = False
+            return
+        scheme, zp, off, raw = parts
         if self.scheme is None:
             self.scheme = scheme
         elif scheme != self.scheme:  # (a scheme that changes between blocks cannot be one tensor's)
