@@ -81,6 +81,11 @@ class ValidationHooks:
     block_scales : callable(Source, TensorSpec) -> ndarray or None, optional
         The block scales (float32, block order) of a tensor loaded through another decoder (``decoded_by``:
         GGUF IQ* / TQ* by gguf-py), read from its stored bytes; None when the type has no readable scale.
+    words_along_in : bool
+        The format stores integer codes as 32-bit words packed along ``in``, LSB-first in field order (GPTQ
+        ``qweight``, compressed-tensors ``weight_packed``; not AWQ GEMM, packed along ``out`` and interleaved):
+        the validator's one-pass word scan reads such tensors with a small working set, so more of them are
+        checked side by side under ``--max-memory`` (:func:`converter.validate.word_scan.likely_covered`).
     """
 
     zero_convention: Optional[Callable[[Source, TensorSpec], Optional[dict]]] = None
@@ -88,6 +93,7 @@ class ValidationHooks:
     always_stored: tuple[str, ...] = ()
     negative_scales: bool = False
     e8m0_rule: Optional[Callable[[Source], Optional[dict]]] = None
+    words_along_in: bool = False
 
 
 @dataclass(frozen=True)

@@ -261,20 +261,28 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
     return WordScan(counts, (s1, s2), same, code, acc)
 
 
-def likely_covered(spec) -> bool:
-    """From the header alone (a :class:`~converter.spec.TensorSpec`), whether :func:`scan` will probably cover the
-    tensor: integer codes in 32-bit words, an integer scheme, groups along ``in`` without act-order, or per channel
-    or tensor. Only decides which compiled kernels to load before the workers fork (a wrong guess costs a load)."""
+def likely_covered(spec, words_along_in: bool) -> bool:
+    """From the header alone (a :class:`~converter.spec.TensorSpec`) and the format's word layout (``words_along_in``:
+    :attr:`converter.formats.registry.ValidationHooks.words_along_in`), whether :func:`scan` will cover the tensor:
+    integer codes in 32-bit words packed along ``in`` with no padding fields, an integer scheme, groups along
+    ``in`` without act-order, or per channel or tensor. It decides which compiled kernels load before the workers
+    fork and the working set the validator budgets per tensor; the one case it cannot see is a tensor whose scales
+    are not all finite (a broken file: the per-check scans then run, with their larger working set)."""
     s, gm = spec.scheme, spec.group_map
     codes = next((a for a in spec.stored if a.role == "codes"), None)
-    if s is None or gm is None or codes is None or spec.axes != (OUT, IN) or spec.act_order:
+    if not words_along_in or s is None or gm is None or codes is None or spec.axes != (OUT, IN) or spec.act_order:
         return False
     if s.codebook is not None or s.zero_point not in (ZeroPoint.NONE, ZeroPoint.INTEGER) or spec.double_quant:
         return False
     if codes.dtype not in ("I32", "U32") or s.bits not in (2, 4, 8):
         return False
-    return gm.granularity in (Granularity.TENSOR, Granularity.CHANNEL) or (
-        gm.granularity is Granularity.GROUP and gm.axis == IN and gm.g_idx is None)
+    per_word = 32 // s.bits
+    out, n_in = spec.shape
+    if n_in % per_word or int(np.prod(codes.shape)) * per_word != out * n_in:  # padding fields: not covered
+        return False
+    return gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT) or (
+        gm.granularity is Granularity.GROUP and gm.axis == IN and gm.g_idx is None
+        and gm.group_size % per_word == 0)
 
 
 def warm(largest: int) -> None:

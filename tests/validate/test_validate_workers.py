@@ -74,17 +74,19 @@ def test_the_mislabelled_sample_has_findings_in_both(tmp_path, used_workers):
 
 
 def test_the_memory_budget_caps_the_workers(used_workers):
-    # the largest quantized tensor of the MiniLM GPTQ sample is 1536 x 384 (intermediate.dense):
-    # 589824 elements x 8 bytes = 4.5 MiB of working set (x 96 = 54 MiB with a reference); a 6 MiB budget fits
-    # one at a time, 10 MiB two; with a reference 100 MiB fits one, 120 MiB two
-    assert run_mod.BYTES_PER_ELEMENT == (8, 96)
-    sample = SAMPLES / "gptq_w4_g128_sym"
+    # the largest quantized tensor of the MiniLM GPTQ and AWQ samples is 1536 x 384 (intermediate.dense):
+    # 589824 elements. GPTQ's words are read by the one-pass word scan: x 2 bytes = 1.125 MiB of working set, so
+    # 2 MiB fits one at a time and 2.5 MiB two; AWQ's are not (words along out, interleaved): x 8 bytes = 4.5 MiB,
+    # 6 MiB fits one, 10 MiB two; with a reference x 96 = 54 MiB whatever the format, 100 MiB fits one, 120 MiB two
+    assert run_mod.BYTES_PER_ELEMENT == (8, 96) and run_mod.WORD_SCAN_BYTES_PER_ELEMENT == 2
+    gptq, awq = SAMPLES / "gptq_w4_g128_sym", SAMPLES / "awq_gemm_w4_g128_zp"
     docs = []
-    for memory, reference in ((6, None), (10, None), (100, FP16), (120, FP16)):
-        with run_options(workers=2, max_memory=memory * 2**20):
+    for sample, memory, reference in ((gptq, 2, None), (gptq, 2.5, None), (awq, 6, None), (awq, 10, None),
+                                      (gptq, 100, FP16), (gptq, 120, FP16)):
+        with run_options(workers=2, max_memory=int(memory * 2**20)):
             docs.append(validate(sample, reference=reference).to_json())
-    assert used_workers == [1, 2, 1, 2]
-    assert docs[0] == docs[1] and docs[2] == docs[3]
+    assert used_workers == [1, 2, 1, 2, 1, 2]
+    assert docs[0] == docs[1] and docs[2] == docs[3] and docs[4] == docs[5]
 
 
 def test_progress_counts_the_tensors_on_its_stream_only(monkeypatch):

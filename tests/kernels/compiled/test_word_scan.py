@@ -20,6 +20,7 @@ from converter.runtime import run_options
 from converter.scheme import QuantScheme, ZeroPoint
 from converter.tensor import QuantizedTensor
 from converter.validate import data_checks, nibble_order, word_scan
+from tests.conftest import SAMPLES
 
 #: The word scan's kernel paths under test: numpy always, compiled with the fast extra.
 KERNELS = ("numpy", "numba") if compiled.available() else ("numpy",)
@@ -242,3 +243,31 @@ def test_one_column_tail_strip_sums_row_by_row():
     profile = np.array(expected[3], dtype=np.uint64).view(np.float64)  # sqrt(column sum / out)
     assert profile[7] == np.sqrt(2.0 ** 44 / 8) and not profile[:7].any()
     assert got == expected
+
+
+def _sample_paths():
+    skip = (".json", ".md", "SHA256SUMS", "reference_dequant.safetensors", "kquant_expected", "minilm_fp16.safetensors")
+    paths = [p for p in sorted(SAMPLES.iterdir()) if not p.name.endswith(skip) and p.name != "gguf"]
+    return paths + [p for p in sorted((SAMPLES / "gguf").iterdir()) if p.suffix == ".gguf"]
+
+
+@pytest.mark.parametrize("path", _sample_paths(), ids=lambda p: p.name)
+def test_likely_covered_is_the_scan_on_every_sample(path):
+    """The header-only guess (which sets the validator's per-tensor working set under --max-memory) is what the scan
+    then does on every shipped sample: GPTQ and compressed-tensors pack-quantized covered, AWQ (words along out,
+    interleaved), MLX (float bias), GGUF, bitsandbytes, FP8 and FP4 not."""
+    import converter
+    from converter.formats import registry
+    ckpt = converter.load(path)
+    hooks = registry.validation_hooks(ckpt.format)
+    seen = set()
+    for spec in ckpt.specs():
+        if spec.kind != "quantized":
+            continue
+        t = ckpt[spec.name]
+        actual = isinstance(t, QuantizedTensor) and word_scan._plan(t, _alternatives(t)) is not None
+        assert word_scan.likely_covered(spec, hooks.words_along_in) == actual, spec.name
+        seen.add(actual)
+    covered = path.name.startswith(("gptq_", "ct_pack_w4"))  # (w8a16 is 8-bit codes in int32 words too)
+    covered = covered or path.name == "ct_pack_w8a16_channel_sym"
+    assert seen == ({True} if covered else {False} if seen else set())
