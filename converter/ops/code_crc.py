@@ -8,10 +8,10 @@ consecutive blocks chained is the CRC of the whole converted array."""
 from __future__ import annotations
 
 import sys
-import zlib
 
 import numpy as np
 
+from converter.kernels.crc32 import crc32
 from converter.errors import ConverterError
 from converter.layout import PackedCodes
 from converter.quant.recode import as_integer_zero, as_unsigned
@@ -25,7 +25,8 @@ BLOCK_BYTES = 1 << 20
 
 
 def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0) -> int:
-    """``zlib.crc32`` of the C-order bytes of ``raw``'s codes moved by ``offset`` (mod 256), continuing ``crc``.
+    """CRC-32 (:func:`converter.kernels.crc32.crc32`, equal to ``zlib.crc32``) of the C-order bytes of ``raw``'s
+    codes moved by ``offset`` (mod 256), continuing ``crc``.
 
     Parameters
     ----------
@@ -52,25 +53,25 @@ def crc_codes(raw: "np.ndarray | PackedCodes", crc: int = 0, *, offset: int = 0)
         plain = _byte_fields(raw)
         if plain is not None:  # the words' bytes are the codes: no unpacked copy
             for r0 in range(0, rows, step):
-                crc = zlib.crc32(plain[r0:r0 + step], crc)
+                crc = crc32(plain[r0:r0 + step], crc)
             return crc
         if not shape or raw.rows(0, 0) is None:  # rows would split words: whole
-            return zlib.crc32(raw.unpack(), crc)
+            return crc32(raw.unpack(), crc)
         for r0 in range(0, rows, step):
-            crc = zlib.crc32(raw.rows(r0, min(rows, r0 + step)).unpack(), crc)
+            crc = crc32(raw.rows(r0, min(rows, r0 + step)).unpack(), crc)
         return crc
     arr = np.asarray(raw)
     if arr.dtype.itemsize != 1 or not shape:
         if offset:
             raise ValueError("an offset applies to one-byte codes")
-        return zlib.crc32(np.ascontiguousarray(arr).data, crc)
+        return crc32(np.ascontiguousarray(arr).data, crc)
     buf = np.empty(min(rows, step) * per_row, np.uint8) if offset else None
     add = np.uint8(offset % 256)
     for r0 in range(0, rows, step):
         blk = np.ascontiguousarray(arr[r0:r0 + step]).reshape(-1).view(np.uint8)
         if buf is not None:
             blk = np.add(blk, add, out=buf[:blk.size])
-        crc = zlib.crc32(blk, crc)
+        crc = crc32(blk, crc)
     return crc
 
 

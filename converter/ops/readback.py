@@ -6,9 +6,10 @@ to the scale dtype and the rounding rule that made the codes), groups, shape, an
 (unsigned domain), float32 scales and float32 zero points (explicit integer zero points, so a
 symmetric centre and its explicit zero agree). Equal digests mean identical dequantized float32
 values (dequantize is a deterministic function of exactly these) up to a 2^-32 chance per tensor
-of missing a corruption, at a quarter of the bytes of the values themselves; CRC-32 (``zlib``) runs
-at memory speed where SHA-256 would cost more than the requantization. A tensor whose zero points
-have no integer form (float biases) is digested by its values instead.
+of missing a corruption, at a quarter of the bytes of the values themselves; CRC-32
+(:func:`converter.kernels.crc32.crc32`: zlib's, about 4 GB/s, or zlib-ng's with the ``fast`` extra, about
+30 GB/s, the same values) costs little beside the requantization, where SHA-256 would cost more than it.
+A tensor whose zero points have no integer form (float biases) is digested by its values instead.
 
 The codes, the one full-size part, go through the CRC in row blocks of about :data:`converter.ops.code_crc.BLOCK_BYTES`
 (:func:`crc_codes`): signed int8 codes are moved to the unsigned domain block by block in a reused
@@ -24,12 +25,12 @@ on a machine with a spare core the write-side digest costs no wall time.
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections import deque
 from typing import Mapping
 
 import numpy as np
 
+from converter.kernels.crc32 import crc32
 from converter.groups import Granularity
 from converter.ops.code_crc import BLOCK_BYTES, crc_codes, digest_parts
 from converter.ops.row_digest import RowDigest
@@ -51,7 +52,7 @@ READ_AHEAD = 1
 
 def _crc(parts, c: int = 0) -> int:
     for p in parts:
-        c = zlib.crc32(p, c)
+        c = crc32(p, c)
     return c
 
 
@@ -60,12 +61,12 @@ def values_crc(t: QuantizedTensor) -> int:
     (:class:`converter.rows.Rows`) when the tensor can be cut into rows (a GGUF K-quant ``(out, in)``
     tensor: never whole), else whole; the same number either way (chained CRCs of consecutive blocks)."""
     shape = tuple(int(s) for s in t.shape)
-    crc = zlib.crc32(repr(shape).encode())
+    crc = crc32(repr(shape).encode())
     if len(shape) != 2 or not row_splittable(t):
-        return zlib.crc32(memoryview(np.ascontiguousarray(t.dequantize())).cast("B"), crc)
+        return crc32(memoryview(np.ascontiguousarray(t.dequantize())).cast("B"), crc)
     values = Rows(t)
     for r0 in range(0, shape[0], values.step):
-        crc = zlib.crc32(memoryview(np.ascontiguousarray(values[r0:r0 + values.step])).cast("B"), crc)
+        crc = crc32(memoryview(np.ascontiguousarray(values[r0:r0 + values.step])).cast("B"), crc)
     return crc
 
 
@@ -88,9 +89,9 @@ def digest(t: QuantizedTensor) -> str:
         groups, scales, zp = (Granularity.CHANNEL.value, t.axes[0], None), scales[:, :1], (
             None if zp is None else zp[:, :1])
     head = repr((t.shape, t.axes, scheme, *groups)).encode()
-    crc = zlib.crc32(head)
+    crc = crc32(head)
     if gm.g_idx is not None:
-        crc = zlib.crc32(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data, crc)
+        crc = crc32(np.ascontiguousarray(gm.g_idx, dtype=np.int64).data, crc)
     crc = crc_codes(raw, crc, offset=off)
     crc = _crc([np.ascontiguousarray(scales).data, np.ascontiguousarray(zp, dtype=np.float32).data], crc)
     return f"p:{crc:08x}"

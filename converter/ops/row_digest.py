@@ -14,10 +14,10 @@ chained over the blocks from zero, and joins the chosen ones at the end with :fu
 
 from __future__ import annotations
 
-import zlib
 
 import numpy as np
 
+from converter.kernels.crc32 import crc32
 from converter.ops.code_crc import _canonical_signed, crc_codes, digest_parts
 from converter.groups import Granularity
 from converter.rows import Rows
@@ -44,7 +44,7 @@ def _gf2_square(mat: list[int]) -> list[int]:
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """``zlib.crc32(A + B)`` from ``crc1 = zlib.crc32(A)``, ``crc2 = zlib.crc32(B)`` and ``len2 = len(B)``
+    """``crc32(A + B)`` from ``crc1 = crc32(A)``, ``crc2 = crc32(B)`` and ``len2 = len(B)``
     (zlib's ``crc32_combine``: ``crc1`` advanced over ``len2`` zero bytes by squaring the one-bit shift
     operator over GF(2), then xor ``crc2``)."""
     if len2 <= 0:
@@ -76,7 +76,7 @@ class _Chain:
 
     def add(self, data) -> None:
         mv = memoryview(np.ascontiguousarray(data)).cast("B")
-        self.crc = zlib.crc32(mv, self.crc)
+        self.crc = crc32(mv, self.crc)
         self.n += mv.nbytes
 
 
@@ -112,7 +112,7 @@ class RowDigest:
         if self.values is not None:
             vals = Rows(t)
             for r0 in range(0, int(t.shape[0]), vals.step):
-                self.values = zlib.crc32(memoryview(np.ascontiguousarray(vals[r0:r0 + vals.step])).cast("B"),
+                self.values = crc32(memoryview(np.ascontiguousarray(vals[r0:r0 + vals.step])).cast("B"),
                                          self.values)
         if not self.params_ok:
             return
@@ -152,7 +152,7 @@ class RowDigest:
         s = t.scheme
         if _canonical_signed(t) is None and (s.codebook is not None or s.zero_point is ZeroPoint.FLOAT):
             # the parameters may have no integer form (decided by every group): the values CRC too
-            self.values = zlib.crc32(repr(self.shape).encode())
+            self.values = crc32(repr(self.shape).encode())
 
     def hexdigest(self) -> str:
         """The digest string, as :func:`converter.ops.readback.digest` gives it for the whole tensor."""
@@ -166,10 +166,10 @@ class RowDigest:
         if self.per_channel:
             groups, scales, zps = (Granularity.CHANNEL.value, self.axes[0], None), self.col_scales, self.col_zps
         head = repr((self.shape, self.axes, self.scheme, *groups)).encode()
-        crc = crc32_combine(zlib.crc32(head), self.codes.crc, self.codes.n)
+        crc = crc32_combine(crc32(head), self.codes.crc, self.codes.n)
         crc = crc32_combine(crc, scales.crc, scales.n)
         if self.zp_none:  # (digest appends float32 of None: one NaN)
-            crc = zlib.crc32(np.ascontiguousarray(None, dtype=np.float32).data, crc)
+            crc = crc32(np.ascontiguousarray(None, dtype=np.float32).data, crc)
         else:
             crc = crc32_combine(crc, zps.crc, zps.n)
         return f"p:{crc:08x}"

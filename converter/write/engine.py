@@ -93,7 +93,7 @@ class Deferred:
     """``fn(*args)`` running on its own (daemon) thread from construction, in a copy of the caller's
     :mod:`contextvars` context (the run options in force); :meth:`result` waits for it.
 
-    For work that releases the GIL (numpy, ``zlib.crc32``) and may overlap what the task does next.
+    For work that releases the GIL (numpy, CRC-32) and may overlap what the task does next.
     A task's :class:`Deferred` results are waited for before the task returns (:func:`task_result`).
     """
 

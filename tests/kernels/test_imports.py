@@ -1,6 +1,6 @@
 """The model and the kernels import only downward (issue 13's layering), at module level only.
 
-Kernels: numpy, ml_dtypes, threadpoolctl, the standard library, ``converter.errors`` /
+Kernels: numpy, ml_dtypes, threadpoolctl, zlib-ng (optional), the standard library, ``converter.errors`` /
 ``converter.runtime`` and other kernels. The model (flat modules): the same plus the kernels and
 other model modules. A function-level import of ``converter`` is refused too (they hid cycles).
 """
@@ -18,7 +18,8 @@ BOTTOM = {"converter.errors", "converter.runtime"}
 MODEL = {f"converter.{m}" for m in ("dtypes", "codebooks", "layout", "groups", "row_groups", "scheme", "spec",
                                     "double_quant", "tensor", "tensor_rows", "values", "global_scales", "rows",
                                     "vocabulary", "sizes")}
-THIRD_PARTY = {"numpy", "ml_dtypes", "threadpoolctl"}
+#: (zlib_ng: optional, the fast extra, in kernels/crc32.py)
+THIRD_PARTY = {"numpy", "ml_dtypes", "threadpoolctl", "zlib_ng"}
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
