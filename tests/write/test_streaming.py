@@ -218,6 +218,8 @@ def test_transpose_2d():
     a = np.arange(300 * 517, dtype=np.int32).reshape(300, 517)
     assert np.array_equal(transpose_2d(a), a.T)
     assert np.array_equal(transpose_2d(a[:5, :3]), a[:5, :3].T)
+    wide = np.arange(3 * 30001, dtype=np.int32).reshape(3, 30001)  # fewer rows than a tile, a partial column tile
+    assert np.array_equal(transpose_2d(wide), wide.T) and np.array_equal(transpose_2d(wide.T), wide)
 
 
 def test_equal_transposed_compares_bits():
