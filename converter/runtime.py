@@ -88,6 +88,12 @@ class RunOptions:
     verbose : bool
         Diagnostics on stderr: each compiled kernel's first-call compile (or cache-load) seconds, in
         every process that calls it (``--verbose``).
+    engine_words : tuple of str
+        The user's ``--engine`` / ``--address`` words, which a refusal's suggested command line repeats
+        (:func:`converter.ops.target_plan.command_line`); set by :func:`converter.distributed.job.run_command`.
+    overwrite_given : bool or None
+        Whether the user gave ``--overwrite``, when the command runs with another value (an engine job writes
+        its staging directory with overwrite): the suggested command line repeats the user's; None: the call's.
     """
 
     workers: int | None = None
@@ -100,6 +106,8 @@ class RunOptions:
     kernels: str | None = None
     shard_job: Any = None
     verbose: bool = False
+    engine_words: tuple[str, ...] = ()
+    overwrite_given: bool | None = None
 
     @property
     def n_workers(self) -> int:

@@ -224,13 +224,17 @@ def run_command(fn: Callable[..., Any], src: str | os.PathLike, dst: str | os.Pa
             raise EngineError("a node of the cluster runs another qckpt", field="version", expected=mine,
                               found=f"{version} on {node}", hint="install the same qckpt on every node")
         # a local cluster's worker slots are the parallelism: each task writes its shard inline
+        # (the user's --engine / --address and --overwrite, for a refusal's suggested command line: the calls below
+        # write the staging directory with overwrite)
+        hint = {"engine_words": ("--engine", engine, *(("--address", address) if address else ())),
+                "overwrite_given": overwrite}
         options = {"workers": 1 if executor.address == "local" else opts.workers, "max_memory": opts.max_memory,
-                   "max_shard_size": opts.max_shard_size, "kernels": opts.kernels, "quiet": True}
+                   "max_shard_size": opts.max_shard_size, "kernels": opts.kernels, "quiet": True, **hint}
         staging = Staging(dst)
         job = CoordinatorJob(executor, staging, fn, (src, str(staging.path)), {"overwrite": True, **kwargs},
                              options, retries=retries)
         try:
-            with run_options(shard_job=job):
+            with run_options(shard_job=job, **hint):
                 doc = fn(src, staging.path, overwrite=True, **kwargs)
             if not job.used:
                 raise EngineError("the command wrote no model directory through the engine", file=dst,

@@ -86,7 +86,8 @@ class TaskSpec:
     fn, args, kwargs
         The command, called as ``fn(*args, **kwargs)`` (its destination the staging directory).
     options : dict
-        The coordinator's run options (``workers``, ``max_memory``, ``max_shard_size``, ``kernels``).
+        The coordinator's run options (``workers``, ``max_memory``, ``max_shard_size``, ``kernels``; the user's
+        ``engine_words`` and ``overwrite_given``, which a refusal's suggested command line repeats).
     shard : int
         This task's shard (0-based).
     staging, ctl : str

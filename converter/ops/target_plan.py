@@ -28,6 +28,7 @@ from converter.groups import Granularity
 from converter.quant.classify import classify
 from converter.quant.requant import target_spec
 from converter.quant.target import Target
+from converter.runtime import current
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, TensorSpec
 from converter.vocabulary import writer_option_words
@@ -114,13 +115,20 @@ def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool
                  write_options: Mapping[str, Any] | None = None) -> str:
     """The ``qckpt convert`` command line writing ``src`` as ``to`` at ``dst`` with ``target``
     (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given;
-    ``write_options``: the writer options the user gave (``--gptq-format``, ``--gguf-metadata``), kept."""
+    ``write_options``: the writer options the user gave (``--gptq-format``, ``--gguf-metadata``), kept. Under
+    ``--engine`` (:class:`~converter.runtime.RunOptions` ``engine_words`` / ``overwrite_given``) the line keeps
+    the user's ``--engine`` / ``--address`` and gives ``--overwrite`` only when the user did (the engine's own
+    call writes a staging directory with overwrite)."""
+    opts = current()
+    if opts.overwrite_given is not None:
+        overwrite = opts.overwrite_given
     words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target),
              *writer_option_words(write_options)]
     if source_format is not None:
         words += ["--format", source_format]
     if reference is not None:
         words += ["--reference", str(reference)]
+    words += list(opts.engine_words)
     if overwrite:
         words.append("--overwrite")
     return " ".join(shlex.quote(w) for w in words)

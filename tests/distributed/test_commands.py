@@ -82,3 +82,22 @@ def test_coordinator_reads_no_tensor(tmp_path, address, monkeypatch, command):
     assert code == 0, out
     assert doc["engine"]["tasks"] >= 3
     assert loaded == []
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_refusal_under_the_engine_suggests_the_users_command(tmp_path, address, overwrite):
+    """A refusal found inside the command (Q4_1's float minimum is no integer zero point: requantize instead) names
+    the user's command line: --engine and --address kept, --overwrite only when the user gave it (the engine's
+    own call writes its staging directory with overwrite: the hint used to add it, and drop the engine)."""
+    import shlex
+
+    from tests.conftest import SAMPLES
+    src = SAMPLES / "gguf" / "minilm_gguf_Q4_1.gguf"
+    dst = tmp_path / "out"
+    code, doc, out = qckpt(["convert", str(src), "{dst}", "--to", "compressed-tensors", "--json", "--quiet",
+                            "--engine", "dask", "--address", address, *(["--overwrite"] if overwrite else [])], dst)
+    assert code == 3 and doc["error"] == "NotRepresentableError", out
+    words = shlex.split(doc["hint"][doc["hint"].index("qckpt convert"):])
+    assert words == ["qckpt", "convert", str(src), str(dst), "--to", "compressed-tensors", "--sym",
+                     "--engine", "dask", "--address", address, *(["--overwrite"] if overwrite else [])]
+    assert not dst.exists() and siblings(dst) == []
