@@ -138,7 +138,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     template = ValidationReport(path=report.path, format=report.format, reference=report.reference, strict=strict)
     # the compiled kernels loaded before any worker forks (the workers inherit them): the word scan for the tensors
     # it will likely cover, the per-check scans for the others
-    covered = [word_scan.likely_covered(spec, hooks.words_along_in) for spec in quantized]
+    covered = [word_scan.likely_covered(spec, hooks.words_along_in, source.read) for spec in quantized]
     word_scan.warm(max((spec.numel for spec, c in zip(quantized, covered) if c), default=0))
     if not all(covered):
         code_scans.warm(max(spec.numel for spec, c in zip(quantized, covered) if not c))
