@@ -182,7 +182,8 @@ def _nibble_round(names: list[str], profs: dict[str, dict[str, Any]]) -> dict[st
             continue
         if n not in details:  # every sibling's detail at this tensor's word size
             kept = [(m, d) for m in names if (d := word_detail(profs[m]["profile"], n)) is not None]
-            details[n] = ([m for m, _ in kept], np.array([d for _, d in kept]).reshape(len(kept), -1))
+            # (len(kept), L): siblings share the length L; none kept (every profile non-finite) is (0, L)
+            details[n] = ([m for m, _ in kept], np.array([d for _, d in kept]).reshape(len(kept), p["length"]))
         sib_names, D = details[n]
         if name not in sib_names or len(sib_names) < 2:
             continue

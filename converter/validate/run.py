@@ -138,7 +138,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
     template = ValidationReport(path=report.path, format=report.format, reference=report.reference, strict=strict)
     # the compiled kernels loaded before any worker forks (the workers inherit them): the word scan for the tensors
     # it will likely cover, the per-check scans for the others
-    covered = [word_scan.likely_covered(spec, hooks.words_along_in) for spec in quantized]
+    covered = [word_scan.likely_covered(spec, hooks.words_along_in, source.read) for spec in quantized]
     word_scan.warm(max((spec.numel for spec, c in zip(quantized, covered) if c), default=0))
     if not all(covered):
         code_scans.warm(max(spec.numel for spec, c in zip(quantized, covered) if not c))
@@ -222,7 +222,10 @@ def _check_one(template: ValidationReport, source: Source, spec, ckpt, hooks: re
 #: ``tiny`` shape, 2026-12-06; the reference check decodes the alternative interpretations whole), rounded up.
 BYTES_PER_ELEMENT = (8, 96)
 #: The same without a reference for a tensor the one-pass word scan reads (:func:`word_scan.likely_covered`): measured
-#: 1.02 (numpy scan) and 1.07 (compiled) the same way, 2026-12-06 (0.5 of it the populated 4-bit words), rounded up.
+#: the same way (one-layer checkpoints of 4-, 8- and 2-bit codes, numpy scan / compiled), 2026-12-06: 4-bit 0.50 / 0.56
+#: (0.59 / 0.60 with integer zero points), 8-bit 1.09 / 1.14, 2-bit 0.32 / 0.33, most of it the populated words
+#: (bits / 8), rounded up. (Before the padding check stopped mapping every tensor's words a second time: 4-bit 0.99 /
+#: 1.05, 8-bit 2.08 / 2.12.)
 WORD_SCAN_BYTES_PER_ELEMENT = 2
 
 

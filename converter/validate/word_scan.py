@@ -22,10 +22,11 @@ else returns None and the checks scan the codes themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
+from converter.errors import ConverterError
 from converter.groups import Granularity, GroupMap
 from converter.kernels.compiled import use_compiled
 from converter.kernels.compiled import code_scans as compiled_scans
@@ -261,13 +262,19 @@ def _scan_numpy(t: QuantizedTensor, p: _Plan) -> WordScan:
     return WordScan(counts, (s1, s2), same, code, acc)
 
 
-def likely_covered(spec, words_along_in: bool) -> bool:
-    """From the header alone (a :class:`~converter.spec.TensorSpec`) and the format's word layout (``words_along_in``:
-    :attr:`converter.formats.registry.ValidationHooks.words_along_in`), whether :func:`scan` will cover the tensor:
-    integer codes in 32-bit words packed along ``in`` with no padding fields, an integer scheme, groups along
-    ``in`` without act-order, or per channel or tensor. It decides which compiled kernels load before the workers
-    fork and the working set the validator budgets per tensor; the one case it cannot see is a tensor whose scales
-    are not all finite (a broken file: the per-check scans then run, with their larger working set)."""
+def likely_covered(spec, words_along_in: bool, read: Callable[[str], np.ndarray] | None = None) -> bool:
+    """From the header (a :class:`~converter.spec.TensorSpec`), the format's word layout (``words_along_in``:
+    :attr:`converter.formats.registry.ValidationHooks.words_along_in`) and a stored ``g_idx``, whether :func:`scan`
+    will cover the tensor: integer codes in 32-bit words packed along ``in`` with no padding fields, an integer
+    scheme, groups along ``in`` without a ``g_idx`` (nor act-order), or per channel or tensor. It decides which
+    compiled kernels load before the workers fork and the working set the validator budgets per tensor.
+
+    ``read``: name -> stored array (:meth:`converter.formats.source.Source.read`). A spec may store a ``g_idx`` array
+    under a group map without one (GPTQ ``desc_act: false``: the reader drops a trivial ``i // group_size`` one and
+    keeps any other, which the scan does not cover): it is read (``in`` integers) and the tensor is covered only
+    when it is trivial; without ``read``, or when it cannot be read, not covered. The one case this cannot see is a
+    tensor whose scales are not all finite (a broken file: the per-check scans then run, with their larger working
+    set)."""
     s, gm = spec.scheme, spec.group_map
     codes = next((a for a in spec.stored if a.role == "codes"), None)
     if not words_along_in or s is None or gm is None or codes is None or spec.axes != (OUT, IN) or spec.act_order:
@@ -280,9 +287,21 @@ def likely_covered(spec, words_along_in: bool) -> bool:
     out, n_in = spec.shape
     if n_in % per_word or int(np.prod(codes.shape)) * per_word != out * n_in:  # padding fields: not covered
         return False
-    return gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT) or (
-        gm.granularity is Granularity.GROUP and gm.axis == IN and gm.g_idx is None
-        and gm.group_size % per_word == 0)
+    if gm.granularity is Granularity.TENSOR or (gm.granularity is Granularity.CHANNEL and gm.axis == OUT):
+        return True
+    if not (gm.granularity is Granularity.GROUP and gm.axis == IN and gm.g_idx is None
+            and gm.group_size % per_word == 0):
+        return False
+    g_idx = next((a for a in spec.stored if a.role == "g_idx"), None)
+    return g_idx is None or (read is not None and _trivial_g_idx(read, g_idx.name, gm, n_in))
+
+
+def _trivial_g_idx(read: Callable[[str], np.ndarray], name: str, gm: GroupMap, n_in: int) -> bool:
+    try:
+        g_idx = np.asarray(read(name))
+    except ConverterError:  # the tensor's own check reports it
+        return False
+    return g_idx.shape == (n_in,) and GroupMap.per_group(gm.group_size, IN, g_idx).is_trivial_g_idx(n_in)
 
 
 def warm(largest: int) -> None:

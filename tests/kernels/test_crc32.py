@@ -42,3 +42,11 @@ def test_buffers_the_callers_pass():
 def test_zlib_ng_is_used_when_installed():
     expected = "zlib-ng" if importlib.util.find_spec("zlib_ng") is not None else "zlib"
     assert crc_module.implementation() == expected
+
+
+def test_without_zlib_ng_the_standard_library_computes_it(monkeypatch):
+    """The default install (no fast extra): ``_pick`` falls back to ``zlib.crc32`` (import blocked here)."""
+    import sys
+    monkeypatch.setitem(sys.modules, "zlib_ng", None)  # import zlib_ng -> ImportError
+    fn, name = crc_module._pick()
+    assert (fn, name) == (zlib.crc32, "zlib") and fn(b"123456789") == 0xCBF43926

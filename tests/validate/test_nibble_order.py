@@ -42,3 +42,22 @@ def test_b09_linear_nibbles_under_an_awq_config(tmp_path):
     f = assert_finding(validate(d), "nibble-order", OUTPUT)
     assert f.evidence["best_alternative"] == "nibble order sequential"
     assert f.evidence["alternative_spread"] < 0.3 < 1.0 < f.evidence["declared_spread"]
+
+
+def test_every_sibling_with_a_nonfinite_scale_is_reported_not_a_crash(tmp_path):
+    """One infinite scale in every GPTQ tensor: each column profile is non-finite, so no sibling has a within-word
+    detail (word_detail: None). The sibling check stacked an empty list of details and raised ValueError out of
+    validate (a traceback from ``qckpt validate``); now the nonfinite scales are the report, every tensor checked."""
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+
+    def one_inf(tensors):
+        for k in tensors:
+            if k.endswith(".scales"):
+                s = tensors[k].copy()
+                s[0, 0] = np.inf
+                tensors[k] = s
+    edit_tensors(d, one_inf)
+    report = validate(d)
+    quantized = [s.name for s in converter.load(d).specs() if s.kind == "quantized"]
+    assert sorted(f.tensor for f in report.findings if f.code == "scale-nonfinite") == sorted(quantized)
+    assert not any(f.code == "nibble-order" for f in report.findings) and not report.unchecked

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 import converter
 from converter.groups import GroupMap
@@ -158,3 +158,34 @@ def test_b38_block_size_512_is_reported_with_the_exact_reblocking(tmp_path):
     assert (w @ np.ones(K, np.float32)).tolist() == [-1024.0] * N
     f = assert_finding(validate(d), "group-size", "m.fc.weight")
     assert f.evidence["group_size"] == 512 and f.evidence["exact_reblock_to"] == 256
+
+
+def test_check_padding_reads_the_words_only_when_the_stored_shape_has_room(tmp_path):
+    """The padding check maps a packed array only when its stored width leaves fields past the logical length
+    (a GPTQ ``qweight`` of I = 252 four-bit codes: 32 words hold 256); a second map of an unpadded tensor's words
+    (every other tensor) doubled their resident pages (8-bit codes: 2.1 bytes per weight under validate's budget of
+    2) and its populate time. The padded tensor's nonzero padding fields are still found."""
+    from converter.formats.source import Source
+    from converter.validate import structural
+    from tests.synthetic import lsb_words
+
+    rng = np.random.default_rng(0)
+    for width, padded in ((256, False), (252, True)):
+        codes = rng.integers(0, 16, (64, width)).astype(np.uint8)
+        t = QuantizedTensor("l.weight", (OUT, IN), codes, np.full((64, 2), 0.01, np.float16),
+                            QuantScheme(4, False, ZeroPoint.NONE, "F16"), GroupMap.per_group(128, IN))
+        d = tmp_path / f"w{width}"
+        converter.formats.registry.get("gptq").write(Checkpoint.from_tensors([t]), d)
+        if padded:  # set the four padding fields of the last word row's first column: 0xF << 16 ... 0xF << 28
+            arrays = load_file(str(d / "model.safetensors"))
+            q = arrays["l.qweight"].view(np.uint32).copy()
+            q[-1, 0] |= np.uint32(lsb_words([0, 0, 0, 0, 15, 15, 15, 15], 4)[0])
+            arrays["l.qweight"] = q.view(np.int32)
+            save_file(arrays, str(d / "model.safetensors"), {"format": "pt"})
+        ckpt = converter.load(d)
+        source = Source(d)
+        reads: list[str] = []
+        source.read = lambda name, reads=reads, real=source.read: reads.append(name) or real(name)
+        found = structural.check_padding(source, ckpt.spec("l.weight"), ckpt["l.weight"])
+        assert reads == (["l.qweight"] if padded else [])
+        assert [(f.code, f.evidence.get("nonzero")) for f in found] == ([("padding", 4)] if padded else [])

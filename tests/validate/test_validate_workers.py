@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -88,6 +89,26 @@ def test_the_memory_budget_caps_the_workers(used_workers):
     assert used_workers == [1, 2, 1, 2, 1, 2]
     assert docs[0] == docs[1] and docs[2] == docs[3] and docs[4] == docs[5]
 
+
+
+def test_a_permuted_g_idx_without_act_order_is_budgeted_at_8_bytes(tmp_path, used_workers):
+    # the GPTQ sample says desc_act false; permuting one 1536 x 384 tensor's stored g_idx makes it load with that
+    # g_idx, which the one-pass word scan does not read (the per-check scans run: 8 bytes per element, 4.5 MiB).
+    # 2.5 MiB fits two 2-byte working sets (the test above), not one 8-byte one: one worker, as with 6 MiB, and
+    # 10 MiB fits two
+    from safetensors.numpy import load_file, save_file
+    sample = copy_sample("gptq_w4_g128_sym", tmp_path)
+    arrays = load_file(str(sample / "model.safetensors"))
+    name = next(k for k in arrays if k.endswith("intermediate.dense.g_idx"))
+    assert arrays[name].shape == (384,)
+    arrays[name] = np.random.default_rng(0).permutation(arrays[name]).astype(np.int32)
+    save_file(arrays, str(sample / "model.safetensors"), {"format": "pt"})
+    docs = []
+    for memory in (2.5, 6, 10):
+        with run_options(workers=2, max_memory=int(memory * 2**20)):
+            docs.append(validate(sample).to_json())
+    assert used_workers == [1, 1, 2]
+    assert docs[0] == docs[1] == docs[2]
 
 def test_progress_counts_the_tensors_on_its_stream_only(monkeypatch):
     stream = io.StringIO()

@@ -258,16 +258,52 @@ def test_likely_covered_is_the_scan_on_every_sample(path):
     interleaved), MLX (float bias), GGUF, bitsandbytes, FP8 and FP4 not."""
     import converter
     from converter.formats import registry
+    from converter.formats.source import Source
     ckpt = converter.load(path)
     hooks = registry.validation_hooks(ckpt.format)
+    read = Source(path).read
     seen = set()
     for spec in ckpt.specs():
         if spec.kind != "quantized":
             continue
         t = ckpt[spec.name]
         actual = isinstance(t, QuantizedTensor) and word_scan._plan(t, _alternatives(t)) is not None
-        assert word_scan.likely_covered(spec, hooks.words_along_in) == actual, spec.name
+        assert word_scan.likely_covered(spec, hooks.words_along_in, read) == actual, spec.name
         seen.add(actual)
     covered = path.name.startswith(("gptq_", "ct_pack_w4"))  # (w8a16 is 8-bit codes in int32 words too)
     covered = covered or path.name == "ct_pack_w8a16_channel_sym"
     assert seen == ({True} if covered else {False} if seen else set())
+
+
+@pytest.mark.parametrize("g_idx", ["permuted", "trivial"])
+def test_likely_covered_reads_a_stored_g_idx(tmp_path, g_idx):
+    """A GPTQ checkpoint whose config says no act-order (desc_act false: spec.act_order False) but whose stored g_idx
+    is a permutation loads with that g_idx, which the word scan does not cover (the per-check scans' 8 bytes per weight
+    then run): the header-only guess said covered and the validator budgeted 2. The guess reads the stored g_idx
+    (``I`` integers) when given a reader; without one a stored g_idx under a group map that has none is not
+    covered. A trivial g_idx (``i // G``, what the reader drops) stays covered."""
+    import converter
+    from safetensors.numpy import load_file, save_file
+
+    from converter.formats import registry
+    from converter.formats.source import Source
+    from tests.synthetic import Shape, build_gptq
+
+    d = tmp_path / "gptq"
+    build_gptq(d, Shape(1, 256, 512, 8))  # desc_act false, every g_idx arange(I) // 128
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    if g_idx == "permuted":
+        arrays = load_file(str(d / "model.safetensors"))
+        arrays[name] = np.random.default_rng(0).permutation(arrays[name]).astype(np.int32)
+        save_file(arrays, str(d / "model.safetensors"), {"format": "pt"})
+    ckpt = converter.load(d)
+    read = Source(d).read
+    hooks = registry.validation_hooks(ckpt.format)
+    spec = ckpt.spec("model.layers.0.self_attn.q_proj.weight")
+    assert not spec.act_order and spec.group_map.g_idx is None
+    t = ckpt[spec.name]
+    covered = word_scan._plan(t, _alternatives(t)) is not None
+    assert covered == (g_idx == "trivial") and (t.group_map.g_idx is None) == covered
+    assert word_scan.likely_covered(spec, hooks.words_along_in, read) == covered
+    assert word_scan.scan(t, _alternatives(t)) is None or covered
+    assert not word_scan.likely_covered(spec, hooks.words_along_in)  # no reader: the stored g_idx unseen
