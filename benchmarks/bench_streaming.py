@@ -340,6 +340,48 @@ def command_table(src: Path, work: Path, repeat: int, only: tuple[str, ...] = ()
                   "io_requant_s": med(ios), "io_requant_runs_s": ios, "io_requant_out_bytes": rq_out}
 
 
+# --------------------------------------------------------------------------------------------- floor
+
+def requant_floor(src: Path, repeat: int) -> dict:
+    """The requantize kernels' own cost, without any file I/O: ``requantize()`` of layer 0's GPTQ matrices (still
+    packed, as the reader gives them) to 8-bit per channel with the error figures, in this process, one thread
+    (``--workers 1``: what one worker computes per weight), this run's kernel path; median wall seconds over
+    ``repeat`` runs per matrix. Times the checkpoint's quantized weights, it is the least CPU any requantize command
+    spends on them, so ``floor_w1_s`` (one worker) and ``floor_w2_s`` (two, both cores busy with no I/O at all)
+    bound the plain-I/O ratios from below."""
+    from converter import load
+    from converter.quant.requant import Target, requantize
+    from converter.runtime import run_options
+
+    ckpt = load(src)
+    weights = sum(int(np.prod(s.shape)) for s in ckpt.specs() if s.kind == "quantized")
+    target = Target(bits=8, granularity="channel")
+    names = [n for n in (f"model.layers.0.{m}.weight" for m in ("self_attn.q_proj", "mlp.up_proj", "mlp.down_proj"))
+             if n in ckpt]
+    total_s, total_w = 0.0, 0
+    with run_options(workers=1):
+        requantize(ckpt[names[0]], target)  # first-call costs (kernel load) outside the timing
+        for name in names:
+            ts = [ckpt[name] for _ in range(max(3, repeat))]
+            it = iter(ts)
+            total_s += median_time(lambda it=it: requantize(next(it), target), len(ts))
+            total_w += int(np.prod(ts[0].shape))
+    ns = total_s / total_w * 1e9
+    return {"matrices": names, "ns_per_weight": ns, "quantized_weights": weights,
+            "floor_w1_s": ns * weights / 1e9, "floor_w2_s": ns * weights / 2e9}
+
+
+def floor_lines(fl: dict, base: dict) -> list[str]:
+    io = base["io_requant_s"]
+    w1, w2 = fl["floor_w1_s"], fl["floor_w2_s"]
+    return ["", f"requantize floor ({kernel_path()[1]}; requantize() in memory, one thread, of "
+                f"{', '.join(n.split('.', 3)[3] for n in fl['matrices'])} of layer 0, 8-bit per channel with "
+                f"the error figures): {fl['ns_per_weight']:.2f} ns per weight",
+            f"  x {fl['quantized_weights'] / 1e9:.2f} G quantized weights = {w1:.1f} s of one core: "
+            f"one worker >= x{w1 / io:.2f} the plain I/O baseline ({io:.2f} s), two workers >= x{w2 / io:.2f} "
+            "with no I/O cost at all"]
+
+
 # --------------------------------------------------------------------------------------------- kernels
 
 def kernel_table(src: Path, repeat: int) -> dict:
@@ -630,6 +672,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=[],
                     help="run only the commands whose label starts with one of these (e.g. repack requant)")
     ap.add_argument("--no-kernels", action="store_true", help="skip the kernel table")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the requantize kernels alone (requant_floor): the least any requantize run costs")
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="qckpt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -660,10 +704,15 @@ def main() -> None:
             print("kernels ...", flush=True)
             k = kernel_table(src, a.repeat)
         lines = report(a.size, shape, in_bytes, rows, base, k, rss2)
+        fl = None
+        if a.floor:
+            print("requantize floor ...", flush=True)
+            fl = requant_floor(src, a.repeat)
+            lines += floor_lines(fl, base)
         print()
         print("\n".join(lines))
         doc = {"size": a.size, "in_bytes": in_bytes, "commands": rows, "baselines": base, "kernels": k,
-               "rss_2x": rss2}
+               "rss_2x": rss2, "requant_floor": fl}
         for r in doc["commands"]:
             r.pop("stdout", None)
         (work / f"results-{a.size}.json").write_text(json.dumps(doc, indent=2) + "\n")
