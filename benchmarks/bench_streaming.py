@@ -119,6 +119,21 @@ A fixed-order (reproducible in numba) definition of the chunk sums of squares wa
 numpy's pairwise reduce over ``v * v`` costs 0.39-0.46 ns per element against 0.17 for the einsum it would
 replace (an 8-lane sequential order, 0.77-2.5 ns), so the numpy path would lose about what the compiled path
 would gain (~0.5 ns per weight).
+
+Third round (2026-12-06 10:45-10:58 UTC, main 376391c, quiet machine, load 1.3-2.2), ``--size 7b --only requant
+--repeat 3 --no-kernels --floor``: fast extra w1 28.70 s / 36.89 s CPU (runs x3.21, x1.58, x1.56), w2 25.40 s /
+38.57 s CPU (x1.92, x1.68, x1.38), tree 476 MiB, floor 3.35 ns per weight = 21.7 s of one core; default install
+w1 37.23 s / 47.86 s CPU (x2.09, x1.74, x2.06), w2 24.50 s / 40.33 s CPU (x2.07, x1.44, x1.36), tree 295 MiB, floor
+3.79 ns = 24.5 s. The plain I/O baselines of those runs took 9.2-20.2 s (the VM's write-back halved its speed from
+one run to the next), so the same commands meet the ratios at slow moments (default w1 x2.06 <= 2.5, w2 x1.44 <= 1.6;
+fast w1 x1.56) and miss them at fast ones (fast w1 x3.21 beside a 9.2 s baseline). Beside a 9 s baseline the
+kernels alone exceed every requantize target: one worker >= 21.7 s = x2.4 (fast target 1.5), two >= (21.7 s + the
+baseline's own 7.4 s of system CPU, which the command pays too) / 2 cores = 14.6 s = x1.6 (target 1.2); default
+install x2.7 and x1.8 (targets 2.5 and 1.6). This round: zlib-ng's CRC-32 (w1 28.5-30.3 -> 25.3-26.9 s in
+alternating pairs) and 16 x 512 transpose tiles. Tried and not kept: a worker's writes overlapping its next task
+(the pass ended by one drain per worker at a barrier): w2 24.6-24.8 -> 21.2-22.4 s, but tree peak PSS 327 -> 498 MiB
+and tree RSS 474 -> 640 MiB (over 512): the codes slab of a task still being written stays alive while the next
+task fills another.
 """
 
 from __future__ import annotations

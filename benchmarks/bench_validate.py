@@ -86,6 +86,12 @@ On the quiet machine (no other job, load 1.2-1.9), 2026-12-06 08:45 UTC, main 75
 alone, ``validate --json --quiet --workers 2 --max-memory 4G``, before (e94eea8) -> after, back to back (wall /
 user + system CPU): numba 17.46 s / 31.5 s -> 5.99 s / 9.5 s; numpy 32.53 s / 63.5 s (28 s of it system time)
 -> 11.31 s / 20.5 s; the JSON reports byte-identical.
+
+With the default budget (no ``--max-memory``: 320M) ``validate --workers 2`` ran one worker on this checkpoint: its
+11008 x 4096 tensors were budgeted at 8 bytes per weight (the per-check scans' working set, 360 MB) although the
+word scan reads them with about 1 (``converter.validate.run.WORD_SCAN_BYTES_PER_ELEMENT``). Budgeted at 2 since
+(2026-12-06 10:58 UTC, quiet, two runs each, CLI ``validate --workers 2 --quiet --json``): numba 9.5 s -> 6.3-7.4 s
+wall (10.0-10.8 s CPU), numpy ~20 s -> 11.3-12.8 s (20.8-23.0 s CPU); a plain read 0.66-1.08 s; reports identical.
 """
 
 from __future__ import annotations
