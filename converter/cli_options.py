@@ -7,9 +7,11 @@ stays one concept; like it, nothing here imports numpy at module level (start-up
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,12 +65,27 @@ def run_options_flags(fn=None, *, budget: str = "rows"):
             raise click.BadParameter(exc.render(), param_hint="--max-memory") from None
         with usage_errors():  # QCKPT_KERNELS checked before any work (an unknown word, numba missing)
             kernels = compiled.mode()
-        with run_options(workers=workers, max_memory=mem, quiet=quiet, verbose=verbose):
+        with run_options(workers=workers, max_memory=mem, quiet=quiet, verbose=verbose), quiet_float_warnings():
             out = fn(*args, **kwargs)
         if verbose:
             _kernel_summary(kernels)
         return out
     return wrapper
+
+
+#: numpy's floating-point warnings (``RuntimeWarning: invalid value encountered in multiply`` ...): a checkpoint with
+#: non-finite scales decodes to NaN / inf, which qckpt's own checks then name (validate's ``scale-nonfinite``, the
+#: requantizer's "input values are not all finite" error): the CLI prints those, not numpy's two lines of source.
+_FLOAT_WARNINGS = r"(invalid value|overflow|divide by zero|underflow) encountered in"
+
+
+@contextlib.contextmanager
+def quiet_float_warnings():
+    """Within the block, numpy's floating-point ``RuntimeWarning`` s are not printed (:data:`_FLOAT_WARNINGS`; the
+    filter is the process's, so the kernels' threads and forked workers obey it too); restored after."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_FLOAT_WARNINGS, category=RuntimeWarning)
+        yield
 
 
 def _kernel_summary(kernels: str) -> None:

@@ -1,7 +1,8 @@
 """Every per-code fact the data checks need, in one pass over the stored words.
 
 For a 2-D ``(out, in)`` tensor whose integer codes are still packed in 32-bit words along ``in`` (GPTQ
-``qweight``, compressed-tensors ``weight_packed``, MLX), :func:`scan` reads the words once and returns a
+``qweight``, compressed-tensors ``weight_packed``; MLX packs its words so too, but its affine scheme's float bias is
+not covered below), :func:`scan` reads the words once and returns a
 :class:`WordScan`: the saturation counts of the declared grouping and of its alternative, the code-offset sums,
 whether every code is equal, and the per-column sums of squared values of the nibble-order profile.
 :func:`converter.validate.data_checks.check_saturation`, ``check_zero_offset``, ``check_degenerate`` and
