@@ -44,3 +44,26 @@ def test_refusal_under_json_names_the_field(tmp_path):
     validate_document(doc, "error")
     assert doc["error"] == "OutputExistsError" and doc["hint"] == "pass --overwrite to replace it"
     assert (doc["expected"], doc["found"]) == ("a new path", "existing")
+
+
+def test_quantize_of_a_non_finite_weight_names_the_source_file(tmp_path):
+    """A NaN in a float weight: quantize refuses naming the file, the tensor and the field (the requantize
+    path of convert named the file already; quantize printed only the tensor)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(SAMPLES / "minilm_fp16.safetensors"))
+    name = "encoder.layer.0.attention.self.query.weight"
+    w = tensors[name].copy()
+    w[3, 4] = np.nan
+    tensors[name] = w
+    src = tmp_path / "nan.safetensors"
+    save_file(tensors, str(src))
+    r = _run("quantize", src, tmp_path / "q.safetensors", "--bits", "4", "--group-size", "128", "--json")
+    assert r.returncode == 3 and r.stderr == "", r.stderr
+    doc = json.loads(r.stdout)
+    validate_document(doc, "error")
+    assert (doc["error"], doc["file"], doc["tensor"], doc["field"]) == ("QuantizationError", str(src), name, "values")
+    plain = _run("quantize", src, tmp_path / "q2.safetensors", "--bits", "4", "--group-size", "128")
+    assert plain.returncode == 3 and plain.stderr.startswith(f"qckpt: error: {src}: tensor '{name}'"), plain.stderr
+    assert not (tmp_path / "q.safetensors").exists() and not (tmp_path / "q2.safetensors").exists()

@@ -30,7 +30,7 @@ import numpy as np
 
 from converter.codebooks import element as float_element
 from converter.sizes import SCALE_BYTES, theoretical_bytes, zero_point_bytes
-from converter.errors import FormatError, NotRepresentableError, UnsupportedError
+from converter.errors import FormatError, NotRepresentableError, QuantizationError, UnsupportedError
 from converter.formats import registry
 from converter.formats.native import FORMAT as NATIVE
 from converter.groups import GroupMap
@@ -291,6 +291,9 @@ def quantize_model(src: Checkpoint, dst: str | Path, opts: QuantizeOptions, *,
         # stays the message, with the source named and the quantize way out
         if hint is not None:
             exc.hint = hint(exc)
+        exc.with_context(file=src.path)
+        raise
+    except QuantizationError as exc:  # the source's values cannot be quantized (NaN / inf): name the source file
         exc.with_context(file=src.path)
         raise
     return {name: row for (kind, name), row in got.items() if kind == RESULT_KIND}
