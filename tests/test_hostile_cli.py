@@ -217,3 +217,36 @@ def test_non_finite_scales_print_qckpts_findings_not_numpy_warnings(tmp_path):
     before = list(warnings.filters)
     CliRunner().invoke(main, ["validate", str(d), "--quiet"])
     assert warnings.filters == before
+
+
+def test_dequantize_names_the_tensors_it_wrote_with_nan_or_inf(tmp_path):
+    """Infinite scales dequantize to inf / NaN (inf * 0): written as decoded, and the report names each tensor with
+    its count of non-finite values, equal to the count in the written file (numpy, independently); in row blocks
+    (a 1M budget) and two workers the blocks' counts add up. A clean source has no non_finite entry."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tests.validate.helpers import copy_sample, edit_tensors
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+
+    def infs(tensors):
+        for k in tensors:
+            if k.endswith(".scales"):
+                s = tensors[k].copy()
+                s[0, :3] = np.inf  # three groups of output row 0 (g128 along in)
+                tensors[k] = s
+    edit_tensors(d, infs)
+    for extra in ([], ["--workers", "2", "--max-memory", "1M"]):
+        out = tmp_path / f"deq{len(extra)}.safetensors"
+        r = CliRunner().invoke(main, ["dequantize", str(d), str(out), "--json", "--quiet", *extra])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        written = load_file(out)
+        expected = {k: int(np.count_nonzero(~np.isfinite(v))) for k, v in written.items()}
+        assert doc["non_finite"] == {k: n for k, n in sorted(expected.items()) if n}
+        assert len(doc["non_finite"]) == 7 and all(n >= 1 for n in doc["non_finite"].values())
+    text = CliRunner().invoke(main, ["dequantize", str(d), str(tmp_path / "t.safetensors"), "--quiet"]).output
+    assert "7 quantized tensor(s) dequantized to NaN / inf values" in text
+    clean = CliRunner().invoke(main, ["dequantize", str(SAMPLES / "gptq_w4_g128_sym"), str(tmp_path / "c.safetensors"),
+                                      "--json", "--quiet"])
+    assert "non_finite" not in json.loads(clean.stdout)

@@ -20,6 +20,7 @@ from converter.write.plan import TensorPlan, dense_plan, rows_plan
 from converter.formats.base import dropped_activation_scales
 from converter.formats.model_dir import write_model_dir
 from converter.write.dry_run import DryRunPlanned
+from converter.write.engine import task_count
 from converter.write.files import write_single_file
 from converter.formats.registry import Detection, FormatHandler, OutputKind, opaque_target, register
 from converter.formats.source import Source
@@ -74,9 +75,20 @@ def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
     perm = [spec.axes.index(a) for a in axes]
     np_dt = float_dtype(dtype)
     plan = TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape[i] for i in perm))],
-                      lambda t: {spec.name: np.ascontiguousarray(np.transpose(t.dequantize(np_dt), perm))},
+                      lambda t: {spec.name: np.ascontiguousarray(np.transpose(counted(spec.name, t.dequantize(np_dt)),
+                                                                               perm))},
                       [f"dequantized to {dtype}, stored as ({', '.join(axes)}): the model's float parameter order"])
     return rows_plan(plan, values=True) if perm[0] == 0 else plan
+
+
+def counted(name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` (a dequantized tensor or row block), its NaN / inf count reported as the task result
+    ``("non_finite", name)`` when it has any (:func:`converter.write.engine.task_count`): non-finite scales or zero
+    points decode to NaN / inf, and a float16 / bfloat16 output overflows to inf; the dequantize report names them."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        task_count("non_finite", name, values.size - int(np.count_nonzero(finite)))
+    return values
 
 
 def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ()) -> list[TensorPlan]:
@@ -102,7 +114,7 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ())
             plans.append(_transposed_plan(spec, list(orders[spec.name]), dtype))
         else:
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                              lambda t, n=spec.name: {n: t.dequantize(np_dt)},
+                                              lambda t, n=spec.name: {n: counted(n, t.dequantize(np_dt))},
                                               [f"dequantized to {dtype}"]), values=True))
     return plans
 

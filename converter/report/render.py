@@ -227,6 +227,12 @@ def render_dequantize(doc: dict) -> None:
         tools[tool] = tools.get(tool, 0) + 1
     for tool, n in tools.items():
         click.echo(f"  {n} quantized tensor(s) decoded as {tool}")
+    bad = doc.get("non_finite") or {}
+    if bad:
+        first = next(iter(bad))
+        click.echo(f"  warning: {len(bad)} quantized tensor(s) dequantized to NaN / inf values "
+                   f"({sum(bad.values())} values; first {first}: {bad[first]}): "
+                   f"`qckpt validate {doc['source']}` names non-finite scales")
     by_reason: dict[str, list[str]] = {}
     for name, reason in doc.get("side_files_skipped", {}).items():
         by_reason.setdefault(reason, []).append(name)

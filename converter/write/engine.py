@@ -51,7 +51,7 @@ from converter.kernels.threads import forget_pool, shutdown_pool
 from converter.runtime import limit_blas_threads, mark_worker_process
 from converter.write.background import drain_process, pause_threads
 
-__all__ = ["run_tasks", "task_result", "collect_results", "Deferred", "RemoteTraceback", "WorkerError",
+__all__ = ["run_tasks", "task_result", "task_count", "collect_results", "Deferred", "RemoteTraceback", "WorkerError",
            "deliver_results", "pack_error", "unpack_error",
            "prepare_fork"]
 
@@ -158,6 +158,16 @@ def task_result(kind: str, name: str, value: Any) -> None:
         sink[(kind, name)] = value
     else:
         _deliver(_resolve_all({(kind, name): value}))
+
+
+def task_count(kind: str, name: str, n: int) -> None:
+    """Add ``n`` to the count ``(kind, name)`` of the running task (the row blocks of one tensor, each reporting
+    its own, add up), delivered as :func:`task_result` delivers; outside a task, ``n`` is delivered at once."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink[(kind, name)] = sink.get((kind, name), 0) + int(n)
+    else:
+        task_result(kind, name, int(n))
 
 
 def _deliver(results: dict) -> None:
