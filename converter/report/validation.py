@@ -25,8 +25,10 @@ def render_validation(doc: dict[str, Any]) -> None:
                "incomplete": f"no findings, but {s['tensors_unchecked']} quantized tensors not checked "
                              "(not clean)"}[s["verdict"]]
     fmt = doc["format"] or "not detected (the files could not be read)"
+    dense = f" (+ {s['dense_checked']} dense)" if s.get("dense_checked") else ""
     c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
-            f"tensors checked: {s['tensors_checked']}  -> {verdict} ({s['error']} errors, {s['warning']} warnings, "
+            f"tensors checked: {s['tensors_checked']}{dense}  -> {verdict} ({s['error']} errors, "
+            f"{s['warning']} warnings, "
             f"{s['info']} info)")
     if doc.get("checksums") is not None:
         sums = doc["checksums"]

@@ -82,6 +82,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "zero-convention": ("error", "data", "stored zero points follow the other GPTQ convention (v1 z-1 vs v2 z) "
                                          "than the config claims (B01)"),
     "zero-offset": ("error", "data", "codes sit about one step off the declared zero point on average"),
+    "value-nonfinite": ("error", "data", "a dense (float) tensor holds NaN or infinite values (a bias, norm or "
+                                         "embedding every converter passes through)"),
     "nibble-order": ("error", "data", "a tensor's per-index magnitude profile matches its siblings' only under "
                                       "another in-word nibble order (B09)"),
     "code-nonfinite": ("error", "data", "float-element codes that decode to NaN or infinity (E4M3 0x7F / 0xFF, E5M2 "

@@ -43,6 +43,8 @@ class ValidationReport:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: quantized (or opaque) tensors that could not be checked: an undecodable type, a reader error
     unchecked: list[str] = field(default_factory=list)
+    #: dense (unquantized) tensors whose values were checked (:mod:`converter.validate.dense_checks`)
+    dense_checked: int = 0
     #: ``validate --checksums``: one entry per file hashed (see :mod:`converter.validate.checksums`)
     checksums: list[dict[str, Any]] | None = None
 
@@ -63,7 +65,7 @@ class ValidationReport:
 
     @property
     def verdict(self) -> str:
-        """``clean`` only when nothing was found and every quantized tensor was checked;
+        """``clean`` only when nothing was found and every tensor was checked (quantized and dense);
         ``incomplete`` when nothing was found in the tensors that could be checked."""
         if self.exit_code:
             return "findings"
@@ -78,6 +80,7 @@ class ValidationReport:
         return jsonable({"schema": SCHEMA, "path": self.path, "format": self.format, "reference": self.reference,
                          "strict": self.strict, "checks": list(self.checks), "findings": [f.to_json() for f in fs],
                          "summary": {**self.counts(), "tensors_checked": len(self.tensors),
+                                     "dense_checked": self.dense_checked,
                                      "tensors_unchecked": len(self.unchecked), "unchecked": list(self.unchecked),
                                      "verdict": self.verdict},
                          "tensors": self.tensors, "exit_code": self.exit_code,

@@ -35,8 +35,8 @@ from converter.formats.source import Source
 from converter.runtime import auto_workers, current
 from converter.tensor import QuantizedTensor
 from converter.validate import checksums as checksum_checks
-from converter.validate import (code_scans, data_checks, decoded_checks, files, float_checks, fp4_checks, nibble_order,
-                                reader_errors, scale_direction, structural, word_scan)
+from converter.validate import (code_scans, data_checks, decoded_checks, dense_checks, files, float_checks, fp4_checks,
+                                nibble_order, reader_errors, scale_direction, structural, word_scan)
 from converter.validate.findings import finding
 from converter.validate.report import ValidationReport
 from converter.validate.reference import compare
@@ -161,6 +161,16 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
             report.add(finding("opaque", spec.name, f"stored as {spec.dtype}, a type qckpt cannot decode: not checked",
                                dtype=spec.dtype, stored=[s.name for s in spec.stored]))
             report.unchecked.append(spec.name)
+        if spec.kind == "dense":  # every value finite (a bias, norm or embedding is passed through by converters)
+            try:
+                dense = ckpt[spec.name]
+            except ConverterError as exc:
+                report.add(reader_errors.error_finding(exc, tensor=spec.name))
+                report.unchecked.append(spec.name)
+                continue
+            report.add(*dense_checks.check_dense(spec.name, getattr(dense, "data", None)))
+            report.dense_checked += 1
+            continue
         if spec.kind != "quantized":
             continue
         res = results[spec.name]
