@@ -92,15 +92,16 @@ def _kernel_summary(kernels: str) -> None:
     """``--verbose``: which kernel path this process took (compiled kernels in worker processes print their own
     first-call lines)."""
     used = compiled.compile_seconds()
+    workers = "; worker processes print their own first calls above"
     if used:
-        what = f"{len(used)} compiled kernel(s) called in this process"
+        what = f"{len(used)} compiled kernel(s) called in this process{workers}"
     elif kernels == "numpy":
         what = "numpy kernels (QCKPT_KERNELS=numpy)"
     elif not compiled.available():
         what = "numpy kernels (numba is not installed: pip install 'qckpt[fast]')"
     else:
         what = (f"no compiled kernel called in this process (auto: calls on fewer than {compiled.MIN_ELEMENTS:,} "
-                "values stay on numpy; QCKPT_KERNELS=numba compiles every call)")
+                f"values stay on numpy; QCKPT_KERNELS=numba compiles every call{workers})")
     click.echo(f"qckpt: kernels: {what}", err=True)
 
 

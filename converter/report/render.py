@@ -201,7 +201,8 @@ def render_what_if(c: Console, tensors: list[dict]) -> None:
             numel[w["layout"]] = numel.get(w["layout"], 0) + r["numel"]
             current[w["layout"]] = current.get(w["layout"], 0) + bool(w.get("current"))
     narrow = terminal_width() < 120  # short headers and counts: the layout names get the width
-    t2 = table("what-if layout (same bits)", "bytes" if narrow else "theoretical bytes",
+    # integer layouts keep each tensor's bits; the FP8 / FP4 rows are their element's 8 / 4 bits
+    t2 = table("what-if layout (integer: same bits)", "bytes" if narrow else "theoretical bytes",
                "bits per weight" if narrow else "bits/weight",
                *([("current tensors" if narrow else "current")] if marked else []), title="what-if (theoretical)")
     if narrow:  # numbers need no more than their digits; headers wrap into words
