@@ -81,6 +81,11 @@ class ValidationHooks:
     block_scales : callable(Source, TensorSpec) -> ndarray or None, optional
         The block scales (float32, block order) of a tensor loaded through another decoder (``decoded_by``:
         GGUF IQ* / TQ* by gguf-py), read from its stored bytes; None when the type has no readable scale.
+    config_loaders : str
+        The loaders that recognise the format only by its quantization config (``config.json``
+        ``quantization_config`` or ``quantize_config.json``), e.g. ``"transformers, vLLM and GPTQModel"``: without one,
+        a checkpoint the reader still decodes (bits and group size inferred from the shapes) is a ``config-missing``
+        warning. Empty: the format needs none.
     words_along_in : bool
         The format stores integer codes as 32-bit words packed along ``in``, LSB-first in field order (GPTQ
         ``qweight``, compressed-tensors ``weight_packed``; not AWQ GEMM, packed along ``out`` and interleaved):
@@ -94,6 +99,7 @@ class ValidationHooks:
     negative_scales: bool = False
     e8m0_rule: Optional[Callable[[Source], Optional[dict]]] = None
     words_along_in: bool = False
+    config_loaders: str = ""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ CODES: dict[str, tuple[str, str, str]] = {
     "dtype": ("error", "structure", "a stored dtype the format does not use for that array"),
     "config-mismatch": ("error", "structure", "config contradicts the tensors (bits, group size, sym, actorder, "
                                               "format version, B12/B27)"),
+    "config-missing": ("warning", "structure", "no quantization config (config.json quantization_config or "
+                                               "quantize_config.json): the loaders that find the format by it will "
+                                               "not load the checkpoint as quantized"),
     "shape-config": ("warning", "structure", "a quantized weight dimension is not a width named by config.json"),
     "format": ("error", "structure", "another layout rule of the format is broken"),
     "padding": ("error", "structure", "padding bits or padded fields are not zero"),

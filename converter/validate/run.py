@@ -113,6 +113,11 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         return report
     ref_ckpt = _load_reference(reference) if reference else None
     hooks = registry.validation_hooks(ckpt.format)
+    if hooks.config_loaders and not source.quantization_config:
+        report.add(finding("config-missing", None, f"no quantization config (config.json quantization_config or "
+                           f"quantize_config.json): qckpt inferred the layout from the shapes, but "
+                           f"{hooks.config_loaders} will not load this checkpoint as {ckpt.format}",
+                           format=ckpt.format, loaders=hooks.config_loaders))
     report.add(*structural.check_shape_config(ckpt), *structural.check_group_skip(ckpt),
                *float_checks.check_activation_scales(ckpt))
     try:

@@ -66,3 +66,4 @@ def test_correct_files_stay_clean(sample):
     assert doc["summary"]["verdict"] == "clean"
     assert not any(f["code"] == "value-nonfinite" for f in doc["findings"])
     assert doc["summary"]["dense_checked"] == sum(s.kind == "dense" for s in converter.load(SAMPLES / sample).specs())
+

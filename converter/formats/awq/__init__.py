@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from converter.formats.modules import hf_linear_policy
 from converter.formats.tool_decode import in_scale_dtype
-from converter.formats.registry import FormatHandler, register
+from converter.formats.registry import FormatHandler, ValidationHooks, register
 from converter.formats.awq.layout import (FORMAT, GEMM_QWEIGHT, GEMM_QZEROS, GEMM_SCALES, GEMV_QWEIGHT,  # noqa: F401
                                           GEMV_QZEROS, GEMV_SCALES, ORDER, gemv_zeros_width)
 from converter.formats.awq.reader import detect_awq, read_awq  # noqa: F401
@@ -46,4 +46,5 @@ HANDLER = register(FormatHandler(FORMAT, "AWQ (AutoAWQ) GEMM/GEMV; writes GEMM",
                                  float_bias="integer", scale_dtype="F16",
                                  word_orders={"AWQ interleave": ORDER},
                                  # autoawq 0.2.9 packing_utils.dequantize_gemm: (iweight - izeros) * scales
-                                 tool_decode=in_scale_dtype("autoawq dequantize_gemm")))
+                                 tool_decode=in_scale_dtype("autoawq dequantize_gemm"),
+                                 validation=ValidationHooks(config_loaders="transformers, vLLM and AutoAWQ")))

@@ -29,4 +29,5 @@ HANDLER = register(FormatHandler("compressed-tensors",
                                  arrange=gpt_oss_arrange.for_linear,
                                  float_bias="symmetric",
                                  tool_decode=ct_tool_decode,
-                                 validation=ValidationHooks(e8m0_rule=e8m0_rule_evidence, words_along_in=True)))
+                                 validation=ValidationHooks(e8m0_rule=e8m0_rule_evidence, words_along_in=True,
+                                                            config_loaders="transformers and vLLM")))

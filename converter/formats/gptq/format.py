@@ -61,4 +61,5 @@ HANDLER = register(FormatHandler("gptq", "GPTQ (AutoGPTQ / GPTQModel), checkpoin
                                  # gptqmodel 7.7 TorchLinear.dequantize_weight: scales[g_idx] * (weight - zeros[g_idx])
                                  tool_decode=in_scale_dtype("gptqmodel TorchLinear.dequantize_weight"),
                                  validation=ValidationHooks(zero_convention=zero_convention_evidence,
-                                                            always_stored=("g_idx",), words_along_in=True)))
+                                                            always_stored=("g_idx",), words_along_in=True,
+                                                            config_loaders="transformers, vLLM and GPTQModel")))
