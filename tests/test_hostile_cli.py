@@ -250,3 +250,56 @@ def test_dequantize_names_the_tensors_it_wrote_with_nan_or_inf(tmp_path):
     clean = CliRunner().invoke(main, ["dequantize", str(SAMPLES / "gptq_w4_g128_sym"), str(tmp_path / "c.safetensors"),
                                       "--json", "--quiet"])
     assert "non_finite" not in json.loads(clean.stdout)
+
+
+def _inf_scales_sample(tmp_path, rows=(0, -1)):
+    """The GPTQ sample with an infinite scale in group 0 of output rows ``rows`` of every tensor (scales are
+    (groups, out)): each such row decodes to inf / NaN (inf * 0) in its first 128 inputs."""
+    import numpy as np
+
+    from tests.validate.helpers import copy_sample, edit_tensors
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+
+    def infs(tensors):
+        for k in tensors:
+            if k.endswith(".scales"):
+                s = tensors[k].copy()
+                s[0, list(rows)] = np.inf
+                tensors[k] = s
+    edit_tensors(d, infs)
+    return d
+
+
+def test_dequantize_non_finite_counts_add_up_over_row_blocks(tmp_path, monkeypatch):
+    """One row per block (block_rows patched to 1): the infinite rows 0 and last are in different blocks of the same
+    task, and the report's count is the sum of both blocks, equal to numpy's count of the written file."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    import converter.write.files as files
+    d = _inf_scales_sample(tmp_path)
+    monkeypatch.setattr(files, "block_rows", lambda plan, spec, budget: 1 if plan.row_split else None)
+    out = tmp_path / "rows.safetensors"
+    r = CliRunner().invoke(main, ["dequantize", str(d), str(out), "--json", "--quiet", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    written = load_file(out)
+    expected = {k: int(np.count_nonzero(~np.isfinite(v))) for k, v in written.items()}
+    assert all(np.isfinite(v[1:-1]).all() and not np.isfinite(v[0]).all() and not np.isfinite(v[-1]).all()
+               for k, v in written.items() if expected[k])  # two rows, two blocks
+    assert json.loads(r.stdout)["non_finite"] == {k: n for k, n in sorted(expected.items()) if n}
+
+
+def test_dequantize_match_tool_names_non_finite_tensors(tmp_path):
+    """--match-tool decodes as GPTQModel does (float16 here): the infinite scales give inf / NaN there too, and the
+    report names them as the exact decode's does (it said nothing, and 1ee5b5d hides numpy's RuntimeWarning)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    d = _inf_scales_sample(tmp_path)
+    out = tmp_path / "tool.safetensors"
+    r = CliRunner().invoke(main, ["dequantize", str(d), str(out), "--match-tool", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    written = load_file(out)
+    expected = {k: int(np.count_nonzero(~np.isfinite(v))) for k, v in written.items()}
+    assert sum(1 for n in expected.values() if n) == 7
+    assert json.loads(r.stdout).get("non_finite") == {k: n for k, n in sorted(expected.items()) if n}
