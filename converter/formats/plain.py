@@ -91,6 +91,11 @@ def counted(name: str, values: np.ndarray) -> np.ndarray:
     return values
 
 
+def _counting(name: str, encode):
+    """``encode`` with each array it returns :func:`counted` under ``name``."""
+    return lambda t: {k: counted(name, v) for k, v in encode(t).items()}
+
+
 def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ()) -> list[TensorPlan]:
     """Plans that dequantize quantized tensors to ``dtype`` and pass dense ones through (but those in ``skip``).
 
@@ -189,6 +194,9 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
         from converter.formats.tool_decode import tool_plans
         tool_dtype = FLOAT_DTYPE_ALIASES.get(tool_dtype, tool_dtype) if tool_dtype else None
         plans, tools = tool_plans(ckpt, get(ckpt.format).tool_decode, ckpt.format, tool_dtype, skip=dropped)
+        for plan in plans:  # the tool's decode counted as the exact one is (a float16 tool overflows to inf too)
+            if plan.source in tools:
+                plan.encode = _counting(plan.source, plan.encode)
     else:
         plans = plain_plans(ckpt, dtype, skip=dropped)
     meta = {"format": "pt"}

@@ -43,7 +43,7 @@ def dequantize(src: str | Path, dst: str | Path, *, dtype: str = "f32", overwrit
     ``run_options(dry_run=True)`` the plan (``schemas/plan.schema.json``). A quantized tensor whose dequantized
     values hold NaN or inf (its scales or zero points are not finite, or a float16 / bfloat16 output overflowed) is
     written as decoded and named in the report's ``non_finite`` (name -> count of such values; dense tensors passed
-    through and tool decodes are not counted).
+    through are not counted; ``match_tool``'s decodes are).
 
     Raises
     ------
