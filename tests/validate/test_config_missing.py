@@ -31,3 +31,13 @@ def test_a_checkpoint_without_its_quantization_config_is_a_warning(tmp_path, sam
     found = [f for f in report.findings if f.code == "config-missing"]
     assert len(found) == 1 and found[0].severity == "warning" and found[0].tensor is None
     assert "will not load" in found[0].message and found[0].evidence["format"] == report.format
+
+
+@pytest.mark.parametrize("sample", ["gptq_w4_g128_sym", "awq_gemm_w4_g128_zp"])
+def test_a_bare_file_of_a_correct_checkpoint_is_not_config_missing(sample):
+    """``validate DIR/model.safetensors`` reads the file alone (a bare file has no config.json by design: the shard
+    of a sharded model, the file a user points at): the loaders load the directory, whose config is there, so the
+    file is not config-missing (it was, a warning on every shipped GPTQ / AWQ file, and exit 1 under --strict)."""
+    report = validate(SAMPLES / sample / "model.safetensors", strict=True)
+    assert report.format == sample.split("_")[0]
+    assert "config-missing" not in report.codes() and report.exit_code == 0
