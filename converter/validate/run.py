@@ -113,7 +113,9 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
         return report
     ref_ckpt = _load_reference(reference) if reference else None
     hooks = registry.validation_hooks(ckpt.format)
-    if hooks.config_loaders and not source.quantization_config:
+    # a directory only: a bare file has no config by design (a shard, or one file of a model directory the loaders
+    # read whole), so its absence says nothing about the checkpoint
+    if hooks.config_loaders and source.kind == "directory" and not source.quantization_config:
         report.add(finding("config-missing", None, f"no quantization config (config.json quantization_config or "
                            f"quantize_config.json): qckpt inferred the layout from the shapes, but "
                            f"{hooks.config_loaders} will not load this checkpoint as {ckpt.format}",
