@@ -214,3 +214,18 @@ def test_quant_type_mix_from_decoded_types_equals_from_their_float_values(tmp_pa
         return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
     a, b = typed_bytes(tmp_path / "a.gguf"), typed_bytes(tmp_path / "b.gguf")
     assert a == b and {v[0] for v in a.values()} <= {"Q4_K", "Q6_K"}
+
+
+def test_dequantize_names_a_fallback_tensor_decoded_to_inf(tmp_path):
+    """An IQ4_XS block scale d = inf (row 2) decodes through gguf-py to inf / NaN: dequantize names the tensor in
+    non_finite with the count of the written file (numpy, independently), as it does for qckpt's own decodes (the
+    decoded_by plans were not counted: no non_finite, and the CLI hides numpy's warning)."""
+    from safetensors.numpy import load_file
+
+    from converter.ops.dequantize import dequantize
+    out = tmp_path / "deq.safetensors"
+    doc = dequantize(_mixed(tmp_path, bad_d=True), out)
+    got = load_file(str(out))
+    expected = {k: int(np.count_nonzero(~np.isfinite(v))) for k, v in got.items()}
+    assert expected["model.layers.0.mlp.up_proj.weight"] > 0
+    assert doc.get("non_finite") == {k: n for k, n in sorted(expected.items()) if n}
