@@ -112,7 +112,8 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ())
             plans.append(dense_plan(spec))
         elif spec.decoded_by:  # values decoded by another decoder (GGUF IQ* / TQ*): float32, rounded to dtype
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                              lambda t, n=spec.name: {n: np.asarray(t.data, np.float32).astype(np_dt)},
+                                              lambda t, n=spec.name: {n: counted(n, np.asarray(t.data, np.float32)
+                                                                                 .astype(np_dt))},
                                               [f"decoded by {spec.decoded_by}, stored as {dtype}"]), values=True))
         elif spec.name in orders and sorted(orders[spec.name]) == sorted(spec.axes) \
                 and list(orders[spec.name]) != list(spec.axes):
