@@ -303,3 +303,30 @@ def test_dequantize_match_tool_names_non_finite_tensors(tmp_path):
     expected = {k: int(np.count_nonzero(~np.isfinite(v))) for k, v in written.items()}
     assert sum(1 for n in expected.values() if n) == 7
     assert json.loads(r.stdout).get("non_finite") == {k: n for k, n in sorted(expected.items()) if n}
+
+
+def test_dequantize_counts_a_float16_overflow_not_a_float32_one(tmp_path):
+    """Finite scales of 60000 (float16) decode to |values| up to 60000 * 8 = 480000: finite in float32 (no
+    non_finite), inf in a float16 output (past 65504): counted as numpy counts the written file; bfloat16 holds them
+    (its range is float32's): no non_finite."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tests.validate.helpers import copy_sample, edit_tensors
+    d = copy_sample("gptq_w4_g128_sym", tmp_path)
+
+    def big(tensors):
+        for k in tensors:
+            if k.endswith(".scales"):
+                s = tensors[k].copy()
+                s[0, :5] = np.float16(60000)
+                tensors[k] = s
+    edit_tensors(d, big)
+    for dtype, overflows in (("f32", False), ("bf16", False), ("f16", True)):
+        out = tmp_path / f"{dtype}.safetensors"
+        r = CliRunner().invoke(main, ["dequantize", str(d), str(out), "--dtype", dtype, "--json", "--quiet"])
+        assert r.exit_code == 0, r.output
+        written = load_file(out)
+        expected = {k: int(np.count_nonzero(~np.isfinite(v.astype(np.float32)))) for k, v in written.items()}
+        assert bool(any(expected.values())) == overflows
+        assert json.loads(r.stdout).get("non_finite", {}) == {k: n for k, n in sorted(expected.items()) if n}
