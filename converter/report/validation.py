@@ -22,7 +22,7 @@ def render_validation(doc: dict[str, Any]) -> None:
     c = console()
     s = doc["summary"]
     verdict = {"clean": "clean", "findings": "FINDINGS",
-               "incomplete": f"no findings, but {s['tensors_unchecked']} quantized tensors not checked "
+               "incomplete": f"no findings, but {s['tensors_unchecked']} tensors not checked "
                              "(not clean)"}[s["verdict"]]
     fmt = doc["format"] or "not detected (the files could not be read)"
     dense = f" (+ {s['dense_checked']} dense)" if s.get("dense_checked") else ""

@@ -41,7 +41,7 @@ class ValidationReport:
     findings: list[Finding] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: quantized (or opaque) tensors that could not be checked: an undecodable type, a reader error
+    #: tensors that could not be checked (quantized, opaque or dense): an undecodable type, a reader error
     unchecked: list[str] = field(default_factory=list)
     #: dense (unquantized) tensors whose values were checked (:mod:`converter.validate.dense_checks`)
     dense_checked: int = 0
@@ -56,7 +56,7 @@ class ValidationReport:
 
     @property
     def exit_code(self) -> int:
-        """0 clean; 1 with an error finding (or, under ``strict``, a warning or a quantized tensor
+        """0 clean; 1 with an error finding (or, under ``strict``, a warning or a tensor
         left unchecked). Info never fails."""
         c = self.counts()
         if c["error"] or (self.strict and (c["warning"] or self.unchecked)):
