@@ -75,8 +75,7 @@ def _transposed_plan(spec, axes: list[str], dtype: str) -> TensorPlan:
     perm = [spec.axes.index(a) for a in axes]
     np_dt = float_dtype(dtype)
     plan = TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape[i] for i in perm))],
-                      lambda t: {spec.name: np.ascontiguousarray(np.transpose(counted(spec.name, t.dequantize(np_dt)),
-                                                                               perm))},
+                      lambda t: {spec.name: np.ascontiguousarray(np.transpose(t.dequantize(np_dt), perm))},
                       [f"dequantized to {dtype}, stored as ({', '.join(axes)}): the model's float parameter order"])
     return rows_plan(plan, values=True) if perm[0] == 0 else plan
 
@@ -112,15 +111,14 @@ def plain_plans(ckpt: Checkpoint, dtype: str = "F32", skip: Container[str] = ())
             plans.append(dense_plan(spec))
         elif spec.decoded_by:  # values decoded by another decoder (GGUF IQ* / TQ*): float32, rounded to dtype
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                              lambda t, n=spec.name: {n: counted(n, np.asarray(t.data, np.float32)
-                                                                                 .astype(np_dt))},
+                                              lambda t, n=spec.name: {n: np.asarray(t.data, np.float32).astype(np_dt)},
                                               [f"decoded by {spec.decoded_by}, stored as {dtype}"]), values=True))
         elif spec.name in orders and sorted(orders[spec.name]) == sorted(spec.axes) \
                 and list(orders[spec.name]) != list(spec.axes):
             plans.append(_transposed_plan(spec, list(orders[spec.name]), dtype))
         else:
             plans.append(rows_plan(TensorPlan(spec.name, [(spec.name, dtype, tuple(spec.shape))],
-                                              lambda t, n=spec.name: {n: counted(n, t.dequantize(np_dt))},
+                                              lambda t, n=spec.name: {n: t.dequantize(np_dt)},
                                               [f"dequantized to {dtype}"]), values=True))
     return plans
 
@@ -195,11 +193,12 @@ def write_plain(ckpt: Checkpoint, dst: Path, *, dtype: str = "F32", overwrite: b
         from converter.formats.tool_decode import tool_plans
         tool_dtype = FLOAT_DTYPE_ALIASES.get(tool_dtype, tool_dtype) if tool_dtype else None
         plans, tools = tool_plans(ckpt, get(ckpt.format).tool_decode, ckpt.format, tool_dtype, skip=dropped)
-        for plan in plans:  # the tool's decode counted as the exact one is (a float16 tool overflows to inf too)
-            if plan.source in tools:
-                plan.encode = _counting(plan.source, plan.encode)
     else:
         plans = plain_plans(ckpt, dtype, skip=dropped)
+    dense = {spec.name for spec in ckpt.specs() if spec.kind == "dense"}
+    for plan in plans:  # every decoded tensor's NaN / inf counted, whoever decodes it (dense ones pass through)
+        if plan.source not in dense:
+            plan.encode = _counting(plan.source, plan.encode)
     meta = {"format": "pt"}
     dst = Path(dst)
     try:
