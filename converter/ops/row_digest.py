@@ -14,7 +14,6 @@ chained over the blocks from zero, and joins the chosen ones at the end with :fu
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from converter.kernels.crc32 import crc32
@@ -49,23 +48,16 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     operator over GF(2), then xor ``crc2``)."""
     if len2 <= 0:
         return crc1
-    odd = [_POLY] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:
-        even = _gf2_square(odd)
+    op = [_POLY] + [1 << n for n in range(31)]  # the operator for one zero bit
+    for _ in range(3):  # ... squared to 2, 4, 8 zero bits: one zero byte
+        op = _gf2_square(op)
+    while True:  # bit k of len2 applies the operator for 2^k zero bytes
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
         if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
-    return crc1 ^ crc2
+            return crc1 ^ crc2
+        op = _gf2_square(op)
 
 
 class _Chain:
