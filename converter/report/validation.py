@@ -28,8 +28,7 @@ def render_validation(doc: dict[str, Any]) -> None:
     dense = f" (+ {s['dense_checked']} dense)" if s.get("dense_checked") else ""
     c.print(f"[bold]{doc['path']}[/bold]  format: [bold]{fmt}[/bold]  checks: {', '.join(doc['checks'])}  "
             f"tensors checked: {s['tensors_checked']}{dense}  -> {verdict} ({s['error']} errors, "
-            f"{s['warning']} warnings, "
-            f"{s['info']} info)")
+            f"{s['warning']} warnings, {s['info']} info)")
     if doc.get("checksums") is not None:
         sums = doc["checksums"]
         ok = sum(x["match"] is True for x in sums)

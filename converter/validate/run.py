@@ -175,7 +175,7 @@ def validate(path: str | Path, reference: str | Path | None = None, strict: bool
                 report.add(reader_errors.error_finding(exc, tensor=spec.name))
                 report.unchecked.append(spec.name)
                 continue
-            report.add(*dense_checks.check_dense(spec.name, getattr(dense, "data", None)))
+            report.add(*dense_checks.check_dense(spec.name, dense.data))
             report.dense_checked += 1
             continue
         if spec.kind != "quantized":
