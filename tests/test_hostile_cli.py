@@ -192,18 +192,8 @@ def test_non_finite_scales_print_qckpts_findings_not_numpy_warnings(tmp_path):
     only, not left behind in the calling process."""
     import warnings
 
-    import numpy as np
-
-    from tests.validate.helpers import copy_sample, edit_tensors
-    d = copy_sample("gptq_w4_g128_sym", tmp_path)
-
-    def one_inf(tensors):
-        for k in tensors:
-            if k.endswith(".scales"):
-                s = tensors[k].copy()
-                s[0, 0] = np.inf
-                tensors[k] = s
-    edit_tensors(d, one_inf)
+    from tests.validate.helpers import copy_sample, with_inf_scales
+    d = with_inf_scales(copy_sample("gptq_w4_g128_sym", tmp_path), (0, 0))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for args, code in ((["validate", str(d), "--quiet", "--workers", "2"], 1),
                        (["convert", str(d), str(tmp_path / "out"), "--to", "compressed-tensors", "--per-channel",
@@ -226,16 +216,8 @@ def test_dequantize_names_the_tensors_it_wrote_with_nan_or_inf(tmp_path):
     import numpy as np
     from safetensors.numpy import load_file
 
-    from tests.validate.helpers import copy_sample, edit_tensors
-    d = copy_sample("gptq_w4_g128_sym", tmp_path)
-
-    def infs(tensors):
-        for k in tensors:
-            if k.endswith(".scales"):
-                s = tensors[k].copy()
-                s[0, :3] = np.inf  # three groups of output row 0 (g128 along in)
-                tensors[k] = s
-    edit_tensors(d, infs)
+    from tests.validate.helpers import copy_sample, with_inf_scales
+    d = with_inf_scales(copy_sample("gptq_w4_g128_sym", tmp_path), (0, slice(0, 3)))  # group 0 of output rows 0-2
     for extra in ([], ["--workers", "2", "--max-memory", "1M"]):
         out = tmp_path / f"deq{len(extra)}.safetensors"
         r = CliRunner().invoke(main, ["dequantize", str(d), str(out), "--json", "--quiet", *extra])
@@ -255,19 +237,8 @@ def test_dequantize_names_the_tensors_it_wrote_with_nan_or_inf(tmp_path):
 def _inf_scales_sample(tmp_path, rows=(0, -1)):
     """The GPTQ sample with an infinite scale in group 0 of output rows ``rows`` of every tensor (scales are
     (groups, out)): each such row decodes to inf / NaN (inf * 0) in its first 128 inputs."""
-    import numpy as np
-
-    from tests.validate.helpers import copy_sample, edit_tensors
-    d = copy_sample("gptq_w4_g128_sym", tmp_path)
-
-    def infs(tensors):
-        for k in tensors:
-            if k.endswith(".scales"):
-                s = tensors[k].copy()
-                s[0, list(rows)] = np.inf
-                tensors[k] = s
-    edit_tensors(d, infs)
-    return d
+    from tests.validate.helpers import copy_sample, with_inf_scales
+    return with_inf_scales(copy_sample("gptq_w4_g128_sym", tmp_path), (0, list(rows)))
 
 
 def test_dequantize_non_finite_counts_add_up_over_row_blocks(tmp_path, monkeypatch):

@@ -46,6 +46,19 @@ def edit_tensors(d: Path, fn: Callable[[dict[str, np.ndarray]], None], file: str
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(d / file), metadata=meta)
 
 
+def with_inf_scales(d: Path, index) -> Path:
+    """``d`` with ``scales[index] = inf`` in every ``*.scales`` array of its ``model.safetensors`` (GPTQ scales are
+    ``(groups, out)``: ``(0, 0)`` is group 0 of output row 0); returns ``d``."""
+    def infs(tensors: dict[str, np.ndarray]) -> None:
+        for k in tensors:
+            if k.endswith(".scales"):
+                s = tensors[k].copy()
+                s[index] = np.inf
+                tensors[k] = s
+    edit_tensors(d, infs)
+    return d
+
+
 def edit_config(d: Path, fn: Callable[[dict], None], files=("config.json", "quantize_config.json")) -> None:
     for name in files:
         p = d / name

@@ -11,7 +11,7 @@ from converter.tensor import QuantizedTensor
 from converter.validate import validate
 from converter.validate.interpretations import alternatives
 from tests.conftest import SAMPLES
-from tests.validate.helpers import FP16, OUTPUT, assert_finding, copy_sample, edit_tensors
+from tests.validate.helpers import FP16, OUTPUT, assert_finding, copy_sample, edit_tensors, with_inf_scales
 
 U4Z = QuantScheme(4, False, ZeroPoint.INTEGER, "F16")
 
@@ -48,15 +48,7 @@ def test_every_sibling_with_a_nonfinite_scale_is_reported_not_a_crash(tmp_path):
     """One infinite scale in every GPTQ tensor: each column profile is non-finite, so no sibling has a within-word
     detail (word_detail: None). The sibling check stacked an empty list of details and raised ValueError out of
     validate (a traceback from ``qckpt validate``); now the nonfinite scales are the report, every tensor checked."""
-    d = copy_sample("gptq_w4_g128_sym", tmp_path)
-
-    def one_inf(tensors):
-        for k in tensors:
-            if k.endswith(".scales"):
-                s = tensors[k].copy()
-                s[0, 0] = np.inf
-                tensors[k] = s
-    edit_tensors(d, one_inf)
+    d = with_inf_scales(copy_sample("gptq_w4_g128_sym", tmp_path), (0, 0))
     report = validate(d)
     quantized = [s.name for s in converter.load(d).specs() if s.kind == "quantized"]
     assert sorted(f.tensor for f in report.findings if f.code == "scale-nonfinite") == sorted(quantized)
