@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from converter.formats import registry  # noqa: E402
 from converter.ops import target_plan  # noqa: E402
+from converter.ops.command_line import target_words  # noqa: E402
 from converter.ops.module_policy import apply_module_policy  # noqa: E402
 from converter.quant.target import Target  # noqa: E402
 
@@ -134,7 +135,7 @@ def main() -> int:
         if not same:
             print(f"{to}: the two runs disagree", file=sys.stderr)
             return 1
-        line = " ".join(target_plan.target_words(plan.target)) if plan else "(none)"
+        line = " ".join(target_words(plan.target)) if plan else "(none)"
         print(f"{to:18} {fast:6.2f} s  (per tensor {slow:5.1f} s, x{slow / max(fast, 1e-9):.0f})   {line}")
     return 0
 

@@ -90,7 +90,7 @@ class RunOptions:
         every process that calls it (``--verbose``).
     engine_words : tuple of str
         The user's ``--engine`` / ``--address`` words, which a refusal's suggested command line repeats
-        (:func:`converter.ops.target_plan.command_line`); set by :func:`converter.distributed.job.run_command`.
+        (:func:`converter.ops.command_line.command_line`); set by :func:`converter.distributed.job.run_command`.
     overwrite_given : bool or None
         Whether the user gave ``--overwrite``, when the command runs with another value (an engine job writes
         its staging directory with overwrite): the suggested command line repeats the user's; None: the call's.

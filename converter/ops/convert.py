@@ -134,7 +134,8 @@ def requantize_hint(view: Checkpoint, handler: registry.FormatHandler, src: Any,
     element when the format holds no integer grid), or :data:`REQUANTIZE_HINT` when none is found.
     ``values_refused``: the writer refused the source's values, so a plan that carries them exactly is
     not offered."""
-    from converter.ops.target_plan import command_line, complete_target  # (ops siblings)
+    from converter.ops.command_line import command_line  # (ops siblings)
+    from converter.ops.target_plan import complete_target
     acts = activation_scales(view)
 
     def companions_held(target: Target) -> bool:

@@ -46,7 +46,8 @@ from converter.ops.row_digest import RowDigest
 from converter.ops.module_policy import (KEPT_DENSE, QUANTIZED, apply_module_policy, summarize_decisions,
                                          verify_dequantized)
 from converter.ops.value_source import point_at_stored
-from converter.ops.target_plan import command_line, complete_target, describe_changes, effective, target_blocking
+from converter.ops.command_line import command_line
+from converter.ops.target_plan import complete_target, describe_changes, effective, target_blocking
 
 #: The kind of the per-tensor results the requantizing loader reports: name -> (report row, digest).
 RESULT_KIND = "requantize"

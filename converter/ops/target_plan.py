@@ -17,26 +17,22 @@ fewest of the user's options wins, then one whose every tensor is planned exact
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from converter.errors import ConverterError
 from converter.groups import Granularity
+from converter.ops.command_line import FIELDS, field_words
 from converter.quant.classify import classify
 from converter.quant.requant import target_spec
 from converter.quant.target import Target
-from converter.runtime import current
 from converter.scheme import ZeroPoint
 from converter.tensor import Checkpoint, TensorSpec
-from converter.vocabulary import writer_option_words
 
-__all__ = ["TargetPlan", "complete_target", "target_blocking", "target_words", "command_line"]
+__all__ = ["TargetPlan", "complete_target", "target_blocking"]
 
-#: The requantize fields a plan fills in or changes (``group_size`` goes with ``granularity``).
-FIELDS = ("bits", "granularity", "symmetric", "scale_dtype")
 #: Bit widths tried when ``--bits`` is left out (the command line's range).
 BIT_CHOICES = (2, 3, 4, 5, 6, 8)
 #: Group sizes tried after the source's own (the sizes kernels take).
@@ -69,69 +65,6 @@ class TargetPlan:
     def to_json(self) -> list[dict[str, Any]]:
         """The ``filled_in`` list of the error report: option, field and reason per filled-in option."""
         return [{"field": f, "option": words, "reason": why} for f, (words, why) in self.filled.items()]
-
-
-def _field_words(target: Target, name: str) -> str:
-    """The command-line words of one requantize field of ``target`` ('' when left out)."""
-    if name == "bits":
-        return f"--bits {target.bits}" if target.bits is not None else ""
-    if name == "granularity":
-        g = target.granularity
-        if g is None:
-            return ""
-        if g is Granularity.GROUP:
-            return f"--group-size {target.group_size}"
-        if g is Granularity.BLOCK:
-            o, i = target.block
-            return f"--block {o or '*'}x{i or '*'}"  # '*': that axis whole (parse_block)
-        return f"--per-{g.value}"
-    if name == "symmetric":
-        return {None: "", True: "--sym", False: "--asym"}[target.symmetric]
-    if name == "scale_dtype":
-        return f"--scale-dtype {target.scale_dtype.lower()}" if target.scale_dtype is not None else ""
-    raise KeyError(name)
-
-
-def target_words(target: Target) -> list[str]:
-    """``target`` as ``qckpt convert`` options (the words of :func:`command_line`)."""
-    words = []
-    if target.element is not None:
-        words += ["--fp8", target.element]
-    elif target.quant_type is not None:
-        words += ["--quant-type", target.quant_type]
-    elif target.types_from is not None:
-        words += ["--gguf-types-from", str(target.types_from)]
-    for name in FIELDS:
-        if target.element is not None and name in ("bits", "symmetric"):
-            continue
-        words += _field_words(target, name).split()
-    if target.scale_search != "none":
-        words += ["--scale-search", target.scale_search]
-    return words
-
-
-def command_line(src: Any, dst: Any, to: str, target: Target, *, overwrite: bool = False,
-                 reference: Any = None, source_format: str | None = None,
-                 write_options: Mapping[str, Any] | None = None) -> str:
-    """The ``qckpt convert`` command line writing ``src`` as ``to`` at ``dst`` with ``target``
-    (paths shell-quoted as given); ``source_format``: the ``--format`` the source was read as, when given;
-    ``write_options``: the writer options the user gave (``--gptq-format``, ``--gguf-metadata``), kept. Under
-    ``--engine`` (:class:`~converter.runtime.RunOptions` ``engine_words`` / ``overwrite_given``) the line keeps
-    the user's ``--engine`` / ``--address`` and gives ``--overwrite`` only when the user did (the engine's own
-    call writes a staging directory with overwrite)."""
-    opts = current()
-    if opts.overwrite_given is not None:
-        overwrite = opts.overwrite_given
-    words = ["qckpt", "convert", str(src), str(dst), "--to", to, *target_words(target),
-             *writer_option_words(write_options)]
-    if source_format is not None:
-        words += ["--format", source_format]
-    if reference is not None:
-        words += ["--reference", str(reference)]
-    words += list(opts.engine_words)
-    if overwrite:
-        words.append("--overwrite")
-    return " ".join(shlex.quote(w) for w in words)
 
 
 def effective(target: Target, handler) -> Target:
@@ -372,12 +305,12 @@ def complete_target(ckpt: Checkpoint, handler, given: Target | None = None, *, r
     _, cand, values = best
     filled, changed = {}, {}
     for f in FIELDS:
-        words = _field_words(cand, f)
+        words = field_words(cand, f)
         if user[f] in (None, (None, None)):
             if words:
                 filled[f] = (words, _why_needed(chk, cand, f))
         elif values[f] != user[f]:
-            changed[f] = (_field_words(given, f), words)
+            changed[f] = (field_words(given, f), words)
     return TargetPlan(cand, filled, changed, exact=not best[0][1])
 
 

@@ -649,7 +649,7 @@ def test_a_suggested_command_line_keeps_the_writer_options(tmp_path):
 
     from click.testing import CliRunner
     from converter.cli import main
-    from converter.ops.target_plan import command_line
+    from converter.ops.command_line import command_line
     from converter.quant.target import Target
     line = command_line("a", "b", "gguf", Target(bits=8, granularity="group", group_size=32),
                         write_options={"gguf_metadata": "vocab.gguf"})

@@ -304,7 +304,7 @@ def test_a_block_with_a_whole_axis_is_written_as_the_cli_reads_it():
     ``--block`` refuses (extents must be positive integers or ``*``)."""
     import shlex
 
-    from converter.ops.target_plan import command_line, target_words
+    from converter.ops.command_line import command_line, target_words
     from converter.quant.target import Target
     from converter.vocabulary import parse_block
 
